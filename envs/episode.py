@@ -1,0 +1,291 @@
+"""The token-level episode state machine shared by the single and the vector environments.
+
+An :class:`Episode` holds one question's transcript as fixed-size token and source arrays. Policy tokens
+are fed one at a time; the episode watches the byte stream of the current turn for a closing tag and
+resolves the turn at the exact token where a tag completes (or at EOS, or at the per-turn token cap). A
+search is not executed here: :meth:`Episode.feed` reports :attr:`Event.SEARCH` with the pending query, and
+the owner delivers the hits with :meth:`Episode.deliver` — which is what lets a vector environment send the
+searches of many episodes to the retriever in one batched call.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from searchgym.data.types import Question
+from searchgym.protocol import INVALID_TURN_MESSAGE, STOP_TAGS, format_information, format_prompt, parse_action
+from searchgym.retrieval.base import Hit
+from searchgym.rewards import exact_match, f1_score, get_metric, sub_exact_match
+from searchgym.tokenization import Tokenizer
+
+__all__ = ["END_REASONS", "Episode", "EpisodeConfig", "Event", "Source", "Turn"]
+
+END_REASONS = ("answered", "turn_budget", "context_limit")
+_MAX_TAG = max(len(t) for t in STOP_TAGS)
+
+
+class Source(enum.IntEnum):
+    """Who wrote a token of the transcript (the ``sources`` observation)."""
+
+    PAD = 0
+    PROMPT = 1
+    POLICY = 2
+    TOOL = 3
+
+
+class Event(enum.IntEnum):
+    """What feeding one policy token caused."""
+
+    CONTINUE = 0  # the turn goes on
+    TURN_END = 1  # a turn ended and the episode continues (tool text may have been appended)
+    SEARCH = 2  # a turn asked for a search: call deliver() with the hits
+    DONE = 3  # the episode ended (terminated or truncated)
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Episode dynamics (see :class:`searchgym.envs.search_qa.SearchQAEnv` for each argument)."""
+
+    topk: int = 3
+    max_turns: int = 4
+    max_context_tokens: int = 2048
+    max_turn_tokens: int = 512
+    max_passage_words: int | None = None
+    reward: str = "em"
+    prompt_style: str = "base"
+
+    def __post_init__(self) -> None:
+        from searchgym.errors import ConfigError
+
+        if self.topk < 1:
+            raise ConfigError(f"topk must be >= 1, got {self.topk}")
+        if self.max_turns < 1:
+            raise ConfigError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.max_turn_tokens < 1:
+            raise ConfigError(f"max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
+        if self.max_context_tokens < 16:
+            raise ConfigError(f"max_context_tokens must be >= 16, got {self.max_context_tokens}")
+        if self.max_passage_words is not None and self.max_passage_words < 1:
+            raise ConfigError(f"max_passage_words must be >= 1 or None, got {self.max_passage_words}")
+        if self.prompt_style not in ("base", "chat"):
+            raise ConfigError(f"prompt_style must be 'base' or 'chat', got {self.prompt_style!r}")
+        get_metric(self.reward)  # fails early, listing the valid names
+
+
+@dataclass
+class Turn:
+    """One finished turn: where its policy tokens lie, how it was parsed, and what the tool answered."""
+
+    start: int
+    end: int
+    kind: str
+    content: str
+    stop: str  # "</search>", "</answer>", "eos", "max_turn_tokens" or "context_limit"
+    hit_ids: list[str] = field(default_factory=list)
+
+
+class Episode:
+    """One search-and-answer episode over a token transcript.
+
+    Args:
+        tokenizer: Encodes the prompt and tool text and maps ids to bytes for tag detection.
+        config: Episode dynamics.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, config: EpisodeConfig) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        self._metric = get_metric(config.reward)
+        self._token_bytes = tokenizer.token_bytes
+        self._eos = tokenizer.eos_token_id
+        self._invalid_ids = np.asarray(tokenizer.encode(INVALID_TURN_MESSAGE), dtype=np.int64)
+        size = config.max_context_tokens
+        self.tokens = np.zeros(size, dtype=np.int64)
+        self.sources = np.zeros(size, dtype=np.int8)
+        self.length = 0
+        self.question: Question | None = None
+        self.done = True
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    def start(self, question: Question) -> None:
+        """Begins a new episode on ``question``: the transcript becomes the prompt."""
+        if self.config.prompt_style == "chat":
+            prompt = self.tokenizer.chat_prompt_ids(format_prompt(question.question))
+        else:
+            prompt = self.tokenizer.encode(format_prompt(question.question))
+        if len(prompt) >= self.config.max_context_tokens:
+            from searchgym.errors import ConfigError
+
+            raise ConfigError(
+                f"the prompt of question {question.id!r} has {len(prompt)} tokens, which does not fit "
+                f"max_context_tokens={self.config.max_context_tokens}"
+            )
+        self.question = question
+        self.tokens[:] = 0
+        self.sources[:] = Source.PAD
+        self.length = 0
+        self._append(prompt, Source.PROMPT)
+        self.prompt_length = self.length
+        self.turns: list[Turn] = []
+        self.queries: list[str] = []
+        self.answer: str | None = None
+        self.pending_query: str | None = None
+        self.end_reason: str | None = None
+        self.truncated = False
+        self.reward = 0.0
+        self.done = False
+        self._turn_start = self.length
+        self._turn_bytes = bytearray()
+
+    def _append(self, ids: Sequence[int] | np.ndarray, source: Source) -> None:
+        n = len(ids)
+        self.tokens[self.length : self.length + n] = ids
+        self.sources[self.length : self.length + n] = source
+        self.length += n
+
+    def _finish(self, reason: str) -> Event:
+        self.done = True
+        self.end_reason = reason
+        self.truncated = reason == "context_limit"
+        if self.answer is not None and self.question is not None:
+            self.reward = float(self._metric(self.answer, self.question.golden_answers))
+        return Event.DONE
+
+    def _append_tool(self, ids: Sequence[int] | np.ndarray) -> Event:
+        if self.length + len(ids) > self.config.max_context_tokens:
+            return self._finish("context_limit")
+        self._append(ids, Source.TOOL)
+        self._turn_start = self.length
+        self._turn_bytes = bytearray()
+        return Event.TURN_END
+
+    # -- stepping ----------------------------------------------------------------------------------------
+
+    def feed(self, token: int) -> Event:
+        """Appends one policy token and advances the episode.
+
+        The caller validates ``token`` (it must be a vocabulary id) and must not feed a finished episode or
+        one waiting for :meth:`deliver`.
+        """
+        self.tokens[self.length] = token
+        self.sources[self.length] = Source.POLICY
+        self.length += 1
+        buf = self._turn_bytes
+        scan_from = max(0, len(buf) - _MAX_TAG + 1)
+        buf += self._token_bytes[token]
+        stop, cut = "", -1
+        for tag in STOP_TAGS:
+            at = buf.find(tag, scan_from)
+            if at >= 0 and (cut < 0 or at + len(tag) < cut):
+                stop, cut = tag.decode(), at + len(tag)
+        if not stop:
+            if token == self._eos:
+                stop, cut = "eos", len(buf)
+            elif self.length - self._turn_start >= self.config.max_turn_tokens:
+                stop, cut = "max_turn_tokens", len(buf)
+            elif self.length >= self.config.max_context_tokens:
+                self._record_turn("context_limit", len(buf))
+                return self._finish("context_limit")
+            else:
+                return Event.CONTINUE
+        return self._resolve_turn(stop, cut)
+
+    def _record_turn(self, stop: str, cut: int) -> Turn:
+        # Bytes after the closing tag inside the same token stay in the transcript but are not parsed.
+        text = bytes(self._turn_bytes[:cut]).decode("utf-8", errors="replace")
+        parsed = parse_action(text)
+        turn = Turn(self._turn_start, self.length, parsed.kind, parsed.content, stop)
+        self.turns.append(turn)
+        return turn
+
+    def _resolve_turn(self, stop: str, cut: int) -> Event:
+        turn = self._record_turn(stop, cut)
+        last_turn = len(self.turns) >= self.config.max_turns
+        if turn.kind == "answer":
+            self.answer = turn.content
+            return self._finish("answered")
+        if last_turn:  # the last turn must answer: a search there is not executed
+            return self._finish("turn_budget")
+        if turn.kind == "search":
+            self.pending_query = turn.content
+            return Event.SEARCH
+        if self.length >= self.config.max_context_tokens:
+            return self._finish("context_limit")
+        return self._append_tool(self._invalid_ids)
+
+    def deliver(self, hits: Sequence[Hit]) -> Event:
+        """Appends the ``<information>`` block for the pending search and starts the next turn."""
+        assert self.pending_query is not None, "deliver() without a pending search"
+        self.queries.append(self.pending_query)
+        self.pending_query = None
+        self.turns[-1].hit_ids = [h.passage_id for h in hits]
+        text = format_information([(h.title, h.text) for h in hits], self.config.max_passage_words)
+        return self._append_tool(self.tokenizer.encode(text))
+
+    def deliver_failure(self, message: str) -> Event:
+        """Appends a tool message saying the pending search failed (the ``on_retrieval_error="observe"`` path)."""
+        assert self.pending_query is not None, "deliver_failure() without a pending search"
+        self.queries.append(self.pending_query)
+        self.pending_query = None
+        text = f"\n\n<information>Search failed: {message}</information>\n\n"
+        return self._append_tool(self.tokenizer.encode(text))
+
+    # -- reporting ---------------------------------------------------------------------------------------
+
+    def observation(self) -> dict[str, np.ndarray]:
+        """A copy of the transcript arrays: ``tokens``, ``sources`` and ``length``."""
+        return {
+            "tokens": self.tokens.copy(),
+            "sources": self.sources.copy(),
+            "length": np.array([self.length], dtype=np.int64),
+        }
+
+    @property
+    def retrieved_ids(self) -> list[list[str]]:
+        """Passage ids returned by each executed search, in order."""
+        return [t.hit_ids for t in self.turns if t.kind == "search" and t.hit_ids]
+
+    def info(self) -> dict[str, Any]:
+        """Everything needed to debug the episode (see the env docstring for the keys)."""
+        q = self.question
+        assert q is not None
+        answer = self.answer
+        gold = q.golden_answers
+        support = set(q.supporting_ids)
+        retrieved = {pid for ids in self.retrieved_ids for pid in ids}
+        return {
+            "question_id": q.id,
+            "question": q.question,
+            "golden_answers": list(gold),
+            "turn": len(self.turns),
+            "searches": len(self.queries),
+            "invalid_turns": sum(t.kind == "invalid" for t in self.turns),
+            "queries": list(self.queries),
+            "retrieved_ids": self.retrieved_ids,
+            "answer": answer,
+            "em": exact_match(answer, gold) if answer is not None else 0.0,
+            "subem": sub_exact_match(answer, gold) if answer is not None else 0.0,
+            "f1": f1_score(answer, gold) if answer is not None else 0.0,
+            "gold_retrieved": bool(support & retrieved) if support else None,
+            "policy_tokens": int(np.count_nonzero(self.sources[: self.length] == Source.POLICY)),
+            "length": self.length,
+            "end_reason": self.end_reason,
+        }
+
+    def render_text(self) -> str:
+        """The transcript as text with each segment marked by its source."""
+        parts = []
+        start = 0
+        src = self.sources[: self.length]
+        for i in range(1, self.length + 1):
+            if i == self.length or src[i] != src[start]:
+                label = Source(int(src[start])).name.lower()
+                parts.append(f"[{label}]{self.tokenizer.decode(self.tokens[start:i])}[/{label}]")
+                start = i
+        return "".join(parts)

@@ -1,0 +1,252 @@
+"""SearchQA-v0: Search-R1-style search-and-answer episodes, one token per action."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from searchgym.data import Dataset, Question, load_dataset
+from searchgym.errors import (
+    ConfigError,
+    EpisodeFinishedError,
+    InvalidActionError,
+    RetrieverError,
+    UnknownQuestionError,
+)
+from searchgym.retrieval import Retriever, make_retriever
+from searchgym.tokenization import Tokenizer, load_tokenizer
+
+from .episode import Episode, EpisodeConfig, Event, Source
+
+__all__ = ["SearchQAEnv", "shared_retriever"]
+
+_RETRIEVERS: dict[tuple[int, str], tuple[Dataset, Retriever]] = {}
+
+
+def shared_retriever(dataset: Dataset, spec: Any) -> Retriever:
+    """The retriever for ``dataset``; named backends are built once per process and dataset."""
+    if not isinstance(spec, str | None):
+        return make_retriever(spec, dataset.passages)
+    key = (id(dataset), str(spec))
+    if key not in _RETRIEVERS:
+        _RETRIEVERS[key] = (dataset, make_retriever(spec, dataset.passages))  # keep dataset alive: id stays valid
+    return _RETRIEVERS[key][1]
+
+
+class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
+    """Answer a question, searching a corpus when needed, writing one token per step.
+
+    ## Description
+
+    The Search-R1 setting as a token-level Gymnasium environment. The context starts with Search-R1's
+    prompt for a question. The agent writes tokens; a turn ends at the token where ``</search>`` or
+    ``</answer>`` completes (found on the byte stream, so a tag split over several tokens, or sharing a token
+    with the text after it, is found exactly where it completes), at EOS, or at ``max_turn_tokens``. A turn
+    holding ``<search> q </search>`` runs the retriever and appends ``<information>Doc 1(Title: …) …
+    </information>`` as tool tokens; a turn holding ``<answer> a </answer>`` ends the episode; any other turn
+    gets Search-R1's corrective message. The last of ``max_turns`` turns must answer.
+
+    ## Action Space
+
+    ``Discrete(vocab_size)``: a token id of the tokenizer's real vocabulary. Anything else raises
+    :class:`~searchgym.errors.InvalidActionError`.
+
+    ## Observation Space
+
+    A ``Dict`` of fixed-size arrays (``L = max_context_tokens``):
+
+    * ``tokens``: ``Box(0, vocab_size - 1, (L,), int64)``, the transcript's token ids, zero-padded;
+    * ``sources``: ``Box(0, 3, (L,), int8)``, who wrote each token: 0 padding, 1 prompt, 2 policy, 3 tool;
+    * ``length``: ``Box(0, L, (1,), int64)``, the number of valid tokens.
+
+    ## Rewards
+
+    0 on every step but the last; at the end, the answer metric (``reward=``: ``"em"`` exact match,
+    ``"subem"``, or ``"f1"``) of the answer parsed from the agent's own tokens against the golden answers.
+    No answer scores 0.
+
+    ## Starting State
+
+    A question drawn uniformly from the split with the env's ``np_random`` (or pinned with
+    ``reset(options={"question_id": ...})`` or ``{"question_index": i}``); the transcript is its prompt.
+
+    ## Episode End
+
+    Terminated when a turn answers, or when the last turn ends without an answer (``end_reason``
+    ``"answered"`` / ``"turn_budget"``). Truncated when the transcript would exceed ``max_context_tokens``
+    (``"context_limit"``). Stepping a finished episode raises :class:`~searchgym.errors.EpisodeFinishedError`.
+
+    ## Info
+
+    Every step: ``turn``, ``searches``, ``length``. When a turn ends and at reset, and at the end: also
+    ``question_id``, ``question``, ``golden_answers``, ``queries``, ``retrieved_ids``, ``invalid_turns``,
+    ``answer``, ``em``, ``subem``, ``f1``, ``gold_retrieved`` (``None`` when the dataset has no gold
+    passages), ``policy_tokens``, ``end_reason``, and ``turn_end`` (True at those steps).
+
+    ## Arguments
+
+    * ``dataset``: ``"world"`` (default, the generated encyclopedia), a FlashRAG folder path, or a
+      :class:`~searchgym.data.Dataset`.
+    * ``split``: question split, ``"train"`` by default.
+    * ``tokenizer``: ``"builtin"`` (default), a local path or model name, or a tokenizer object.
+    * ``retriever``: ``"bm25"`` (default) or a :class:`~searchgym.retrieval.Retriever`.
+    * ``topk``: passages per search (3).
+    * ``max_turns``: turns per episode (4); the last must answer.
+    * ``max_turn_tokens``: policy tokens per turn (512).
+    * ``max_context_tokens``: size of the transcript (2048).
+    * ``max_passage_words``: cut each shown passage to this many words (``None``: no cut).
+    * ``reward``: ``"em"``, ``"subem"`` or ``"f1"``.
+    * ``prompt_style``: ``"base"`` (Search-R1's base prompt) or ``"chat"`` (the prompt as a user message
+      through the tokenizer's chat template).
+    * ``on_retrieval_error``: ``"raise"`` (default) re-raises :class:`~searchgym.errors.RetrieverError`;
+      ``"observe"`` appends ``<information>Search failed: …</information>`` as tool tokens and goes on.
+    * ``world_seed``: seed of the generated world (0).
+    * ``render_mode``: ``"ansi"`` (``render()`` returns the transcript with ``[prompt]…[/prompt]``-style
+      segment marks) or ``"human"`` (prints it).
+
+    ## Version History
+
+    * v0: initial version (generated world v1, built-in tokenizer v1).
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __init__(
+        self,
+        dataset: str | Path | Dataset | None = None,
+        split: str = "train",
+        tokenizer: Any = None,
+        retriever: Any = "bm25",
+        topk: int = 3,
+        max_turns: int = 4,
+        max_turn_tokens: int = 512,
+        max_context_tokens: int = 2048,
+        max_passage_words: int | None = None,
+        reward: str = "em",
+        prompt_style: Literal["base", "chat"] = "base",
+        on_retrieval_error: Literal["raise", "observe"] = "raise",
+        world_seed: int = 0,
+        render_mode: str | None = None,
+    ) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(f"render_mode must be one of {self.metadata['render_modes']} or None")
+        if on_retrieval_error not in ("raise", "observe"):
+            raise ConfigError(f"on_retrieval_error must be 'raise' or 'observe', got {on_retrieval_error!r}")
+        self.config = EpisodeConfig(
+            topk=topk,
+            max_turns=max_turns,
+            max_context_tokens=max_context_tokens,
+            max_turn_tokens=max_turn_tokens,
+            max_passage_words=max_passage_words,
+            reward=reward,
+            prompt_style=prompt_style,
+        )
+        self.dataset = load_dataset(dataset, world_seed=world_seed)
+        self.split = split
+        self.questions: list[Question] = self.dataset.questions(split)
+        if not self.questions:
+            raise ConfigError(f"split {split!r} of {self.dataset.name!r} has no questions")
+        self._question_index = self.dataset.question_index(split)
+        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
+        self.retriever = shared_retriever(self.dataset, retriever)
+        self.on_retrieval_error = on_retrieval_error
+        self.render_mode = render_mode
+        self.episode = Episode(self.tokenizer, self.config)
+
+        vocab, size = self.tokenizer.vocab_size, self.config.max_context_tokens
+        self.action_space = spaces.Discrete(vocab)
+        self.observation_space = spaces.Dict(
+            {
+                "tokens": spaces.Box(0, vocab - 1, shape=(size,), dtype=np.int64),
+                "sources": spaces.Box(0, len(Source) - 1, shape=(size,), dtype=np.int8),
+                "length": spaces.Box(0, size, shape=(1,), dtype=np.int64),
+            }
+        )
+
+    # -- Gymnasium API -----------------------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        self.episode.start(self._pick_question(options or {}))
+        return self.episode.observation(), {**self.episode.info(), "turn_end": False}
+
+    def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        token = self._check_action(action)
+        ep = self.episode
+        if ep.done:
+            raise EpisodeFinishedError(
+                "step() called on a finished episode "
+                f"(ended by {ep.end_reason!r}); call reset() to start a new one"
+            )
+        event = ep.feed(token)
+        if event == Event.SEARCH:
+            event = self.run_search()
+        if event == Event.CONTINUE:
+            info: dict[str, Any] = {"turn": len(ep.turns), "searches": len(ep.queries), "length": ep.length}
+        else:
+            info = {**ep.info(), "turn_end": True}
+        if self.render_mode == "human" and event == Event.DONE:
+            self.render()
+        terminated = ep.done and not ep.truncated
+        return ep.observation(), ep.reward if ep.done else 0.0, terminated, ep.truncated, info
+
+    def render(self) -> str | None:
+        if self.episode.question is None:
+            return None
+        text = self.episode.render_text()
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    # -- helpers -----------------------------------------------------------------------------------------
+
+    def run_search(self) -> Event:
+        """Executes the pending search of the episode with the retriever and delivers the hits."""
+        ep = self.episode
+        assert ep.pending_query is not None
+        try:
+            hits = self.retriever.search([ep.pending_query], self.config.topk)[0]
+        except RetrieverError as e:
+            if self.on_retrieval_error == "raise":
+                raise
+            return ep.deliver_failure(str(e))
+        return ep.deliver(hits)
+
+    def _check_action(self, action: Any) -> int:
+        try:
+            token = int(action)
+            ok = token == action and 0 <= token < self.tokenizer.vocab_size
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise InvalidActionError(
+                f"action {action!r} is not a token id in [0, {self.tokenizer.vocab_size}) "
+                f"(tokenizer {self.tokenizer.name!r})"
+            )
+        return token
+
+    def _pick_question(self, options: dict[str, Any]) -> Question:
+        unknown = set(options) - {"question_id", "question_index"}
+        if unknown:
+            raise ConfigError(f"unknown reset options {sorted(unknown)}; valid: ['question_id', 'question_index']")
+        if "question_id" in options:
+            qid = str(options["question_id"])
+            if qid not in self._question_index:
+                raise UnknownQuestionError(
+                    f"no question with id {qid!r} in split {self.split!r} of {self.dataset.name!r} "
+                    f"({len(self.questions)} questions; env.unwrapped.questions lists them)"
+                )
+            return self.questions[self._question_index[qid]]
+        if "question_index" in options:
+            index = int(options["question_index"])
+            if not 0 <= index < len(self.questions):
+                raise UnknownQuestionError(f"question_index {index} is outside [0, {len(self.questions)})")
+            return self.questions[index]
+        return self.questions[int(self.np_random.integers(len(self.questions)))]

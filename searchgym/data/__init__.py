@@ -1,0 +1,54 @@
+"""Datasets: the generated world (the embedded default) and real corpora in FlashRAG format."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from searchgym.data.flashrag import load_flashrag
+from searchgym.data.types import Dataset, Passage, Question
+from searchgym.data.world import WORLD_VERSION, WorldConfig, generate_world
+from searchgym.errors import ConfigError
+
+__all__ = [
+    "WORLD_VERSION",
+    "Dataset",
+    "Passage",
+    "Question",
+    "WorldConfig",
+    "generate_world",
+    "load_dataset",
+    "load_flashrag",
+]
+
+
+@lru_cache(maxsize=8)
+def _cached_world(seed: int) -> Dataset:
+    return generate_world(WorldConfig(seed=seed))
+
+
+@lru_cache(maxsize=8)
+def _cached_folder(path: str) -> Dataset:
+    return load_flashrag(path)
+
+
+def load_dataset(spec: str | Path | Dataset | None = None, *, world_seed: int = 0) -> Dataset:
+    """Resolves a dataset argument as the environments accept it.
+
+    Args:
+        spec: ``None`` or ``"world"`` for the generated world; a :class:`Dataset` (returned as is); or
+            the path of a FlashRAG-format folder. Loaded datasets are cached per process, so many envs
+            over the same data share one copy.
+        world_seed: Seed of the generated world.
+
+    Raises:
+        ConfigError: ``spec`` is neither ``"world"`` nor an existing folder.
+    """
+    if isinstance(spec, Dataset):
+        return spec
+    if spec is None or spec == "world":
+        return _cached_world(world_seed)
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"dataset {str(spec)!r} is neither 'world' nor an existing FlashRAG folder")
+    return _cached_folder(str(path.resolve()))

@@ -1,0 +1,93 @@
+"""Typed records shared by every dataset: passages, questions, and a dataset with its splits."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from searchgym.errors import ConfigError, UnknownQuestionError
+
+__all__ = ["Dataset", "Passage", "Question"]
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrievable passage.
+
+    Attributes:
+        id: Corpus-unique id (a string, as in FlashRAG).
+        title: The title, without the surrounding quotes that FlashRAG's ``contents`` field carries.
+        text: The passage body.
+    """
+
+    id: str
+    title: str
+    text: str
+
+    @property
+    def contents(self) -> str:
+        """The FlashRAG ``contents`` string: the quoted title, a newline, the text."""
+        return f'"{self.title}"\n{self.text}'
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question with its golden answers.
+
+    Attributes:
+        id: Split-unique id.
+        question: The question text.
+        golden_answers: Accepted answers (aliases included); any of them scores.
+        supporting_ids: Ids of the passages that hold the evidence (empty when the dataset has none).
+        kind: Question type, e.g. ``"attribute"``, ``"bridge"``, ``"comparison"`` (free-form for real data).
+        hops: Number of passages needed to answer (0 when unknown).
+        metadata: Anything else the source record carried.
+    """
+
+    id: str
+    question: str
+    golden_answers: tuple[str, ...]
+    supporting_ids: tuple[str, ...] = ()
+    kind: str = ""
+    hops: int = 0
+    metadata: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass
+class Dataset:
+    """A corpus of passages and named splits of questions over it."""
+
+    name: str
+    passages: list[Passage]
+    splits: dict[str, list[Question]]
+
+    @cached_property
+    def passage_index(self) -> dict[str, Passage]:
+        """Passages by id."""
+        return {p.id: p for p in self.passages}
+
+    def questions(self, split: str) -> list[Question]:
+        """The questions of ``split``; an unknown split lists the available ones."""
+        try:
+            return self.splits[split]
+        except KeyError:
+            raise ConfigError(
+                f"dataset {self.name!r} has no split {split!r}; available: {sorted(self.splits)}"
+            ) from None
+
+    def question_index(self, split: str) -> dict[str, int]:
+        """Maps question id to its position in ``split``."""
+        return {q.id: i for i, q in enumerate(self.questions(split))}
+
+    def find_question(self, split: str, question_id: str) -> Question:
+        """The question with ``question_id`` in ``split``.
+
+        Raises:
+            UnknownQuestionError: no question of that id exists in the split.
+        """
+        for q in self.questions(split):
+            if q.id == question_id:
+                return q
+        raise UnknownQuestionError(f"no question with id {question_id!r} in split {split!r} of {self.name!r}")

@@ -1,0 +1,73 @@
+"""The error hierarchy of searchgym.
+
+Every error the package raises on purpose derives from :class:`SearchGymError`, so callers can catch the
+family at once, and each also derives from the builtin it refines (``ValueError``, ``KeyError`` …), so code
+written against builtins keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DataFormatError",
+    "EpisodeFinishedError",
+    "InvalidActionError",
+    "MissingDependencyError",
+    "RetrieverError",
+    "SearchGymError",
+    "UnknownQuestionError",
+]
+
+
+class SearchGymError(Exception):
+    """Base class of every error raised by searchgym."""
+
+
+class ConfigError(SearchGymError, ValueError):
+    """An argument or configuration value is invalid; the message says which values are accepted."""
+
+
+class DataFormatError(SearchGymError, ValueError):
+    """A data file is malformed. The message names the file and the 1-based line.
+
+    Attributes:
+        path: The file that holds the bad record.
+        line: 1-based line number of the bad record, or ``None`` when the problem is not tied to a line.
+    """
+
+    def __init__(self, path: str, line: int | None, message: str) -> None:
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {message}")
+        self.path = path
+        self.line = line
+
+
+class UnknownQuestionError(SearchGymError, KeyError):
+    """A question id was requested that the dataset split does not contain."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidActionError(SearchGymError, ValueError):
+    """An action is not a token id of the environment's vocabulary."""
+
+
+class EpisodeFinishedError(SearchGymError, RuntimeError):
+    """``step`` was called on an episode that has already terminated or been truncated."""
+
+
+class RetrieverError(SearchGymError, RuntimeError):
+    """Retrieval failed (unreachable server, bad response, exhausted retries)."""
+
+
+class MissingDependencyError(SearchGymError, ImportError):
+    """An optional dependency is needed; the message names the extra that installs it."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the optional package {package!r}. "
+            f"Install it with: pip install 'searchgym[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra
