@@ -4,15 +4,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-SOURCES := $(shell find searchgym envs agents -name '*.py' -o -name '*.json' 2>/dev/null)
 
 .PHONY: venv demo test lint typecheck unit clean
 
-$(STAMP): setup.cfg pyproject.toml constraints.txt $(SOURCES)
+$(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# strict editable mode: a tree of links, so mypy and tools see the searchgym.envs/agents mapping
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all,dev]' --config-settings editable_mode=strict
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -24,8 +22,14 @@ lint: venv
 	$(BIN)/ruff check searchgym envs agents tests scripts
 	$(BIN)/ruff format --check searchgym envs agents tests scripts
 
+# mypy cannot follow the editable install's import hook, so it checks a tree of links that has the
+# installed layout (searchgym/envs -> envs, searchgym/agents -> agents).
 typecheck: venv
-	$(BIN)/mypy -p searchgym
+	rm -rf build/typecheck && mkdir -p build/typecheck/searchgym
+	ln -s $(CURDIR)/searchgym/* build/typecheck/searchgym/
+	ln -s $(CURDIR)/envs build/typecheck/searchgym/envs
+	ln -s $(CURDIR)/agents build/typecheck/searchgym/agents
+	cd build/typecheck && MYPYPATH=. $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p searchgym
 
 unit: venv
 	$(BIN)/pytest

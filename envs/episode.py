@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from searchgym.data.types import Question
-from searchgym.protocol import INVALID_TURN_MESSAGE, STOP_TAGS, format_information, format_prompt, parse_action
+from searchgym.protocol import INVALID_TURN_MESSAGE, StopScanner, format_information, format_prompt, parse_action
 from searchgym.retrieval.base import Hit
 from searchgym.rewards import exact_match, f1_score, get_metric, sub_exact_match
 from searchgym.tokenization import Tokenizer
@@ -26,7 +26,6 @@ from searchgym.tokenization import Tokenizer
 __all__ = ["END_REASONS", "Episode", "EpisodeConfig", "Event", "Source", "Turn"]
 
 END_REASONS = ("answered", "turn_budget", "context_limit")
-_MAX_TAG = max(len(t) for t in STOP_TAGS)
 
 
 class Source(enum.IntEnum):
@@ -101,8 +100,7 @@ class Episode:
         self.tokenizer = tokenizer
         self.config = config
         self._metric = get_metric(config.reward)
-        self._token_bytes = tokenizer.token_bytes
-        self._eos = tokenizer.eos_token_id
+        self._scanner = StopScanner(tokenizer.token_bytes, tokenizer.eos_token_id)
         self._invalid_ids = np.asarray(tokenizer.encode(INVALID_TURN_MESSAGE), dtype=np.int64)
         size = config.max_context_tokens
         self.tokens = np.zeros(size, dtype=np.int64)
@@ -141,7 +139,7 @@ class Episode:
         self.reward = 0.0
         self.done = False
         self._turn_start = self.length
-        self._turn_bytes = bytearray()
+        self._scanner.reset()
 
     def _append(self, ids: Sequence[int] | np.ndarray, source: Source) -> None:
         n = len(ids)
@@ -162,7 +160,7 @@ class Episode:
             return self._finish("context_limit")
         self._append(ids, Source.TOOL)
         self._turn_start = self.length
-        self._turn_bytes = bytearray()
+        self._scanner.reset()
         return Event.TURN_END
 
     # -- stepping ----------------------------------------------------------------------------------------
@@ -176,30 +174,19 @@ class Episode:
         self.tokens[self.length] = token
         self.sources[self.length] = Source.POLICY
         self.length += 1
-        buf = self._turn_bytes
-        scan_from = max(0, len(buf) - _MAX_TAG + 1)
-        buf += self._token_bytes[token]
-        stop, cut = "", -1
-        for tag in STOP_TAGS:
-            at = buf.find(tag, scan_from)
-            if at >= 0 and (cut < 0 or at + len(tag) < cut):
-                stop, cut = tag.decode(), at + len(tag)
-        if not stop:
-            if token == self._eos:
-                stop, cut = "eos", len(buf)
-            elif self.length - self._turn_start >= self.config.max_turn_tokens:
-                stop, cut = "max_turn_tokens", len(buf)
-            elif self.length >= self.config.max_context_tokens:
-                self._record_turn("context_limit", len(buf))
-                return self._finish("context_limit")
-            else:
-                return Event.CONTINUE
-        return self._resolve_turn(stop, cut)
+        scanner = self._scanner
+        if scanner.feed(token):
+            return self._resolve_turn(scanner.stop, scanner.cut)
+        if self.length - self._turn_start >= self.config.max_turn_tokens:
+            return self._resolve_turn("max_turn_tokens", scanner.nbytes)
+        if self.length >= self.config.max_context_tokens:
+            self._record_turn("context_limit", scanner.nbytes)
+            return self._finish("context_limit")
+        return Event.CONTINUE
 
     def _record_turn(self, stop: str, cut: int) -> Turn:
         # Bytes after the closing tag inside the same token stay in the transcript but are not parsed.
-        text = bytes(self._turn_bytes[:cut]).decode("utf-8", errors="replace")
-        parsed = parse_action(text)
+        parsed = parse_action(self._scanner.text(cut))
         turn = Turn(self._turn_start, self.length, parsed.kind, parsed.content, stop)
         self.turns.append(turn)
         return turn

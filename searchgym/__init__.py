@@ -39,7 +39,11 @@ __all__ = [
 
 def _register_envs() -> None:
     if "SearchQA-v0" not in registry:
-        register(id="SearchQA-v0", entry_point="searchgym.envs.search_qa:SearchQAEnv")
+        register(
+            id="SearchQA-v0",
+            entry_point="searchgym.envs.search_qa:SearchQAEnv",
+            vector_entry_point="searchgym.envs.vector:SearchQAVectorEnv",
+        )
 
 
 _register_envs()

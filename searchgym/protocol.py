@@ -19,6 +19,7 @@ __all__ = [
     "INVALID_TURN_MESSAGE",
     "STOP_TAGS",
     "ParsedAction",
+    "StopScanner",
     "format_information",
     "format_prompt",
     "parse_action",
@@ -45,6 +46,8 @@ SEARCH_CLOSE = "</search>"
 ANSWER_CLOSE = "</answer>"
 STOP_TAGS: tuple[bytes, ...] = (SEARCH_CLOSE.encode(), ANSWER_CLOSE.encode())
 """Closing tags that end a turn, as bytes: detection runs on the byte stream of the policy's tokens."""
+
+_MAX_TAG = max(len(t) for t in STOP_TAGS)
 
 ACTION_PATTERN = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 """The first ``<search>…</search>`` or ``<answer>…</answer>`` pair in a turn decides the action."""
@@ -105,3 +108,58 @@ def format_information(passages: Sequence[tuple[str, str]], max_passage_words: i
                 text = " ".join(words[:max_passage_words])
         lines.append(f'Doc {i}(Title: "{title}") {text}')
     return "\n\n<information>" + "\n".join(lines) + "</information>\n\n"
+
+
+class StopScanner:
+    """Finds, token by token, where a turn ends: the token at which a closing tag completes, or EOS.
+
+    Works on the byte stream of the tokens (``token_bytes``), so a tag split over several tokens, or sharing
+    its last token with following text, is found exactly at the token that completes it. Generators use it
+    to stop sampling where the environment will stop; the environment uses it to end turns.
+
+    Args:
+        token_bytes: For every token id, the bytes it contributes (``Tokenizer.token_bytes``).
+        eos_token_id: The end-of-sequence id, or ``None``.
+    """
+
+    __slots__ = ("_buf", "_eos", "_table", "cut", "stop")
+
+    def __init__(self, token_bytes: Sequence[bytes], eos_token_id: int | None) -> None:
+        self._table = token_bytes
+        self._eos = eos_token_id
+        self._buf = bytearray()
+        self.stop = ""
+        self.cut = -1
+
+    def reset(self) -> None:
+        """Starts a new turn."""
+        self._buf = bytearray()
+        self.stop = ""
+        self.cut = -1
+
+    def feed(self, token: int) -> bool:
+        """Adds one token; returns True when the turn ends at this token.
+
+        After a True return, :attr:`stop` is ``"</search>"``, ``"</answer>"`` or ``"eos"``, and :attr:`cut` is
+        the byte offset where the turn's parsed text ends (bytes after a tag in the same token are kept in
+        the transcript but not parsed).
+        """
+        buf = self._buf
+        scan_from = max(0, len(buf) - _MAX_TAG + 1)
+        buf += self._table[token]
+        for tag in STOP_TAGS:
+            at = buf.find(tag, scan_from)
+            if at >= 0 and (self.cut < 0 or at + len(tag) < self.cut):
+                self.stop, self.cut = tag.decode(), at + len(tag)
+        if not self.stop and token == self._eos:
+            self.stop, self.cut = "eos", len(buf)
+        return bool(self.stop)
+
+    def text(self, cut: int | None = None) -> str:
+        """The turn's text up to ``cut`` bytes (default: all), invalid UTF-8 replaced."""
+        return bytes(self._buf[: len(self._buf) if cut is None else cut]).decode("utf-8", errors="replace")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in the turn so far."""
+        return len(self._buf)

@@ -1,0 +1,149 @@
+"""One evaluation harness: run any agent on any SearchQA env and summarise EM, F1, searches and more."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from .base import Agent
+
+__all__ = ["EpisodeRecord", "EvalSummary", "evaluate", "run_episode"]
+
+
+@dataclass
+class EpisodeRecord:
+    """The outcome of one episode: the final ``info``, the reward, and the transcript."""
+
+    info: dict[str, Any]
+    reward: float
+    steps: int
+    transcript: str
+
+    @property
+    def valid_format(self) -> bool:
+        """Every turn was a well-formed search or answer, and the episode ended with an answer."""
+        return self.info["end_reason"] == "answered" and self.info["invalid_turns"] == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.info, "reward": self.reward, "steps": self.steps, "transcript": self.transcript}
+
+
+@dataclass
+class EvalSummary:
+    """Averages over evaluated episodes (keys as printed by ``searchgym eval --json``)."""
+
+    em: float
+    subem: float
+    f1: float
+    valid_format: float
+    searches: float
+    retrieval_recall: float | None
+    tokens: float
+    episodes: int
+    episodes_per_s: float
+    records: list[EpisodeRecord] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def of(cls, records: list[EpisodeRecord], seconds: float) -> EvalSummary:
+        def mean(values: list[float]) -> float:
+            return float(np.mean(values)) if values else 0.0
+
+        recall = [float(r.info["gold_retrieved"]) for r in records if r.info["gold_retrieved"] is not None]
+        return cls(
+            em=mean([r.info["em"] for r in records]),
+            subem=mean([r.info["subem"] for r in records]),
+            f1=mean([r.info["f1"] for r in records]),
+            valid_format=mean([float(r.valid_format) for r in records]),
+            searches=mean([r.info["searches"] for r in records]),
+            retrieval_recall=mean(recall) if recall else None,
+            tokens=mean([r.info["policy_tokens"] for r in records]),
+            episodes=len(records),
+            episodes_per_s=len(records) / seconds if seconds > 0 else float("inf"),
+            records=records,
+        )
+
+    def metrics(self) -> dict[str, Any]:
+        """The summary figures as a flat dict (no records)."""
+        return {k: v for k, v in self.__dict__.items() if k != "records"}
+
+
+def run_episode(
+    env: gym.Env[Any, Any],
+    agent: Agent,
+    *,
+    seed: int | None = None,
+    options: dict[str, Any] | None = None,
+    max_steps: int = 1_000_000,
+) -> EpisodeRecord:
+    """Plays one episode of ``agent`` in ``env`` token by token.
+
+    Raises:
+        RuntimeError: the episode did not end within ``max_steps`` (an env bug: episodes are bounded).
+    """
+    obs, info = env.reset(seed=seed, options=options)
+    agent.reset(info, seed=seed)
+    reward, steps = 0.0, 0
+    for steps in range(1, max_steps + 1):  # noqa: B007 - steps is reported
+        obs, r, terminated, truncated, info = env.step(agent.act(obs, info))
+        reward += float(r)
+        if terminated or truncated:
+            break
+    else:
+        raise RuntimeError(f"episode did not end within {max_steps} steps")
+    transcript = env.unwrapped.episode.render_text()  # type: ignore[attr-defined]
+    return EpisodeRecord(info=info, reward=reward, steps=steps, transcript=transcript)
+
+
+def iter_episodes(
+    env: gym.Env[Any, Any], agent: Agent, episodes: int, seed: int = 0, by_index: bool = True
+) -> Iterator[EpisodeRecord]:
+    """Yields ``episodes`` records; with ``by_index`` the i-th episode pins question i (mod the split size)."""
+    n_questions = len(env.unwrapped.questions)  # type: ignore[attr-defined]
+    for i in range(episodes):
+        options = {"question_index": i % n_questions} if by_index else None
+        yield run_episode(env, agent, seed=seed + i, options=options)
+
+
+def evaluate(
+    env: gym.Env[Any, Any],
+    agent: Agent,
+    episodes: int,
+    *,
+    seed: int = 0,
+    out: str | Path | None = None,
+    progress: bool = False,
+) -> EvalSummary:
+    """Evaluates ``agent`` on the first ``episodes`` questions of the env's split (in order).
+
+    Args:
+        env: A SearchQA env (wrapped or not).
+        agent: Any :class:`Agent`.
+        episodes: Number of episodes; episode i pins question ``i`` modulo the split size.
+        seed: Base seed; episode i resets with ``seed + i``.
+        out: Optional JSONL path for one transcript record per episode.
+        progress: Show a tqdm progress bar.
+    """
+    start = time.perf_counter()
+    records: list[EpisodeRecord] = []
+    iterator: Any = iter_episodes(env, agent, episodes, seed)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, total=episodes, desc=f"eval {agent.name}", unit="ep")
+    for record in iterator:
+        records.append(record)
+    summary = EvalSummary.of(records, time.perf_counter() - start)
+    if out is not None:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
+    return summary

@@ -1,0 +1,1 @@
+"""GRPO with the LLDS regulariser: pure loss functions, the trainer, and its configuration."""

@@ -1,0 +1,105 @@
+"""Scripted baselines that need no learning: random tokens, and the gold-passage oracle."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from searchgym.data import Dataset
+from searchgym.tokenization import Tokenizer
+
+from .base import Agent, Observation
+
+__all__ = ["OracleAgent", "RandomAgent", "oracle_turns"]
+
+
+class RandomAgent(Agent):
+    """Uniformly random token ids: the floor every method must beat.
+
+    Args:
+        vocab_size: Number of token ids to draw from.
+        seed: Seed of the agent's own generator (re-seeded by ``reset(seed=...)``).
+        bias_ids: Optional token ids drawn with probability ``bias`` instead of a uniform id; with the ids of
+            tag pieces this makes random episodes that actually search and answer (useful for fuzzing).
+        bias: Probability of drawing from ``bias_ids``.
+    """
+
+    name = "random"
+
+    def __init__(
+        self, vocab_size: int, seed: int = 0, bias_ids: Sequence[int] = (), bias: float = 0.0
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.rng = np.random.default_rng(seed)
+        self.bias_ids = np.asarray(bias_ids, dtype=np.int64)
+        self.bias = bias if len(self.bias_ids) else 0.0
+
+    def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+
+    def act(self, observation: Observation, info: dict[str, Any]) -> int:
+        if self.bias and self.rng.random() < self.bias:
+            return int(self.bias_ids[self.rng.integers(len(self.bias_ids))])
+        return int(self.rng.integers(self.vocab_size))
+
+
+def oracle_turns(dataset: Dataset, question_id: str, split: str, max_turns: int) -> list[str]:
+    """The oracle's turns for a question: one search per supporting passage title, then a golden answer.
+
+    At most ``max_turns - 1`` searches are made, so the answer always fits the turn budget.
+    """
+    question = dataset.find_question(split, question_id)
+    titles = [dataset.passage_index[pid].title for pid in question.supporting_ids if pid in dataset.passage_index]
+    turns = [f"<search> {title} </search>" for title in titles[: max(0, max_turns - 1)]]
+    answer = question.golden_answers[0] if question.golden_answers else ""
+    turns.append(f"<answer> {answer} </answer>")
+    return turns
+
+
+class OracleAgent(Agent):
+    """Searches the titles of the gold supporting passages, then answers the first golden answer.
+
+    The upper bound of every table, and the source of token-level demonstrations for supervised
+    warm-start. It reads the question's gold data from the dataset, so it needs the env's dataset and split.
+
+    Args:
+        dataset: The env's dataset (``env.unwrapped.dataset``).
+        split: The env's split.
+        tokenizer: The env's tokenizer.
+        max_turns: The env's turn budget.
+    """
+
+    name = "oracle"
+
+    def __init__(self, dataset: Dataset, split: str, tokenizer: Tokenizer, max_turns: int = 4) -> None:
+        self.dataset = dataset
+        self.split = split
+        self.tokenizer = tokenizer
+        self.max_turns = max_turns
+        self._turns: list[list[int]] = []
+        self._pos = 0
+
+    def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
+        texts = oracle_turns(self.dataset, info["question_id"], self.split, self.max_turns)
+        self._turns = [self.tokenizer.encode(t) for t in texts]
+        self._pos = 0
+
+    def act(self, observation: Observation, info: dict[str, Any]) -> int:
+        if info.get("turn_end") and self._pos > 0:
+            # The env closed the turn: move on, even if it closed before the script expected.
+            self._turns.pop(0)
+            self._pos = 0
+        if not self._turns:
+            eos = self.tokenizer.eos_token_id
+            return int(eos if eos is not None else 0)
+        turn = self._turns[0]
+        if self._pos >= len(turn):  # the env did not stop at the end of the script's turn
+            self._turns.pop(0)
+            self._pos = 0
+            return self.act(observation, {})
+        token = turn[self._pos]
+        self._pos += 1
+        return token

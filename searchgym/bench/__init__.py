@@ -1,0 +1,1 @@
+"""Benchmarks run by ``searchgym bench ...``; each prints its figures (and ratios against references)."""

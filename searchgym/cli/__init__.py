@@ -1,0 +1,69 @@
+"""The ``searchgym`` command line.
+
+Each command is a module in this package that defines ``COMMAND`` (its path, e.g. ``("bench", "env")``),
+``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``. Modules are discovered, so adding a command
+is adding a file. Modules import heavy dependencies inside ``run`` so that ``searchgym --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from searchgym.errors import SearchGymError
+
+__all__ = ["build_parser", "main"]
+
+
+def _command_modules() -> list[ModuleType]:
+    modules = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "COMMAND"):
+            modules.append(module)
+    return modules
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, with one sub-parser per discovered command."""
+    parser = argparse.ArgumentParser(
+        prog="searchgym", description="Search-and-answer RL environments and agents."
+    )
+    groups: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {
+        (): parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    }
+    parents: dict[tuple[str, ...], argparse.ArgumentParser] = {}
+    for module in _command_modules():
+        path: tuple[str, ...] = tuple(module.COMMAND)
+        for depth in range(1, len(path)):  # intermediate groups such as "bench" or "train"
+            prefix = path[:depth]
+            if prefix not in groups:
+                group = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
+                parents[prefix] = group
+                groups[prefix] = group.add_subparsers(dest="_".join(prefix), metavar="COMMAND", required=True)
+        sub = groups[path[:-1]].add_parser(
+            path[-1], help=module.HELP, description=module.HELP, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        )
+        module.add_arguments(sub)
+        sub.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``searchgym`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except SearchGymError as e:
+        print(f"searchgym: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from searchgym.cli import main
+
+sys.exit(main())

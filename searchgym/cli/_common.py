@@ -1,0 +1,86 @@
+"""Helpers shared by CLI commands: env options, agent loading, table printing."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from searchgym.errors import ConfigError
+
+__all__ = ["add_env_arguments", "env_kwargs", "format_table", "load_agent", "make_env"]
+
+BUILTIN_AGENTS = ("random", "oracle", "heuristic")
+
+
+def add_env_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options that choose the environment and its data."""
+    parser.add_argument("--env", default="SearchQA-v0", help="environment id")
+    parser.add_argument("--dataset", default=None, help="FlashRAG folder (default: the generated world)")
+    parser.add_argument("--split", default="test", help="question split")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: built-in)")
+    parser.add_argument("--retriever", default="bm25", help="retriever backend name or URL")
+    parser.add_argument("--topk", type=int, default=3, help="passages per search")
+    parser.add_argument("--max-turns", type=int, default=4, help="turn budget")
+
+
+def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``gym.make`` keyword arguments of :func:`add_env_arguments` options."""
+    return {
+        "dataset": args.dataset,
+        "split": args.split,
+        "tokenizer": args.tokenizer,
+        "retriever": args.retriever,
+        "topk": args.topk,
+        "max_turns": args.max_turns,
+    }
+
+
+def make_env(args: argparse.Namespace, **overrides: Any) -> Any:
+    import gymnasium as gym
+
+    import searchgym  # noqa: F401 - registers the env ids
+
+    return gym.make(args.env, **{**env_kwargs(args), **overrides})
+
+
+def load_agent(name: str, env: Any, seed: int = 0, **kwargs: Any) -> Any:
+    """Builds an agent by name (``random``, ``oracle``, ``heuristic``) or ``package.module:Class``.
+
+    A user class is called as ``Class(env)``: it receives the (wrapped) env and reads what it needs.
+    """
+    from searchgym.agents import OracleAgent, RandomAgent
+
+    base = env.unwrapped
+    if name == "random":
+        return RandomAgent(base.tokenizer.vocab_size, seed=seed)
+    if name == "oracle":
+        return OracleAgent(base.dataset, base.split, base.tokenizer, base.config.max_turns)
+    if name == "heuristic":
+        from searchgym.agents.heuristic import HeuristicAgent
+
+        return HeuristicAgent(base.tokenizer, **kwargs)
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"cannot load agent {name!r}: {e}") from e
+        return cls(env)
+    raise ConfigError(f"unknown agent {name!r}; choose one of {list(BUILTIN_AGENTS)} or give package.module:Class")
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """A plain-text table with a header row; floats get 3 decimals."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3f}"
+        return "-" if value is None else str(value)
+
+    table = [list(columns)] + [[cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

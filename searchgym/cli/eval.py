@@ -1,0 +1,38 @@
+"""``searchgym eval``: evaluate an agent on an environment and print EM, F1, searches and more."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from searchgym.cli._common import add_env_arguments, format_table, load_agent, make_env
+
+COMMAND = ("eval",)
+HELP = "evaluate an agent (random, oracle, heuristic, or package.module:Class) on an environment"
+
+COLUMNS = ["agent", "em", "subem", "f1", "valid_format", "searches", "retrieval_recall", "tokens", "episodes",
+           "episodes_per_s"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_env_arguments(parser)
+    parser.add_argument("--agent", required=True, help="random | oracle | heuristic | package.module:Class")
+    parser.add_argument("--episodes", type=int, default=100, help="episodes (question i for episode i)")
+    parser.add_argument("--seed", type=int, default=0, help="base seed")
+    parser.add_argument("--out", default=None, help="write transcripts to this JSONL file")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from searchgym.agents import evaluate
+
+    env = make_env(args)
+    agent = load_agent(args.agent, env, seed=args.seed)
+    summary = evaluate(env, agent, args.episodes, seed=args.seed, out=args.out, progress=not args.no_progress)
+    metrics = summary.metrics()
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        print(format_table([{"agent": args.agent, **metrics}], COLUMNS))
+    return 0
