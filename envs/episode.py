@@ -94,17 +94,28 @@ class Episode:
     Args:
         tokenizer: Encodes the prompt and tool text and maps ids to bytes for tag detection.
         config: Episode dynamics.
+        tokens: Optional ``(max_context_tokens,)`` int64 buffer to write the transcript into (a vector env
+            passes rows of its batch array, so observations need no gathering).
+        sources: Optional ``(max_context_tokens,)`` int8 buffer for the source markers.
     """
 
-    def __init__(self, tokenizer: Tokenizer, config: EpisodeConfig) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        config: EpisodeConfig,
+        tokens: np.ndarray | None = None,
+        sources: np.ndarray | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.config = config
         self._metric = get_metric(config.reward)
         self._scanner = StopScanner(tokenizer.token_bytes, tokenizer.eos_token_id)
         self._invalid_ids = np.asarray(tokenizer.encode(INVALID_TURN_MESSAGE), dtype=np.int64)
         size = config.max_context_tokens
-        self.tokens = np.zeros(size, dtype=np.int64)
-        self.sources = np.zeros(size, dtype=np.int8)
+        self.tokens = np.zeros(size, dtype=np.int64) if tokens is None else tokens
+        self.sources = np.zeros(size, dtype=np.int8) if sources is None else sources
+        if self.tokens.shape != (size,) or self.sources.shape != (size,):
+            raise ValueError(f"transcript buffers must have shape ({size},)")
         self.length = 0
         self.question: Question | None = None
         self.done = True

@@ -44,7 +44,7 @@ def _field(record: dict[str, Any], key: str, kind: type, path: Path, lineno: int
     if key not in record:
         raise DataFormatError(str(path), lineno, f"missing field {key!r}")
     value = record[key]
-    if kind is str and isinstance(value, int) and not isinstance(value, bool):
+    if key == "id" and isinstance(value, int) and not isinstance(value, bool):
         value = str(value)  # numeric ids are common; accept them as strings
     if not isinstance(value, kind):
         raise DataFormatError(

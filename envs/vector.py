@@ -1,0 +1,261 @@
+"""A native batched vector env for SearchQA: GRPO groups and one retrieval call per step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError, RetrieverError
+
+from .episode import Episode, Event
+from .search_qa import SearchQAEnv
+
+__all__ = ["SearchQAVectorEnv", "SegmentStep"]
+
+
+@dataclass
+class SegmentStep:
+    """The result of :meth:`SearchQAVectorEnv.step_segments`.
+
+    Attributes:
+        observations: Batched observation dict, arrays of shape ``(num_envs, ...)``.
+        rewards: ``(num_envs,)`` float rewards of this call.
+        terminated: ``(num_envs,)`` bool.
+        truncated: ``(num_envs,)`` bool.
+        consumed: ``(num_envs,)`` int, how many tokens of each segment the env accepted; the rest of a
+            segment (after the token where the turn or episode ended) was discarded.
+        events: ``(num_envs,)`` int, the last :class:`~searchgym.envs.Event` of each sub-env (``-1`` where no
+            segment was given).
+        infos: Per sub-env info dicts (as the single env's, at turn ends and episode ends).
+    """
+
+    observations: dict[str, np.ndarray]
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    consumed: np.ndarray
+    events: np.ndarray
+    infos: list[dict[str, Any]]
+
+
+class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]):
+    """``num_envs`` SearchQA episodes stepped together, sharing one dataset, tokenizer and retriever.
+
+    ``gym.make_vec("SearchQA-v0", num_envs=N, **kwargs)`` builds it (it is SearchQA-v0's vector entry
+    point); ``kwargs`` are :class:`~searchgym.envs.search_qa.SearchQAEnv`'s.
+
+    **Groups.** ``reset(options={"group_size": G})`` gives each block of ``G`` consecutive sub-envs the same
+    question (what GRPO needs); ``options={"question_ids": [...]}`` pins one question per block. ``num_envs``
+    must be a multiple of ``G``.
+
+    **Batched retrieval.** All searches issued in one ``step`` (or :meth:`step_segments`) go to the
+    retriever as one ``search(queries, k)`` call.
+
+    **Autoreset** (gymnasium 1.x semantics, chosen with ``autoreset_mode``):
+
+    * ``"NextStep"`` (default, as gymnasium's vector envs): the step on which a sub-env ends returns its final
+      observation and info; on its next step, the action is ignored and the sub-env resets to a fresh,
+      independently drawn question (groups are not re-formed; call ``reset`` for new groups).
+    * ``"Disabled"``: a finished sub-env stays finished until ``reset(options={"reset_mask": mask})`` (or a
+      full reset); stepping it raises :class:`~searchgym.errors.EpisodeFinishedError`. Use this, with
+      :meth:`step_segments`, for GRPO rollouts.
+
+    **Segments.** :meth:`step_segments` feeds one token segment per sub-env (``None`` to skip one), each until
+    its turn or episode ends, and reports how many tokens each accepted.
+    """
+
+    def __init__(
+        self, num_envs: int, autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, copy: bool = True,
+        **env_kwargs: Any,
+    ) -> None:
+        if num_envs < 1:
+            raise ConfigError(f"num_envs must be >= 1, got {num_envs}")
+        env_kwargs.pop("max_episode_steps", None)  # episodes are bounded by the turn and context budgets
+        self.template = SearchQAEnv(**env_kwargs)
+        mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        if mode == AutoresetMode.SAME_STEP:
+            raise ConfigError("autoreset_mode 'SameStep' is not supported; use 'NextStep' or 'Disabled'")
+        self.autoreset_mode = mode
+        self.metadata = {"autoreset_mode": mode, "render_modes": []}
+        self.num_envs = num_envs
+        self.copy = copy
+        self.single_observation_space = self.template.observation_space
+        self.single_action_space = self.template.action_space
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.tokenizer = self.template.tokenizer
+        self.dataset = self.template.dataset
+        self.questions = self.template.questions
+        self.retriever = self.template.retriever
+        self.config = self.template.config
+        size = self.config.max_context_tokens
+        self._tokens = np.zeros((num_envs, size), dtype=np.int64)
+        self._sources = np.zeros((num_envs, size), dtype=np.int8)
+        self.episodes = [
+            Episode(self.tokenizer, self.config, self._tokens[i], self._sources[i]) for i in range(num_envs)
+        ]
+        self._autoreset = np.zeros(num_envs, dtype=bool)
+        self.group_size = 1
+
+    # -- reset -------------------------------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        if isinstance(seed, list):
+            seed = seed[0]
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"group_size", "question_ids", "reset_mask"}
+        if unknown:
+            raise ConfigError(f"unknown reset options {sorted(unknown)}; valid: group_size, question_ids, reset_mask")
+        mask = np.asarray(options.get("reset_mask", np.ones(self.num_envs, dtype=bool)), dtype=bool)
+        if mask.shape != (self.num_envs,):
+            raise ConfigError(f"reset_mask must have shape ({self.num_envs},)")
+        group = int(options.get("group_size", 1 if "reset_mask" in options else self.group_size))
+        if group < 1 or self.num_envs % group:
+            raise ConfigError(f"group_size must divide num_envs={self.num_envs}, got {group}")
+        self.group_size = group
+        n_groups = self.num_envs // group
+        if "question_ids" in options:
+            ids = list(options["question_ids"])
+            if len(ids) != n_groups:
+                raise ConfigError(f"question_ids needs one id per group ({n_groups}), got {len(ids)}")
+            index = self.template.dataset.question_index(self.template.split)
+            picks = [self._lookup(index, str(qid)) for qid in ids]
+        else:
+            picks = [int(self.np_random.integers(len(self.questions))) for _ in range(n_groups)]
+        for i in np.flatnonzero(mask):
+            self.episodes[i].start(self.questions[picks[i // group]])
+            self._autoreset[i] = False
+        infos: dict[str, Any] = {}
+        for i in np.flatnonzero(mask):
+            infos = self._add_info(infos, self.episodes[i].info(), int(i))
+        return self._observations(), infos
+
+    def _lookup(self, index: dict[str, int], qid: str) -> int:
+        from searchgym.errors import UnknownQuestionError
+
+        if qid not in index:
+            raise UnknownQuestionError(f"no question with id {qid!r} in split {self.template.split!r}")
+        return index[qid]
+
+    # -- stepping ----------------------------------------------------------------------------------------
+
+    def step(
+        self, actions: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        actions = np.asarray(actions)
+        if actions.shape != (self.num_envs,):
+            raise InvalidActionError(f"expected actions of shape ({self.num_envs},), got {actions.shape}")
+        vocab = self.tokenizer.vocab_size
+        if not np.issubdtype(actions.dtype, np.integer) or actions.min() < 0 or actions.max() >= vocab:
+            raise InvalidActionError(f"actions must be token ids in [0, {vocab}); got {actions!r}")
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        infos: dict[str, Any] = {}
+        searching: list[int] = []
+        events = np.zeros(self.num_envs, dtype=np.int64)
+        for i, ep in enumerate(self.episodes):
+            if self._autoreset[i]:
+                ep.start(self.questions[int(self.np_random.integers(len(self.questions)))])
+                self._autoreset[i] = False
+                infos = self._add_info(infos, ep.info(), i)
+                events[i] = -1
+                continue
+            if ep.done:
+                raise EpisodeFinishedError(
+                    f"sub-env {i} has finished; reset it with reset(options={{'reset_mask': mask}})"
+                )
+            events[i] = event = ep.feed(int(actions[i]))
+            if event == Event.SEARCH:
+                searching.append(i)
+        self._run_searches(searching, events)
+        terminated, truncated = self._flags()
+        for i in np.flatnonzero(events > Event.CONTINUE):
+            ep = self.episodes[i]
+            rewards[i] = ep.reward if ep.done else 0.0
+            infos = self._add_info(infos, {**ep.info(), "turn_end": True}, int(i))
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            self._autoreset = terminated | truncated
+        return self._observations(), rewards, terminated, truncated, infos
+
+    def step_segments(self, segments: Sequence[Sequence[int] | np.ndarray | None]) -> SegmentStep:
+        """Feeds one token segment per sub-env, each until its turn (or episode) ends.
+
+        Args:
+            segments: ``num_envs`` entries; ``None`` (or empty) leaves that sub-env untouched.
+
+        Raises:
+            EpisodeFinishedError: a segment was given to a finished sub-env.
+            InvalidActionError: a token is outside the vocabulary.
+        """
+        if len(segments) != self.num_envs:
+            raise InvalidActionError(f"expected {self.num_envs} segments, got {len(segments)}")
+        vocab = self.tokenizer.vocab_size
+        consumed = np.zeros(self.num_envs, dtype=np.int64)
+        events = np.full(self.num_envs, -1, dtype=np.int64)
+        searching: list[int] = []
+        for i, segment in enumerate(segments):
+            if segment is None or len(segment) == 0:
+                continue
+            ep = self.episodes[i]
+            if ep.done:
+                raise EpisodeFinishedError(f"sub-env {i} has finished; do not give it a segment")
+            seg = np.asarray(segment)
+            if not np.issubdtype(seg.dtype, np.integer) or seg.min() < 0 or seg.max() >= vocab:
+                raise InvalidActionError(f"segment {i} holds ids outside [0, {vocab})")
+            event = Event.CONTINUE
+            for token in seg.tolist():
+                event = ep.feed(token)
+                consumed[i] += 1
+                if event != Event.CONTINUE:
+                    break
+            events[i] = event
+            if event == Event.SEARCH:
+                searching.append(i)
+        self._run_searches(searching, events)
+        terminated, truncated = self._flags()
+        rewards = np.array([ep.reward if ep.done and events[i] >= 0 else 0.0 for i, ep in enumerate(self.episodes)])
+        infos = [ep.info() if events[i] > Event.CONTINUE else {} for i, ep in enumerate(self.episodes)]
+        return SegmentStep(self._observations(), rewards, terminated, truncated, consumed, events, infos)
+
+    def _run_searches(self, indices: list[int], events: np.ndarray) -> None:
+        """One batched retrieval call for every sub-env that searched."""
+        if not indices:
+            return
+        queries = [self.episodes[i].pending_query or "" for i in indices]
+        try:
+            results = self.retriever.search(queries, self.config.topk)
+        except RetrieverError as e:
+            if self.template.on_retrieval_error == "raise":
+                raise
+            for i in indices:
+                events[i] = self.episodes[i].deliver_failure(str(e))
+            return
+        for i, hits in zip(indices, results, strict=True):
+            events[i] = self.episodes[i].deliver(hits)
+
+    # -- views -------------------------------------------------------------------------------------------
+
+    def _flags(self) -> tuple[np.ndarray, np.ndarray]:
+        done = np.array([ep.done for ep in self.episodes])
+        truncated = np.array([ep.done and ep.truncated for ep in self.episodes])
+        return done & ~truncated, truncated
+
+    def _observations(self) -> dict[str, np.ndarray]:
+        lengths = np.array([[ep.length] for ep in self.episodes], dtype=np.int64)
+        if self.copy:
+            return {"tokens": self._tokens.copy(), "sources": self._sources.copy(), "length": lengths}
+        return {"tokens": self._tokens, "sources": self._sources, "length": lengths}
+
+    def episode_infos(self) -> list[dict[str, Any]]:
+        """The full info dict of every sub-env's current episode."""
+        return [ep.info() for ep in self.episodes]
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self.template.close()

@@ -1,0 +1,30 @@
+"""Shared fixtures. Tests that read ../shared/data skip with a reason when it is absent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(os.environ.get("SEARCHGYM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+HOTPOT = SHARED_DATA / "hotpotqa_dev_distractor_1100"
+NQ = SHARED_DATA / "nq_open_oracle_2655"
+QUICKSTART = SHARED_DATA / "flashrag_quickstart_nq"
+
+
+def require(path: Path) -> Path:
+    """Skips the calling test when a shared data folder is missing (users outside this workspace)."""
+    if not (path / "corpus.jsonl").is_file():
+        pytest.skip(f"shared data folder {path} is absent (set SEARCHGYM_SHARED_DATA to its parent)")
+    return path
+
+
+@pytest.fixture
+def hotpot_dir() -> Path:
+    return require(HOTPOT)
+
+
+@pytest.fixture
+def quickstart_dir() -> Path:
+    return require(QUICKSTART)
