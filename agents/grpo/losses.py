@@ -1,0 +1,557 @@
+"""GRPO and LLDS as pure tensor functions: tensors and masks in, ``(loss, metrics)`` or tensors out.
+
+Shapes: ``B`` responses in the batch, ``T`` token positions (the whole transcript, prompt and tool text
+included), ``V`` vocabulary entries. Every per-token tensor is aligned with the transcript: position ``t``
+holds the quantity of token ``t`` given the tokens before it. The ``loss_mask`` is 1 exactly on the tokens
+the policy wrote (``sources == Source.POLICY``): prompt, tool output and padding are context only, never in
+a loss, a KL or a metric.
+
+Aggregation is the token mean over the batch: a sum over the masked tokens of all responses divided by
+their number ``N`` (or by ``num_tokens`` when the caller accumulates gradients over micro-batches and
+wants the whole mini-batch's count). Metrics are plain floats under short names; the trainer records them
+under its own namespace (``train/clip_frac`` …). The maths, in the paper's notation, is in ``docs/grpo.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+try:
+    import torch
+    from torch import Tensor
+except ImportError as e:  # pragma: no cover - depends on the installation
+    from searchgym.errors import MissingDependencyError
+
+    raise MissingDependencyError("torch", "train", "GRPO training") from e
+
+from searchgym.envs.episode import Source
+
+from searchgym.errors import ConfigError
+from searchgym.protocol import ACTION_PATTERN
+
+__all__ = [
+    "GATES",
+    "Gate",
+    "action_ids",
+    "adaptive_answer_weight",
+    "answer_span_mask",
+    "answer_weights",
+    "broadcast_advantages",
+    "entropy_bonus",
+    "entropy_from_logits",
+    "group_advantages",
+    "grpo_llds_loss",
+    "k3_kl",
+    "kl_penalty",
+    "likelihood_metrics",
+    "llds_loss",
+    "masked_mean",
+    "policy_loss",
+]
+
+Gate = Literal["action", "response", "token"]
+"""Where LLDS decides whether to regularise: per action (default), per response, or per token (no gate)."""
+
+GATES: tuple[str, ...] = get_args(Gate)
+
+# Same pattern as the environment's parser, on bytes so that offsets map to tokens exactly.
+_ACTION_PATTERN_BYTES = re.compile(ACTION_PATTERN.pattern.encode(), re.DOTALL)
+
+# exp() of a log-ratio beyond this overflows float32 (e^88); clamping keeps k3 finite when a token's
+# probability collapses, at the price of a bounded (and then irrelevant) penalty for that token.
+_MAX_LOG_RATIO = 20.0
+
+
+# -- aggregation ---------------------------------------------------------------------------------------
+
+
+def _as_bool(mask: Tensor) -> Tensor:
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _count(mask: Tensor, num_tokens: float | None) -> Tensor | float:
+    """The token-mean denominator: ``num_tokens`` if given, else the masked tokens (at least 1)."""
+    if num_tokens is not None:
+        if num_tokens <= 0:
+            raise ConfigError(f"num_tokens must be > 0, got {num_tokens}")
+        return float(num_tokens)
+    return _as_bool(mask).sum().clamp(min=1)
+
+
+def masked_mean(values: Tensor, mask: Tensor, num_tokens: float | None = None) -> Tensor:
+    """Token mean of ``values`` over the masked positions of the whole batch.
+
+    Positions outside the mask are zeroed with ``where`` (not multiplied), so a NaN or infinity there
+    (e.g. a log-probability of padding) cannot leak into the result.
+
+    Args:
+        values: ``(B, T)`` per-token values.
+        mask: ``(B, T)`` bool or 0/1 mask.
+        num_tokens: Denominator override (default: the number of masked positions, at least 1).
+
+    Returns:
+        A scalar tensor.
+    """
+    m = _as_bool(mask)
+    return torch.where(m, values, torch.zeros_like(values)).sum() / _count(m, num_tokens)
+
+
+def _float(x: Tensor | float) -> float:
+    return float(x.detach()) if isinstance(x, Tensor) else float(x)
+
+
+# -- advantages ----------------------------------------------------------------------------------------
+
+
+def group_advantages(rewards: Tensor, group_ids: Tensor | int, eps: float = 1e-6) -> Tensor:
+    """GRPO's group-normalised advantages ``A_i = (r_i - mean_g(r)) / (std_g(r) + eps)``.
+
+    ``std`` is the unbiased (Bessel-corrected) standard deviation, as in verl's and TRL's GRPO. A group
+    with a single response has no relative signal and gets advantage 0; a group whose rewards are all
+    equal gets 0 too (its numerator is 0).
+
+    Args:
+        rewards: ``(B,)`` one scalar reward per response.
+        group_ids: ``(B,)`` integer group label of each response (any values; equal label = same
+            question), or an int ``G``: responses come in consecutive groups of ``G`` (``B`` divisible by
+            ``G``).
+        eps: Added to the standard deviation.
+
+    Returns:
+        ``(B,)`` float advantages.
+    """
+    r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
+    if r.dim() != 1:
+        raise ConfigError(f"rewards must have shape (B,), got {tuple(r.shape)}")
+    n = r.shape[0]
+    if isinstance(group_ids, int):
+        if group_ids < 1 or n % group_ids:
+            raise ConfigError(f"group size {group_ids} must be >= 1 and divide the batch size {n}")
+        inverse = torch.arange(n, device=r.device) // group_ids
+    else:
+        if group_ids.shape != r.shape:
+            raise ConfigError(f"group_ids must have shape {tuple(r.shape)}, got {tuple(group_ids.shape)}")
+        inverse = torch.unique(group_ids, return_inverse=True)[1].to(r.device)
+    groups = int(inverse.max()) + 1 if n else 0
+    count = torch.zeros(groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, torch.ones_like(r))
+    mean = torch.zeros_like(count).index_add_(0, inverse, r) / count
+    centred = r - mean[inverse]
+    sq = torch.zeros_like(count).index_add_(0, inverse, centred**2)
+    std = (sq / (count - 1).clamp(min=1)).sqrt()
+    # Singleton groups and groups of equal rewards carry no signal: 0, also when eps = 0 (no 0/0).
+    informative = (count > 1) & (std > 0)
+    adv = centred / torch.where(informative, std + eps, 1.0)[inverse]
+    return torch.where(informative[inverse], adv, torch.zeros_like(adv))
+
+
+def broadcast_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
+    """Gives every policy token of response ``i`` the advantage ``A_i`` (0 elsewhere).
+
+    Args:
+        advantages: ``(B,)`` per-response advantages.
+        loss_mask: ``(B, T)`` policy-token mask.
+
+    Returns:
+        ``(B, T)`` per-token advantages.
+    """
+    m = _as_bool(loss_mask)
+    return torch.where(m, advantages[:, None].to(torch.float32).expand(m.shape), 0.0)
+
+
+def _token_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
+    return broadcast_advantages(advantages, loss_mask) if advantages.dim() == 1 else advantages
+
+
+# -- PPO-clipped surrogate -----------------------------------------------------------------------------
+
+
+def policy_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The PPO-clipped surrogate on token ratios ``rho = exp(logp - logp_old)``, token-mean aggregated.
+
+    Per token: ``max(-A * rho, -A * clip(rho, 1 - clip_eps, 1 + clip_eps_high))``; minimising it maximises
+    PPO's pessimistic objective.
+
+    Args:
+        logp: ``(B, T)`` log-probabilities of the taken tokens under the policy being trained.
+        logp_old: ``(B, T)`` the same under the rollout policy ``pi_old`` (treated as a constant).
+        advantages: ``(B,)`` per-response advantages, or ``(B, T)`` per-token ones.
+        loss_mask: ``(B, T)`` 1 on policy tokens.
+        clip_eps: Lower clip range (and the upper one unless ``clip_eps_high`` is given).
+        clip_eps_high: Upper clip range (DAPO's "clip higher"); defaults to ``clip_eps``.
+        num_tokens: Token-mean denominator override.
+
+    Returns:
+        ``(loss, metrics)`` with metrics ``pg_loss``, ``clip_frac`` (fraction of policy tokens whose clipped
+        term was the active one) and ``approx_kl`` (token mean of ``(rho - 1) - log rho``, an estimate of
+        ``KL(pi_old || pi_theta)``).
+    """
+    m = _as_bool(loss_mask)
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    adv = _token_advantages(advantages, m)
+    log_ratio = torch.where(m, logp - logp_old.detach(), 0.0).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = log_ratio.exp()
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + high)
+    loss = masked_mean(torch.maximum(unclipped, clipped), m, num_tokens)
+    with torch.no_grad():
+        clip_frac = masked_mean((clipped > unclipped).float(), m)
+        approx_kl = masked_mean((ratio - 1.0) - log_ratio, m)
+    return loss, {"pg_loss": _float(loss), "clip_frac": _float(clip_frac), "approx_kl": _float(approx_kl)}
+
+
+# -- KL to the reference and entropy -------------------------------------------------------------------
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per-token k3 ("low-variance") estimate of ``KL(pi_theta || pi_ref)``: ``e^x - x - 1``, x = ref - logp.
+
+    Non-negative, unbiased for tokens sampled from ``pi_theta``; the log-ratio is clamped to ±20 to stay
+    finite.
+
+    Args:
+        logp: ``(B, T)`` log-probabilities under the policy.
+        ref_logp: ``(B, T)`` log-probabilities under the frozen reference.
+
+    Returns:
+        ``(B, T)`` per-token estimates (defined everywhere; mask them yourself or use :func:`kl_penalty`).
+    """
+    delta = (ref_logp.detach() - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return delta.exp() - delta - 1.0
+
+
+def kl_penalty(
+    logp: Tensor, ref_logp: Tensor, loss_mask: Tensor, num_tokens: float | None = None
+) -> tuple[Tensor, dict[str, float]]:
+    """Token mean of :func:`k3_kl` over policy tokens (tool tokens never count).
+
+    Args:
+        logp: ``(B, T)`` log-probabilities under the policy.
+        ref_logp: ``(B, T)`` log-probabilities under the frozen reference.
+        loss_mask: ``(B, T)`` 1 on policy tokens.
+        num_tokens: Token-mean denominator override.
+
+    Returns:
+        ``(loss, {"kl_ref": loss})``.
+    """
+    m = _as_bool(loss_mask)
+    # Zero the inputs outside the mask first: garbage there would give inf * 0 = NaN in the gradient.
+    kl = k3_kl(torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0))
+    loss = masked_mean(kl, m, num_tokens)
+    return loss, {"kl_ref": _float(loss)}
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of ``softmax(logits)`` along the last axis; entries at ``-inf`` (masked ids) count as 0.
+
+    Args:
+        logits: ``(..., V)`` unnormalised log-probabilities.
+
+    Returns:
+        ``(...)`` entropies in nats.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    p = logp.exp()
+    # p * logp is 0 * -inf = NaN at masked ids; their contribution is 0 by continuity.
+    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+
+
+def entropy_bonus(
+    entropy: Tensor, loss_mask: Tensor, num_tokens: float | None = None
+) -> tuple[Tensor, dict[str, float]]:
+    """Token mean of the policy's entropy over policy tokens (subtract ``coef * H`` from the loss).
+
+    Args:
+        entropy: ``(B, T)`` per-token entropies (e.g. from :func:`entropy_from_logits`), or ``(B, T, V)``
+            logits, from which they are computed.
+        loss_mask: ``(B, T)`` 1 on policy tokens.
+        num_tokens: Token-mean denominator override.
+
+    Returns:
+        ``(mean_entropy, {"entropy": mean_entropy})``.
+    """
+    ent = entropy_from_logits(entropy) if entropy.dim() == 3 else entropy
+    h = masked_mean(ent, loss_mask, num_tokens)
+    return h, {"entropy": _float(h)}
+
+
+# -- actions and the answer span -----------------------------------------------------------------------
+
+
+def action_ids(loss_mask: Tensor) -> Tensor:
+    """Numbers the actions of each response: contiguous runs of policy tokens, split by any other token.
+
+    In a transcript the policy's turns are separated by tool output (search results or the corrective
+    message), so an action is one turn.
+
+    Args:
+        loss_mask: ``(B, T)`` 1 on policy tokens.
+
+    Returns:
+        ``(B, T)`` int64: ``k`` on the tokens of the response's ``k``-th action (from 0), ``-1`` elsewhere.
+
+    >>> action_ids(torch.tensor([[0, 1, 1, 0, 1]])).tolist()
+    [[-1, 0, 0, -1, 1]]
+    """
+    m = _as_bool(loss_mask)
+    prev = torch.zeros_like(m)
+    prev[:, 1:] = m[:, :-1]
+    starts = m & ~prev
+    ids = starts.long().cumsum(dim=1) - 1
+    return torch.where(m, ids, torch.full_like(ids, -1))
+
+
+def _segment_sums(values: Tensor, segments: Tensor) -> tuple[Tensor, Tensor]:
+    """Sums ``values`` (B, T) within each segment of ``segments`` (B, T; -1 = none).
+
+    Returns the per-token sum of the token's own segment (0 outside) and the per-segment sums.
+    """
+    per_row = segments.max(dim=1).values.clamp(min=-1) + 1  # segments in each row
+    offset = torch.cumsum(per_row, 0) - per_row
+    inside = segments >= 0
+    flat = torch.where(inside, segments + offset[:, None], 0).reshape(-1)
+    total = int(per_row.sum())
+    sums = torch.zeros(total, dtype=values.dtype, device=values.device)
+    if total == 0:
+        return torch.zeros_like(values), sums
+    sums.index_add_(0, flat, torch.where(inside, values, 0.0).reshape(-1))
+    return torch.where(inside, sums[flat].reshape(values.shape), 0.0), sums
+
+
+def answer_span_mask(tokens: Tensor, sources: Tensor, token_bytes: Sequence[bytes]) -> Tensor:
+    """Marks the tokens of the final ``<answer> … </answer>`` span of each response, tags included.
+
+    The span is looked for in the last action (the last run of policy tokens) only, with the
+    environment's own rule: the first ``<search>…</search>`` or ``<answer>…</answer>`` pair of the turn
+    decides, on its bytes. A response whose last action is not an answer (turn budget or context limit
+    reached) gets no span. A token is in the span when any of its bytes is.
+
+    Args:
+        tokens: ``(B, T)`` token ids of the transcripts.
+        sources: ``(B, T)`` who wrote each token (``Source``: 2 = policy).
+        token_bytes: The tokenizer's bytes of every id (``Tokenizer.token_bytes``).
+
+    Returns:
+        ``(B, T)`` bool mask.
+    """
+    policy = sources == int(Source.POLICY)
+    ids = action_ids(policy)
+    out = torch.zeros(tokens.shape, dtype=torch.bool)
+    tok = tokens.cpu().tolist()
+    for b, row in enumerate(ids.cpu()):
+        last = int(row.max())
+        if last < 0:
+            continue
+        positions = (row == last).nonzero().flatten().tolist()
+        pieces = [token_bytes[tok[b][t]] for t in positions]
+        match = _ACTION_PATTERN_BYTES.search(b"".join(pieces))
+        if match is None or match.group(1) != b"answer":
+            continue
+        lo, hi = match.span()
+        at = 0
+        for t, piece in zip(positions, pieces, strict=True):
+            if at < hi and at + len(piece) > lo:
+                out[b, t] = True
+            at += len(piece)
+    return out.to(tokens.device)
+
+
+def adaptive_answer_weight(mean_valid_searches: float) -> float:
+    """LLDS-MA's adaptive answer weight ``beta = min(mean_valid_searches / 2, 1)`` (at least 0).
+
+    With few searches per episode (training degenerating to one search or none) the answer tokens are
+    hardly preserved; once episodes search twice on average they weigh as much as any other token.
+    """
+    return min(max(mean_valid_searches, 0.0) / 2.0, 1.0)
+
+
+def answer_weights(answer_mask: Tensor, beta: float) -> Tensor:
+    """LLDS-MA's per-token weights: ``beta`` on the final answer span, 1 elsewhere.
+
+    Args:
+        answer_mask: ``(B, T)`` from :func:`answer_span_mask`.
+        beta: Weight of answer tokens (constant, or :func:`adaptive_answer_weight`).
+
+    Returns:
+        ``(B, T)`` float weights.
+    """
+    ones = torch.ones(answer_mask.shape, dtype=torch.float32, device=answer_mask.device)
+    return torch.where(_as_bool(answer_mask), ones * beta, ones)
+
+
+# -- LLDS ----------------------------------------------------------------------------------------------
+
+
+def _gate_token(d: Tensor, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    # No gate: max(d, 0) already selects the tokens that lost likelihood; "open" reports which did.
+    return torch.ones_like(d), d > 0, m
+
+
+def _gate_response(d: Tensor, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    total = torch.where(m, d, 0.0).sum(dim=1)
+    open_ = total > 0
+    return open_[:, None].expand(d.shape).to(d.dtype), open_, m.any(dim=1)
+
+
+def _gate_action(d: Tensor, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    per_token, per_action = _segment_sums(d, action_ids(m))
+    gate = (per_token > 0) & m
+    return gate.to(d.dtype), per_action > 0, torch.ones_like(per_action, dtype=torch.bool)
+
+
+_GATE_FNS = {"action": _gate_action, "response": _gate_response, "token": _gate_token}
+
+
+def llds_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    gate: Gate = "action",
+    weights: Tensor | None = None,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The LLDS likelihood-preserving regulariser (Deng et al., 2025), unscaled (multiply by lambda).
+
+    Per token ``d = logp_old - logp`` (positive: the token lost likelihood since the rollout). Only the
+    preserving set, responses with ``A >= 0``, is regularised::
+
+        L = sum_{i,t} gate_{i,t} * w_{i,t} * max(d_{i,t}, 0) * mask_{i,t} * [A_i >= 0] / N
+
+    with ``N`` the number of policy tokens of the whole batch, all responses included (what the official
+    code does: the term is a token mean like the policy loss, so lambda does not depend on the share of
+    correct responses). Gates (unweighted sums of ``d``):
+
+    * ``"action"``: one gate per action (contiguous run of policy tokens between tool outputs), open when
+      the action's summed ``d`` is > 0 — the paper's best variant;
+    * ``"response"``: one gate per response, open when its summed ``d`` over all policy tokens is > 0;
+    * ``"token"``: no gate, every token with ``d > 0`` is penalised.
+
+    Args:
+        logp: ``(B, T)`` log-probabilities of the taken tokens under the policy being trained.
+        logp_old: ``(B, T)`` the same under the rollout policy (a constant).
+        advantages: ``(B,)`` per-response advantages.
+        loss_mask: ``(B, T)`` 1 on policy tokens.
+        gate: ``"action"``, ``"response"`` or ``"token"``.
+        weights: ``(B, T)`` per-token weights ``w`` (LLDS-MA: :func:`answer_weights`); default all 1.
+        num_tokens: Denominator override (default: the policy tokens of the batch).
+
+    Returns:
+        ``(loss, metrics)`` with metrics ``llds_loss`` and ``llds_gate_open`` (fraction of the preserving
+        set's gate units that are open: actions, responses, or tokens with ``d > 0``).
+
+    Raises:
+        ConfigError: ``gate`` is not one of :data:`GATES`.
+    """
+    if gate not in _GATE_FNS:
+        raise ConfigError(f"unknown LLDS gate {gate!r}; valid gates: {list(GATES)}")
+    if advantages.dim() != 1:
+        raise ConfigError(
+            f"llds_loss needs per-response advantages of shape (B,), got {tuple(advantages.shape)}"
+        )
+    m = _as_bool(loss_mask)
+    preserve = (advantages >= 0)[:, None] & m
+    d = torch.where(preserve, logp_old.detach() - logp, 0.0)
+    gate_w, units_open, units = _GATE_FNS[gate](d.detach(), preserve)
+    w = torch.ones_like(d) if weights is None else weights.to(d.dtype)
+    penalty = gate_w * w * torch.relu(d)
+    loss = masked_mean(penalty, preserve, num_tokens=_float(_count(m, num_tokens)))
+    n_units = int(units.sum())
+    frac = float((units_open & units).sum()) / n_units if n_units else 0.0
+    return loss, {"llds_loss": _float(loss), "llds_gate_open": frac}
+
+
+# -- diagnostics ---------------------------------------------------------------------------------------
+
+
+def likelihood_metrics(logp: Tensor, loss_mask: Tensor, correct: Tensor) -> dict[str, float]:
+    """Log-likelihood of correct and incorrect responses (the LLD diagnostics), summed and per token.
+
+    Args:
+        logp: ``(B, T)`` log-probabilities of the taken tokens under the current policy.
+        loss_mask: ``(B, T)`` 1 on policy tokens.
+        correct: ``(B,)`` bool, which responses are correct (e.g. reward > 0, or ``A >= 0``).
+
+    Returns:
+        ``logp_correct`` / ``logp_incorrect``: mean over responses of the summed log-likelihood;
+        ``logp_token_correct`` / ``logp_token_incorrect``: token mean. ``nan`` when a set is empty.
+    """
+    m = _as_bool(loss_mask)
+    with torch.no_grad():
+        per_resp = torch.where(m, logp, 0.0).sum(dim=1)
+        out: dict[str, float] = {}
+        for name, sel in (("correct", correct.bool()), ("incorrect", ~correct.bool())):
+            if not bool(sel.any()):
+                out[f"logp_{name}"] = out[f"logp_token_{name}"] = float("nan")
+                continue
+            out[f"logp_{name}"] = float(per_resp[sel].mean())
+            out[f"logp_token_{name}"] = float(masked_mean(logp[sel], m[sel]))
+    return out
+
+
+# -- the total -----------------------------------------------------------------------------------------
+
+
+def grpo_llds_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    llds_coef: float = 0.2,
+    gate: Gate = "action",
+    llds_weights: Tensor | None = None,
+    ref_logp: Tensor | None = None,
+    kl_coef: float = 0.001,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """``L = L_GRPO + llds_coef * L_LLDS + kl_coef * KL(pi || ref) - entropy_coef * H``.
+
+    Defaults are the paper's values (clip 0.2, lambda 0.2, KL 0.001). A term whose coefficient is 0, or
+    whose input (``ref_logp``, ``entropy``) is missing, is skipped.
+
+    Args:
+        logp: ``(B, T)`` log-probabilities of the taken tokens under the policy being trained.
+        logp_old: ``(B, T)`` the same under the rollout policy.
+        advantages: ``(B,)`` per-response advantages.
+        loss_mask: ``(B, T)`` 1 on policy tokens.
+        clip_eps: PPO clip range.
+        llds_coef: lambda.
+        gate: LLDS gate (see :func:`llds_loss`).
+        llds_weights: ``(B, T)`` LLDS per-token weights (LLDS-MA), default 1.
+        ref_logp: ``(B, T)`` log-probabilities under the frozen reference, or ``None``.
+        kl_coef: Weight of the k3 KL to the reference.
+        entropy: ``(B, T)`` per-token entropies of the policy, or ``None``.
+        entropy_coef: Weight of the entropy bonus.
+        num_tokens: Token-mean denominator override for every term.
+
+    Returns:
+        ``(loss, metrics)``: the metrics of every active term, plus ``loss``.
+    """
+    loss, metrics = policy_loss(logp, logp_old, advantages, loss_mask, clip_eps, num_tokens=num_tokens)
+    if llds_coef:
+        llds, m = llds_loss(logp, logp_old, advantages, loss_mask, gate, llds_weights, num_tokens)
+        loss = loss + llds_coef * llds
+        metrics.update(m)
+    if kl_coef and ref_logp is not None:
+        kl, m = kl_penalty(logp, ref_logp, loss_mask, num_tokens)
+        loss = loss + kl_coef * kl
+        metrics.update(m)
+    if entropy is not None:
+        h, m = entropy_bonus(entropy, loss_mask, num_tokens)
+        loss = loss - entropy_coef * h
+        metrics.update(m)
+    metrics["loss"] = _float(loss)
+    return loss, metrics

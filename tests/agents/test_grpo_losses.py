@@ -1,0 +1,350 @@
+"""GRPO and LLDS loss functions on small hand-computed tensors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from searchgym.agents.grpo.losses import (
+    GATES,
+    action_ids,
+    adaptive_answer_weight,
+    answer_span_mask,
+    answer_weights,
+    broadcast_advantages,
+    entropy_bonus,
+    entropy_from_logits,
+    group_advantages,
+    grpo_llds_loss,
+    k3_kl,
+    kl_penalty,
+    likelihood_metrics,
+    llds_loss,
+    masked_mean,
+    policy_loss,
+)
+from searchgym.envs.episode import Source
+
+from searchgym.errors import ConfigError
+from searchgym.tokenization import builtin_tokenizer
+
+P, T, PAD, PR = int(Source.POLICY), int(Source.TOOL), int(Source.PAD), int(Source.PROMPT)
+
+
+def close(a: torch.Tensor | float, b: float, tol: float = 1e-5) -> bool:
+    value = float(a.detach()) if isinstance(a, torch.Tensor) else float(a)
+    return abs(value - b) < tol
+
+
+# -- advantages ----------------------------------------------------------------------------------------
+
+
+def test_group_advantages_by_group_size() -> None:
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0]), 5, eps=0.0)
+    # mean 0.4, unbiased std sqrt((2 * 0.36 + 3 * 0.16) / 4) = sqrt(0.3)
+    hi, lo = 0.6 / math.sqrt(0.3), -0.4 / math.sqrt(0.3)
+    assert torch.allclose(adv, torch.tensor([hi, lo, lo, hi, lo]), atol=1e-6)
+
+
+def test_group_advantages_by_labels_equal_rewards_and_singletons() -> None:
+    rewards = torch.tensor([1.0, 3.0, 0.0, 3.0, 5.0])
+    adv = group_advantages(rewards, torch.tensor([7, 2, 7, 2, 9]), eps=0.0)
+    # group 7: mean 0.5, std sqrt(0.5); group 2: equal rewards; group 9: a single response.
+    s = 0.5 / math.sqrt(0.5)
+    assert torch.allclose(adv, torch.tensor([s, 0.0, -s, 0.0, 0.0]), atol=1e-6)
+    assert torch.equal(group_advantages(torch.ones(4), 2), torch.zeros(4))
+
+
+def test_group_advantages_eps_and_errors() -> None:
+    adv = group_advantages(torch.tensor([1.0, 0.0]), 2, eps=1.0)
+    s = math.sqrt(0.5)  # unbiased std of (1, 0)
+    assert torch.allclose(adv, torch.tensor([0.5 / (s + 1), -0.5 / (s + 1)]))
+    with pytest.raises(ConfigError, match="divide"):
+        group_advantages(torch.zeros(5), 2)
+    with pytest.raises(ConfigError, match="shape"):
+        group_advantages(torch.zeros(4), torch.zeros(3))
+
+
+def test_broadcast_advantages_only_on_policy_tokens() -> None:
+    out = broadcast_advantages(torch.tensor([2.0, -1.0]), torch.tensor([[0, 1, 1], [1, 0, 1]]))
+    assert torch.equal(out, torch.tensor([[0.0, 2.0, 2.0], [-1.0, 0.0, -1.0]]))
+
+
+def test_masked_mean_ignores_garbage_outside_mask() -> None:
+    values = torch.tensor([[1.0, float("nan"), 3.0], [float("inf"), 5.0, 0.0]])
+    mask = torch.tensor([[1, 0, 1], [0, 1, 0]])
+    assert close(masked_mean(values, mask), 3.0)
+    assert close(masked_mean(values, mask, num_tokens=9), 1.0)
+    assert close(masked_mean(values, torch.zeros(2, 3)), 0.0)
+
+
+# -- PPO surrogate -------------------------------------------------------------------------------------
+
+
+def _ratios_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Response 0 (A = +1): ratios 1, 1.5, 0.5. Response 1 (A = -1): ratios 1.5, 0.5, then a tool token with
+    # a wild log-probability that must not matter.
+    ratios = torch.tensor([[1.0, 1.5, 0.5], [1.5, 0.5, 1.0]])
+    logp_old = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -3.0, -1.0]])
+    logp = (logp_old + ratios.log()).clone()
+    logp[1, 2] = 1000.0
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    return logp.requires_grad_(), logp_old, torch.tensor([1.0, -1.0]), mask
+
+
+def test_policy_loss_hand_computed() -> None:
+    logp, logp_old, adv, mask = _ratios_case()
+    loss, metrics = policy_loss(logp, logp_old, adv, mask, clip_eps=0.2)
+    # per token: A=+1: -1, max(-1.5, -1.2) = -1.2, max(-0.5, -0.8) = -0.5; A=-1: max(1.5, 1.2), max(0.5, 0.8)
+    assert close(loss, (-1.0 - 1.2 - 0.5 + 1.5 + 0.8) / 5)
+    assert close(metrics["clip_frac"], 2 / 5)
+    kl = 2 * (0.5 - math.log(1.5)) + 2 * (-0.5 - math.log(0.5))
+    assert close(metrics["approx_kl"], kl / 5)
+    loss.backward()
+    assert logp.grad is not None
+    # d/dlogp of -A * rho is -A * rho where the unclipped term is active, 0 where the clipped one is.
+    expected = torch.tensor([[-1.0, 0.0, -0.5], [1.5, 0.0, 0.0]]) / 5
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+
+
+def test_policy_loss_per_token_advantages_and_clip_high() -> None:
+    logp, logp_old, adv, mask = _ratios_case()
+    per_token = broadcast_advantages(adv, mask)
+    a, _ = policy_loss(logp, logp_old, adv, mask)
+    b, _ = policy_loss(logp, logp_old, per_token, mask)
+    assert close(a, float(b.detach()))
+    # With clip_eps_high = 0.6 the ratio 1.5 of the A = +1 response is no longer clipped.
+    c, metrics = policy_loss(logp, logp_old, adv, mask, clip_eps=0.2, clip_eps_high=0.6)
+    assert close(c, (-1.0 - 1.5 - 0.5 + 1.5 + 0.8) / 5)
+    assert close(metrics["clip_frac"], 1 / 5)
+
+
+def test_tool_tokens_never_reach_any_loss() -> None:
+    logp, logp_old, adv, mask = _ratios_case()
+    ref = logp_old.clone()
+    moved = logp.detach().clone()
+    moved[1, 2] = -50.0  # the tool position
+    for fn in (
+        lambda lp: policy_loss(lp, logp_old, adv, mask)[0],
+        lambda lp: kl_penalty(lp, ref, mask)[0],
+        lambda lp: llds_loss(lp, logp_old, adv, mask, "token")[0],
+    ):
+        assert close(fn(logp.detach()), float(fn(moved)))
+        x = logp.detach().clone().requires_grad_()
+        fn(x).backward()
+        assert x.grad is not None and x.grad[1, 2] == 0 and torch.isfinite(x.grad).all()
+
+
+# -- KL and entropy ------------------------------------------------------------------------------------
+
+
+def test_k3_kl_hand_computed() -> None:
+    logp = torch.tensor([[math.log(0.5), math.log(0.2)]])
+    ref = torch.tensor([[math.log(0.25), math.log(0.2)]])
+    # ref - logp = log 0.5: e^x - x - 1 = 0.5 + log 2 - 1
+    assert torch.allclose(k3_kl(logp, ref), torch.tensor([[0.5 + math.log(2) - 1, 0.0]]), atol=1e-6)
+    assert (k3_kl(torch.randn(3, 4), torch.randn(3, 4)) >= 0).all()
+
+
+def test_kl_penalty_is_masked_token_mean() -> None:
+    logp = torch.tensor([[math.log(0.5), math.log(0.2), 0.0]])
+    ref = torch.tensor([[math.log(0.25), math.log(0.2), -90.0]])  # position 2 is a tool token
+    loss, metrics = kl_penalty(logp, ref, torch.tensor([[1, 1, 0]]))
+    assert close(loss, (0.5 + math.log(2) - 1) / 2)
+    assert close(metrics["kl_ref"], float(loss))
+
+
+def test_entropy_from_logits_and_bonus() -> None:
+    inf = float("inf")
+    logits = torch.tensor([[[0.0, 0.0, -inf, -inf], [0.0, math.log(3.0), -inf, -inf]]])
+    ent = entropy_from_logits(logits)
+    h2 = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert torch.allclose(ent, torch.tensor([[math.log(2.0), h2]]), atol=1e-6)
+    mask = torch.tensor([[1, 0]])
+    assert close(entropy_bonus(ent, mask)[0], math.log(2.0))
+    h, metrics = entropy_bonus(logits, torch.tensor([[1, 1]]))
+    assert close(h, (math.log(2.0) + h2) / 2) and close(metrics["entropy"], float(h))
+
+
+# -- actions -------------------------------------------------------------------------------------------
+
+
+def test_action_ids_split_at_tool_and_prompt_tokens() -> None:
+    sources = torch.tensor([[PR, P, P, T, T, P, P, P, PAD], [P, T, P, PR, P, P, T, T, T]])
+    ids = action_ids(sources == P)
+    assert ids.tolist() == [[-1, 0, 0, -1, -1, 1, 1, 1, -1], [0, -1, 1, -1, 2, 2, -1, -1, -1]]
+    assert action_ids(torch.zeros(2, 3)).tolist() == [[-1] * 3] * 2
+
+
+# -- LLDS ----------------------------------------------------------------------------------------------
+#
+# Batch: row 0 (A = +1) has two actions split by a tool token, d = [.5, -.2] | [.4, -.6]: the first
+# action's sum is .3 (gate open), the second's -.2 (closed), the response's .1 (open).
+# Row 1 (A = 0, preserved) has one action d = [.3, -.5]: sum -.2, so its response and action gates stay
+# closed although one token lost likelihood. Row 2 (A = -1) lost likelihood everywhere but is not
+# preserved. N = 9 policy tokens in the batch.
+
+D = torch.tensor([[0.5, -0.2, 0.0, 0.4, -0.6], [0.3, -0.5, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0]])
+SOURCES = torch.tensor([[P, P, T, P, P], [P, P, PAD, PAD, PAD], [P, P, P, PAD, PAD]])
+MASK = SOURCES == P
+ADV = torch.tensor([1.0, 0.0, -1.0])
+
+
+def _llds(
+    gate: str, weights: torch.Tensor | None = None
+) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    logp_old = torch.zeros(3, 5)
+    logp = (-D).clone().requires_grad_()  # d = logp_old - logp = D
+    loss, metrics = llds_loss(logp, logp_old, ADV, MASK, gate, weights)  # type: ignore[arg-type]
+    loss.backward()
+    assert logp.grad is not None
+    return loss, metrics, logp.grad
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_llds_is_zero_when_policy_unchanged(gate: str) -> None:
+    logp = torch.randn(3, 5)
+    loss, metrics = llds_loss(logp, logp.clone(), ADV, MASK, gate)  # type: ignore[arg-type]
+    assert float(loss) == 0.0 and metrics["llds_loss"] == 0.0 and metrics["llds_gate_open"] == 0.0
+
+
+def test_llds_token_gate_penalises_every_lost_token_of_preserved_responses() -> None:
+    loss, metrics, grad = _llds("token")
+    assert close(loss, (0.5 + 0.4 + 0.3) / 9)
+    assert close(metrics["llds_gate_open"], 3 / 6)  # tokens of the preserving set with d > 0
+    expected = torch.zeros(3, 5)
+    expected[0, 0] = expected[0, 3] = expected[1, 0] = -1 / 9
+    assert torch.allclose(grad, expected)  # the A < 0 response is untouched
+
+
+def test_llds_response_gate() -> None:
+    loss, metrics, grad = _llds("response")
+    assert close(loss, (0.5 + 0.4) / 9)  # row 0 open (sum .1 > 0); row 1 closed (sum -.2)
+    assert close(metrics["llds_gate_open"], 1 / 2)
+    assert grad[1].abs().sum() == 0 and grad[2].abs().sum() == 0
+
+
+def test_llds_action_gate() -> None:
+    loss, metrics, grad = _llds("action")
+    assert close(loss, 0.5 / 9)  # only row 0's first action is open
+    assert close(metrics["llds_gate_open"], 1 / 3)
+    expected = torch.zeros(3, 5)
+    expected[0, 0] = -1 / 9
+    assert torch.allclose(grad, expected)
+
+
+def test_llds_default_gate_is_action_and_unknown_gate_lists_valid_ones() -> None:
+    logp = torch.zeros(3, 5)
+    a, _ = llds_loss(logp, D, ADV, MASK)
+    b, _ = llds_loss(logp, D, ADV, MASK, "action")
+    assert float(a) == float(b)
+    with pytest.raises(ConfigError, match=r"'action', 'response', 'token'"):
+        llds_loss(logp, D, ADV, MASK, "none")  # type: ignore[arg-type]
+
+
+def test_llds_negative_advantage_only_is_zero_and_normaliser() -> None:
+    logp = torch.zeros(3, 5)
+    loss, metrics = llds_loss(logp, D, -torch.ones(3), MASK, "token")
+    assert float(loss) == 0.0 and metrics["llds_gate_open"] == 0.0
+    loss, _ = llds_loss(logp, D, ADV, MASK, "token", num_tokens=12)
+    assert close(loss, 1.2 / 12)
+
+
+def test_llds_ma_weights_touch_only_the_answer_span() -> None:
+    answer = torch.zeros(3, 5, dtype=torch.bool)
+    answer[0, 3:] = True  # row 0's last action is its answer
+    w = answer_weights(answer, 0.5)
+    assert w.tolist()[0] == [1.0, 1.0, 1.0, 0.5, 0.5] and (w[1:] == 1).all()
+    loss, _, grad = _llds("token", w)
+    assert close(loss, (0.5 + 0.5 * 0.4 + 0.3) / 9)
+    assert close(grad[0, 3], -0.5 / 9) and close(grad[0, 0], -1 / 9)
+    # The action gate sums unweighted d: row 0's first action stays the only one open.
+    loss, _, _ = _llds("action", w)
+    assert close(loss, 0.5 / 9)
+
+
+def test_adaptive_answer_weight() -> None:
+    assert [adaptive_answer_weight(s) for s in (0.0, 1.0, 2.0, 3.5, -1.0)] == [0.0, 0.5, 1.0, 1.0, 0.0]
+
+
+def test_answer_span_mask_finds_the_last_actions_answer() -> None:
+    tok = builtin_tokenizer()
+    prompt = tok.encode("For example, <answer> Beijing </answer>. Question: where?\n")
+    search = tok.encode("<search> city </search>")
+    info = tok.encode("\n\n<information>Doc 1 <answer> Rome </answer></information>\n\n")
+    think = tok.encode("<think>ok</think> ")
+    answer = tok.encode("<answer> Paris </answer>")
+    rows = [
+        [(prompt, PR), (search, P), (info, T), (think + answer, P)],
+        [(prompt, PR), (answer, P), (info, T), (search, P)],  # last action searched (turn budget)
+        [(prompt, PR), (think, P)],
+    ]
+    width = max(sum(len(ids) for ids, _ in r) for r in rows)
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    sources = torch.zeros(len(rows), width, dtype=torch.int8)
+    for b, row in enumerate(rows):
+        at = 0
+        for ids, src in row:
+            tokens[b, at : at + len(ids)] = torch.tensor(ids)
+            sources[b, at : at + len(ids)] = src
+            at += len(ids)
+    mask = answer_span_mask(tokens, sources, tok.token_bytes)
+    start = len(prompt) + len(search) + len(info) + len(think)
+    expected = torch.zeros_like(mask)
+    expected[0, start : start + len(answer)] = True
+    assert torch.equal(mask, expected)
+    assert tok.decode(tokens[0][mask[0]].tolist()) == "<answer> Paris </answer>"
+
+
+def test_answer_span_covers_tokens_that_share_bytes_with_the_tags() -> None:
+    tok = builtin_tokenizer()
+    ids = tok.encode("so <answer> x </answer>")  # " <" holds the space before the tag
+    tokens = torch.tensor([ids])
+    mask = answer_span_mask(tokens, torch.full_like(tokens, P), tok.token_bytes)
+    first = next(i for i in range(len(ids)) if b"<" in tok.token_bytes[ids[i]])
+    assert mask[0, first:].all() and not mask[0, :first].any()
+
+
+# -- diagnostics and the total -------------------------------------------------------------------------
+
+
+def test_likelihood_metrics() -> None:
+    logp = torch.tensor([[-1.0, -2.0, 9.0], [-3.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    m = likelihood_metrics(logp, mask, torch.tensor([True, False]))
+    assert m == {
+        "logp_correct": -3.0,
+        "logp_token_correct": -1.5,
+        "logp_incorrect": -3.0,
+        "logp_token_incorrect": -3.0,
+    }
+    assert math.isnan(likelihood_metrics(logp, mask, torch.tensor([True, True]))["logp_incorrect"])
+
+
+def test_grpo_llds_loss_combines_terms() -> None:
+    torch.manual_seed(0)
+    logp_old = -torch.rand(3, 5)
+    logp = logp_old + 0.3 * torch.randn(3, 5)
+    ref = -torch.rand(3, 5)
+    ent = torch.rand(3, 5)
+    loss, metrics = grpo_llds_loss(
+        logp, logp_old, ADV, MASK, llds_coef=0.2, ref_logp=ref, kl_coef=0.001, entropy=ent, entropy_coef=0.01
+    )
+    pg, _ = policy_loss(logp, logp_old, ADV, MASK, 0.2)
+    llds, _ = llds_loss(logp, logp_old, ADV, MASK, "action")
+    kl, _ = kl_penalty(logp, ref, MASK)
+    h, _ = entropy_bonus(ent, MASK)
+    assert close(loss, float(pg + 0.2 * llds + 0.001 * kl - 0.01 * h))
+    assert {
+        "pg_loss",
+        "clip_frac",
+        "approx_kl",
+        "llds_loss",
+        "llds_gate_open",
+        "kl_ref",
+        "entropy",
+        "loss",
+    } <= set(metrics)
+    plain, metrics = grpo_llds_loss(logp, logp_old, ADV, MASK, llds_coef=0.0)
+    assert close(plain, float(pg)) and "llds_loss" not in metrics and "kl_ref" not in metrics
