@@ -44,6 +44,8 @@ def _register_envs() -> None:
             entry_point="searchgym.envs.search_qa:SearchQAEnv",
             vector_entry_point="searchgym.envs.vector:SearchQAVectorEnv",
         )
+    if "SearchQAMacro-v0" not in registry:
+        register(id="SearchQAMacro-v0", entry_point="searchgym.envs.macro:SearchQAMacroEnv")
 
 
 _register_envs()
