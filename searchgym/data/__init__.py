@@ -1,4 +1,4 @@
-"""Datasets: the generated world (the embedded default) and real corpora in FlashRAG format."""
+"""Datasets: the generated world (the embedded default), FlashRAG folders, and Search-R1 parquet files."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from searchgym.data.flashrag import load_flashrag
+from searchgym.data.searchr1 import load_searchr1
 from searchgym.data.types import Dataset, Passage, Question
 from searchgym.data.world import WORLD_VERSION, WorldConfig, generate_world
 from searchgym.errors import ConfigError
@@ -19,6 +20,7 @@ __all__ = [
     "generate_world",
     "load_dataset",
     "load_flashrag",
+    "load_searchr1",
 ]
 
 
@@ -29,26 +31,34 @@ def _cached_world(seed: int) -> Dataset:
 
 @lru_cache(maxsize=8)
 def _cached_folder(path: str) -> Dataset:
-    return load_flashrag(path)
+    root = Path(path)
+    # Search-R1 questions come as parquet files next to a FlashRAG corpus.jsonl.
+    if root.is_file() or any(root.glob("*.parquet")):
+        return load_searchr1(root)
+    return load_flashrag(root)
 
 
 def load_dataset(spec: str | Path | Dataset | None = None, *, world_seed: int = 0) -> Dataset:
     """Resolves a dataset argument as the environments accept it.
 
     Args:
-        spec: ``None`` or ``"world"`` for the generated world; a :class:`Dataset` (returned as is); or
-            the path of a FlashRAG-format folder. Loaded datasets are cached per process, so many envs
-            over the same data share one copy.
+        spec: ``None`` or ``"world"`` for the generated world; a :class:`Dataset` (returned as is); the
+            path of a FlashRAG-format folder (a folder holding Search-R1 ``{split}.parquet`` files next to
+            its ``corpus.jsonl`` is read with :func:`load_searchr1`); or the path of one Search-R1
+            ``.parquet`` file with a ``corpus.jsonl`` beside it. Loaded datasets are cached per process,
+            so many envs over the same data share one copy.
         world_seed: Seed of the generated world.
 
     Raises:
-        ConfigError: ``spec`` is neither ``"world"`` nor an existing folder.
+        ConfigError: ``spec`` is neither ``"world"`` nor an existing folder or parquet file.
     """
     if isinstance(spec, Dataset):
         return spec
     if spec is None or spec == "world":
         return _cached_world(world_seed)
     path = Path(spec).expanduser()
-    if not path.is_dir():
-        raise ConfigError(f"dataset {str(spec)!r} is neither 'world' nor an existing FlashRAG folder")
+    if not (path.is_dir() or (path.is_file() and path.suffix == ".parquet")):
+        raise ConfigError(
+            f"dataset {str(spec)!r} is neither 'world' nor an existing FlashRAG folder or Search-R1 parquet file"
+        )
     return _cached_folder(str(path.resolve()))

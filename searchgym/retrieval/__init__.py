@@ -1,4 +1,12 @@
-"""Retrieval: a batched retriever interface and its backends."""
+"""Retrieval: a batched retriever interface and its backends.
+
+Backends, by name (see :func:`make_retriever`):
+
+* ``"bm25"`` (default): :class:`BM25Retriever`, the fast sparse-matrix BM25;
+* ``"rank_bm25"``: :class:`RankBM25Retriever`, the ``rank-bm25`` reference (slow; for comparisons);
+* an ``http://`` or ``https://`` URL: :class:`~searchgym.retrieval.http.HttpRetriever`, a client of a
+  Search-R1-compatible ``/retrieve`` server such as ``searchgym serve``.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +15,50 @@ from typing import Any
 
 from searchgym.data.types import Passage
 from searchgym.errors import ConfigError
-from searchgym.retrieval.base import Hit, Retriever, analyze
+from searchgym.retrieval.base import STOP_WORDS, Analyzer, Hit, Retriever, analyze
+from searchgym.retrieval.bm25 import BM25Retriever
 from searchgym.retrieval.rank_bm25 import RankBM25Retriever
 
-__all__ = ["BACKENDS", "Hit", "RankBM25Retriever", "Retriever", "analyze", "make_retriever"]
+__all__ = [
+    "BACKENDS",
+    "STOP_WORDS",
+    "Analyzer",
+    "BM25Retriever",
+    "Hit",
+    "RankBM25Retriever",
+    "Retriever",
+    "analyze",
+    "make_retriever",
+]
 
-BACKENDS = ("rank_bm25",)
+#: Backend names accepted by :func:`make_retriever`; the first is the default.
+BACKENDS = ("bm25", "rank_bm25")
 
 
 def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
     """Resolves a retriever argument.
 
     Args:
-        spec: A :class:`Retriever` (used as is), or the name of a backend in :data:`BACKENDS`
-            (``"bm25"`` is the default backend's alias).
-        passages: The corpus to index for named backends.
+        spec: A :class:`Retriever` (used as is); ``None`` or a backend name in :data:`BACKENDS` (``None``
+            is ``"bm25"``); or the ``http(s)://`` URL of a Search-R1-compatible ``/retrieve`` endpoint.
+        passages: The corpus to index for named backends. A URL's server holds its own corpus; the hits'
+            ids must be those of ``passages`` for the env's gold-retrieval figures to mean anything.
+
+    Raises:
+        ConfigError: ``spec`` is none of these.
     """
     if isinstance(spec, Retriever):
         return spec
-    if spec in ("bm25", "rank_bm25", None):
+    if spec is None or spec == "bm25":
+        return BM25Retriever(passages)
+    if spec == "rank_bm25":
         return RankBM25Retriever(passages)
-    raise ConfigError(f"unknown retriever {spec!r}; choose one of {['bm25', *BACKENDS]} or pass a Retriever")
+    if isinstance(spec, str) and spec.startswith(("http://", "https://")):
+        # Imported here: the client needs httpx (the "server" extra), which plain use must not require.
+        from searchgym.retrieval.http import HttpRetriever
+
+        return HttpRetriever(spec)
+    raise ConfigError(
+        f"unknown retriever {spec!r}; choose one of {list(BACKENDS)}, an http(s):// URL of a /retrieve "
+        "endpoint, or pass a Retriever"
+    )

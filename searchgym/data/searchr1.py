@@ -1,0 +1,168 @@
+"""Loader for Search-R1 parquet files (``train.parquet``, ``test.parquet`` of its data scripts).
+
+Search-R1 stores one question per row with the columns
+
+* ``prompt``: a list of chat messages ``{"role", "content"}``; the question is the text after the last
+  ``"Question: "`` of the last user message (its prompt template ends ``Question: {question}\\n``); a
+  message without that marker is taken whole;
+* ``reward_model``: ``{"style": "rule", "ground_truth": {"target": [answers...]}}``;
+* ``data_source``: the source dataset (``"nq"``, ``"hotpotqa"``…);
+* ``extra_info``: ``{"split": ..., "index": i}`` (optional; the row number stands in for a missing index).
+
+Question ids are ``"{data_source}_{index}"``: Search-R1's files concatenate several datasets whose indexes
+each start at 0. The passages do not come with these files: pair them with a FlashRAG ``corpus.jsonl``
+(for Search-R1, its wiki-18 corpus). Rows are numbered from 1 in error messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from searchgym.data.flashrag import read_corpus, read_questions
+from searchgym.data.types import Dataset, Passage, Question
+from searchgym.errors import ConfigError, DataFormatError, MissingDependencyError
+
+__all__ = ["load_searchr1", "parse_row", "read_searchr1"]
+
+_COLUMNS = ("prompt", "reward_model", "data_source")
+_MARKER = "Question: "
+
+
+def _question_text(prompt: Any, where: tuple[str, int]) -> str:
+    if not isinstance(prompt, list | tuple) or not prompt:
+        raise DataFormatError(*where, "'prompt' must be a non-empty list of chat messages")
+    users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+    message = users[-1] if users else prompt[-1]
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, str):
+        raise DataFormatError(*where, "the prompt's last user message has no string 'content'")
+    question = content.rpartition(_MARKER)[2].strip()
+    if not question:
+        raise DataFormatError(*where, "the prompt holds no question text")
+    return question
+
+
+def _answers(reward_model: Any, where: tuple[str, int]) -> tuple[str, ...]:
+    truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+    target = truth.get("target") if isinstance(truth, dict) else None
+    if isinstance(target, str):
+        target = [target]
+    if not isinstance(target, list | tuple) or not target or not all(isinstance(a, str) for a in target):
+        raise DataFormatError(
+            *where, "'reward_model.ground_truth.target' must be a non-empty list of strings"
+        )
+    return tuple(target)
+
+
+def parse_row(row: dict[str, Any], path: str, row_number: int) -> Question:
+    """One parquet row (as a dict of column values) as a :class:`Question`.
+
+    Args:
+        row: The row's values by column.
+        path: The file, for error messages.
+        row_number: 1-based row number, for error messages and as the fallback index.
+
+    Raises:
+        DataFormatError: a column is missing or malformed (the message names file and row).
+    """
+    where = (path, row_number)
+    source = row.get("data_source")
+    if not isinstance(source, str) or not source:
+        raise DataFormatError(*where, "'data_source' must be a non-empty string")
+    extra = row.get("extra_info")
+    if extra is not None and not isinstance(extra, dict):
+        raise DataFormatError(*where, "'extra_info' must be an object")
+    extra = extra or {}
+    index = extra.get("index", row_number - 1)
+    if isinstance(index, bool) or not isinstance(index, int | str):
+        raise DataFormatError(*where, "'extra_info.index' must be an integer or a string")
+    return Question(
+        id=f"{source}_{index}",
+        question=_question_text(row.get("prompt"), where),
+        golden_answers=_answers(row.get("reward_model"), where),
+        metadata={"data_source": source, **{k: v for k, v in extra.items() if v is not None}},
+    )
+
+
+def read_searchr1(path: str | Path) -> list[Question]:
+    """Reads the questions of one Search-R1 parquet file.
+
+    Raises:
+        MissingDependencyError: ``pyarrow`` is not installed (extra ``parquet``).
+        DataFormatError: the file is unreadable, lacks a column, or holds a malformed row, or two rows share
+            an id.
+    """
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingDependencyError("pyarrow", "parquet", "Reading Search-R1 parquet files") from None
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataFormatError(str(path), None, f"not a readable parquet file ({e})") from None
+    missing = [c for c in _COLUMNS if c not in table.column_names]
+    if missing:
+        raise DataFormatError(str(path), None, f"missing column(s) {missing}; found {table.column_names}")
+    columns = [c for c in (*_COLUMNS, "extra_info") if c in table.column_names]
+    questions: list[Question] = []
+    seen: set[str] = set()
+    for number, row in enumerate(table.select(columns).to_pylist(), start=1):
+        question = parse_row(row, str(path), number)
+        if question.id in seen:
+            raise DataFormatError(str(path), number, f"duplicate question id {question.id!r}")
+        seen.add(question.id)
+        questions.append(question)
+    return questions
+
+
+def load_searchr1(
+    path: str | Path, corpus: str | Path | None = None, splits: Sequence[str] | None = None
+) -> Dataset:
+    """Loads Search-R1 questions with a FlashRAG corpus.
+
+    Args:
+        path: A folder holding ``{split}.parquet`` files (FlashRAG ``{split}.jsonl`` question files there
+            are read too), or one ``.parquet`` file (its stem names the split).
+        corpus: The FlashRAG ``corpus.jsonl``; by default the one in ``path``'s folder.
+        splits: Splits to read (folder only); by default every ``*.parquet`` and non-corpus ``*.jsonl``.
+
+    Raises:
+        ConfigError: the path, the corpus or a split does not exist, or a split is in both formats.
+        DataFormatError: a malformed file (the message names file and row or line).
+    """
+    root = Path(path)
+    if root.is_file():
+        if splits is not None:
+            raise ConfigError("splits= applies to a folder; a single parquet file is its own split")
+        files = {root.stem: root}
+        folder = root.parent
+    elif root.is_dir():
+        folder = root
+        files = {}
+        for f in sorted(root.glob("*.parquet")) + sorted(root.glob("*.jsonl")):
+            if f.name == "corpus.jsonl":
+                continue
+            if f.stem in files:
+                raise ConfigError(f"split {f.stem!r} is in both {files[f.stem].name} and {f.name} in {root}")
+            files[f.stem] = f
+        if splits is not None:
+            unknown = [s for s in splits if s not in files]
+            if unknown:
+                raise ConfigError(f"{root} has no split(s) {unknown}; available: {sorted(files)}")
+            files = {s: files[s] for s in splits}
+    else:
+        raise ConfigError(f"{root} is neither a Search-R1 parquet file nor a folder")
+    corpus_path = Path(corpus) if corpus is not None else folder / "corpus.jsonl"
+    if not corpus_path.is_file():
+        raise ConfigError(
+            f"no corpus for {root}: {corpus_path} does not exist (Search-R1 files hold only questions; "
+            "put a FlashRAG corpus.jsonl next to them or pass corpus=)"
+        )
+    split_data = {
+        split: read_searchr1(f) if f.suffix == ".parquet" else read_questions(f) for split, f in files.items()
+    }
+    passages: list[Passage] = read_corpus(corpus_path)
+    return Dataset(name=folder.name, passages=passages, splits=split_data)
