@@ -43,7 +43,9 @@ class SegmentAgent(Agent):
         self._pending: list[int] = []
 
     @abstractmethod
-    def generate(self, observations: Sequence[Observation], infos: Sequence[dict[str, Any]]) -> list[list[int]]:
+    def generate(
+        self, observations: Sequence[Observation], infos: Sequence[dict[str, Any]]
+    ) -> list[list[int]]:
         """Returns one token segment per observation (typically one turn each)."""
 
     def act(self, observation: Observation, info: dict[str, Any]) -> int:

@@ -104,7 +104,7 @@ def run_episode(
 def iter_episodes(
     env: gym.Env[Any, Any], agent: Agent, episodes: int, seed: int = 0, by_index: bool = True
 ) -> Iterator[EpisodeRecord]:
-    """Yields ``episodes`` records; with ``by_index`` the i-th episode pins question i (mod the split size)."""
+    """Yields ``episodes`` records; with ``by_index`` episode i pins question i (mod the split size)."""
     n_questions = len(env.unwrapped.questions)  # type: ignore[attr-defined]
     for i in range(episodes):
         options = {"question_index": i % n_questions} if by_index else None

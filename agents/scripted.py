@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,28 +20,19 @@ class RandomAgent(Agent):
     Args:
         vocab_size: Number of token ids to draw from.
         seed: Seed of the agent's own generator (re-seeded by ``reset(seed=...)``).
-        bias_ids: Optional token ids drawn with probability ``bias`` instead of a uniform id; with the ids of
-            tag pieces this makes random episodes that actually search and answer (useful for fuzzing).
-        bias: Probability of drawing from ``bias_ids``.
     """
 
     name = "random"
 
-    def __init__(
-        self, vocab_size: int, seed: int = 0, bias_ids: Sequence[int] = (), bias: float = 0.0
-    ) -> None:
+    def __init__(self, vocab_size: int, seed: int = 0) -> None:
         self.vocab_size = vocab_size
         self.rng = np.random.default_rng(seed)
-        self.bias_ids = np.asarray(bias_ids, dtype=np.int64)
-        self.bias = bias if len(self.bias_ids) else 0.0
 
     def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
         if seed is not None:
             self.rng = np.random.default_rng(seed)
 
     def act(self, observation: Observation, info: dict[str, Any]) -> int:
-        if self.bias and self.rng.random() < self.bias:
-            return int(self.bias_ids[self.rng.integers(len(self.bias_ids))])
         return int(self.rng.integers(self.vocab_size))
 
 
@@ -52,7 +42,9 @@ def oracle_turns(dataset: Dataset, question_id: str, split: str, max_turns: int)
     At most ``max_turns - 1`` searches are made, so the answer always fits the turn budget.
     """
     question = dataset.find_question(split, question_id)
-    titles = [dataset.passage_index[pid].title for pid in question.supporting_ids if pid in dataset.passage_index]
+    titles = [
+        dataset.passage_index[pid].title for pid in question.supporting_ids if pid in dataset.passage_index
+    ]
     turns = [f"<search> {title} </search>" for title in titles[: max(0, max_turns - 1)]]
     answer = question.golden_answers[0] if question.golden_answers else ""
     turns.append(f"<answer> {answer} </answer>")

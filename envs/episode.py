@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from searchgym.data.types import Question
-from searchgym.protocol import INVALID_TURN_MESSAGE, StopScanner, format_information, format_prompt, parse_action
+from searchgym.protocol import (
+    INVALID_TURN_MESSAGE,
+    StopScanner,
+    format_information,
+    format_prompt,
+    parse_action,
+)
 from searchgym.retrieval.base import Hit
 from searchgym.rewards import exact_match, f1_score, get_metric, sub_exact_match
 from searchgym.tokenization import Tokenizer
@@ -227,7 +233,7 @@ class Episode:
         return self._append_tool(self.tokenizer.encode(text))
 
     def deliver_failure(self, message: str) -> Event:
-        """Appends a tool message saying the pending search failed (the ``on_retrieval_error="observe"`` path)."""
+        """Appends a tool message saying the pending search failed (``on_retrieval_error="observe"``)."""
         assert self.pending_query is not None, "deliver_failure() without a pending search"
         self.queries.append(self.pending_query)
         self.pending_query = None

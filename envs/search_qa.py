@@ -33,7 +33,10 @@ def shared_retriever(dataset: Dataset, spec: Any) -> Retriever:
         return make_retriever(spec, dataset.passages)
     key = (id(dataset), str(spec))
     if key not in _RETRIEVERS:
-        _RETRIEVERS[key] = (dataset, make_retriever(spec, dataset.passages))  # keep dataset alive: id stays valid
+        _RETRIEVERS[key] = (
+            dataset,
+            make_retriever(spec, dataset.passages),
+        )  # keep dataset alive: id stays valid
     return _RETRIEVERS[key][1]
 
 
@@ -113,7 +116,7 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
     * v0: initial version (generated world v1, built-in tokenizer v1).
     """
 
-    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}  # noqa: RUF012 - Gymnasium's convention
 
     def __init__(
         self,
@@ -158,8 +161,8 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         self.episode = Episode(self.tokenizer, self.config)
 
         vocab, size = self.tokenizer.vocab_size, self.config.max_context_tokens
-        self.action_space = spaces.Discrete(vocab)
-        self.observation_space = spaces.Dict(
+        self.action_space = spaces.Discrete(vocab)  # type: ignore[assignment]  # ids arrive as int or np.int64
+        self.observation_space = spaces.Dict(  # type: ignore[assignment]
             {
                 "tokens": spaces.Box(0, vocab - 1, shape=(size,), dtype=np.int64),
                 "sources": spaces.Box(0, len(Source) - 1, shape=(size,), dtype=np.int8),
@@ -235,7 +238,9 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
     def _pick_question(self, options: dict[str, Any]) -> Question:
         unknown = set(options) - {"question_id", "question_index"}
         if unknown:
-            raise ConfigError(f"unknown reset options {sorted(unknown)}; valid: ['question_id', 'question_index']")
+            raise ConfigError(
+                f"unknown reset options {sorted(unknown)}; valid: ['question_id', 'question_index']"
+            )
         if "question_id" in options:
             qid = str(options["question_id"])
             if qid not in self._question_index:

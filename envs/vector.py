@@ -70,7 +70,10 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
     """
 
     def __init__(
-        self, num_envs: int, autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP, copy: bool = True,
+        self,
+        num_envs: int,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        copy: bool = True,
         **env_kwargs: Any,
     ) -> None:
         if num_envs < 1:
@@ -113,7 +116,9 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         options = dict(options or {})
         unknown = set(options) - {"group_size", "question_ids", "reset_mask"}
         if unknown:
-            raise ConfigError(f"unknown reset options {sorted(unknown)}; valid: group_size, question_ids, reset_mask")
+            raise ConfigError(
+                f"unknown reset options {sorted(unknown)}; valid: group_size, question_ids, reset_mask"
+            )
         mask = np.asarray(options.get("reset_mask", np.ones(self.num_envs, dtype=bool)), dtype=bool)
         if mask.shape != (self.num_envs,):
             raise ConfigError(f"reset_mask must have shape ({self.num_envs},)")
@@ -176,10 +181,10 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
                 searching.append(i)
         self._run_searches(searching, events)
         terminated, truncated = self._flags()
-        for i in np.flatnonzero(events > Event.CONTINUE):
+        for i in map(int, np.flatnonzero(events > Event.CONTINUE)):
             ep = self.episodes[i]
             rewards[i] = ep.reward if ep.done else 0.0
-            infos = self._add_info(infos, {**ep.info(), "turn_end": True}, int(i))
+            infos = self._add_info(infos, {**ep.info(), "turn_end": True}, i)
         if self.autoreset_mode == AutoresetMode.NEXT_STEP:
             self._autoreset = terminated | truncated
         return self._observations(), rewards, terminated, truncated, infos
@@ -220,7 +225,9 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
                 searching.append(i)
         self._run_searches(searching, events)
         terminated, truncated = self._flags()
-        rewards = np.array([ep.reward if ep.done and events[i] >= 0 else 0.0 for i, ep in enumerate(self.episodes)])
+        rewards = np.array(
+            [ep.reward if ep.done and events[i] >= 0 else 0.0 for i, ep in enumerate(self.episodes)]
+        )
         infos = [ep.info() if events[i] > Event.CONTINUE else {} for i, ep in enumerate(self.episodes)]
         return SegmentStep(self._observations(), rewards, terminated, truncated, consumed, events, infos)
 

@@ -36,7 +36,7 @@ def world_texts(seeds: range) -> Iterator[str]:
         for questions in world.splits.values():
             for q in questions:
                 yield format_prompt(q.question)
-                yield f"<think> I need to find {q.golden_answers[0]}. </think>\n<search> {q.question} </search>"
+                yield f"<think> I need {q.golden_answers[0]}. </think>\n<search> {q.question} </search>"
                 yield f"<answer> {q.golden_answers[0]} </answer>"
     for _ in range(20):
         yield INVALID_TURN_MESSAGE
@@ -56,7 +56,9 @@ def shared_texts(root: Path) -> Iterator[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--shared", type=Path, default=Path("../shared/data"))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)

@@ -97,8 +97,8 @@ def format_information(passages: Sequence[tuple[str, str]], max_passage_words: i
         max_passage_words: Cut each passage text to this many white-space separated words (``None``: no cut).
 
     Returns:
-        ``"\\n\\n<information>Doc 1(Title: "t") text\\nDoc 2…</information>\\n\\n"``. Titles keep the quotes of
-        FlashRAG's ``contents`` field, which Search-R1 shows verbatim.
+        ``"\\n\\n<information>Doc 1(Title: "t") text\\nDoc 2…</information>\\n\\n"``. Titles are quoted,
+        as Search-R1 shows FlashRAG's ``contents`` title line verbatim.
     """
     lines = []
     for i, (title, text) in enumerate(passages, start=1):

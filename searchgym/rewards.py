@@ -12,7 +12,15 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-__all__ = ["METRICS", "AnswerMetric", "exact_match", "f1_score", "get_metric", "normalize_answer", "sub_exact_match"]
+__all__ = [
+    "METRICS",
+    "AnswerMetric",
+    "exact_match",
+    "f1_score",
+    "get_metric",
+    "normalize_answer",
+    "sub_exact_match",
+]
 
 AnswerMetric = Literal["em", "subem", "f1"]
 

@@ -32,7 +32,11 @@ def _byte_decoder() -> dict[str, int]:
     Printable Latin-1 bytes stand for themselves; the rest are shifted to code points from 256 upwards,
     in byte order. This is the alphabet GPT-2-style byte-level tokenizers use.
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars: dict[int, str] = {b: chr(b) for b in printable}
     shift = 0
     for b in range(256):
@@ -85,7 +89,7 @@ class Tokenizer:
     Attributes:
         name: A label for logs (``"builtin"``, a model name, or a path).
         vocab_size: The tokenizer's real vocabulary size, added tokens included (not a model's padded size).
-        token_bytes: For every id, the UTF-8 bytes it contributes to decoded text (``b""`` for special tokens).
+        token_bytes: For every id, the UTF-8 bytes it adds to decoded text (``b""`` for special tokens).
         eos_token_id: End-of-sequence id, or ``None``.
         pad_token_id: Padding id (falls back to the EOS id, then 0).
     """
@@ -102,7 +106,8 @@ class Tokenizer:
         self.pad_token_id: int = pad if pad is not None else (self.eos_token_id or 0)
 
     def _lookup(self, token: str) -> int | None:
-        return self._backend.token_to_id(token)  # type: ignore[no-any-return]
+        found: int | None = self._backend.token_to_id(token)
+        return found
 
     def _special_ids(self) -> set[int]:
         if self._hf is not None:

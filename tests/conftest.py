@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(os.environ.get("SEARCHGYM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED_DATA = Path(
+    os.environ.get("SEARCHGYM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
 HOTPOT = SHARED_DATA / "hotpotqa_dev_distractor_1100"
 NQ = SHARED_DATA / "nq_open_oracle_2655"
 QUICKSTART = SHARED_DATA / "flashrag_quickstart_nq"

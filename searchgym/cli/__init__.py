@@ -48,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                 parents[prefix] = group
                 groups[prefix] = group.add_subparsers(dest="_".join(prefix), metavar="COMMAND", required=True)
         sub = groups[path[:-1]].add_parser(
-            path[-1], help=module.HELP, description=module.HELP, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+            path[-1],
+            help=module.HELP,
+            description=module.HELP,
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         )
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)

@@ -60,7 +60,7 @@ def load_agent(name: str, env: Any, seed: int = 0, **kwargs: Any) -> Any:
     if name == "heuristic":
         from searchgym.agents.heuristic import HeuristicAgent
 
-        return HeuristicAgent(base.tokenizer, **kwargs)
+        return HeuristicAgent(base.tokenizer)
     if ":" in name:
         module_name, _, attr = name.partition(":")
         try:
@@ -68,7 +68,9 @@ def load_agent(name: str, env: Any, seed: int = 0, **kwargs: Any) -> Any:
         except (ImportError, AttributeError) as e:
             raise ConfigError(f"cannot load agent {name!r}: {e}") from e
         return cls(env)
-    raise ConfigError(f"unknown agent {name!r}; choose one of {list(BUILTIN_AGENTS)} or give package.module:Class")
+    raise ConfigError(
+        f"unknown agent {name!r}; choose one of {list(BUILTIN_AGENTS)} or give package.module:Class"
+    )
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from searchgym.cli._common import format_table, load_agent
 
@@ -25,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     env = gym.make("SearchQA-v0", split="test")
-    base = env.unwrapped
+    base: Any = env.unwrapped
     print(
         f"world {base.dataset.name}: {len(base.dataset.passages)} passages, "
         + ", ".join(f"{k} {len(v)}" for k, v in base.dataset.splits.items())
@@ -33,8 +34,24 @@ def run(args: argparse.Namespace) -> int:
     )
     rows = []
     for name in ("random", "oracle"):
-        summary = evaluate(env, load_agent(name, env, seed=args.seed), args.episodes, seed=args.seed, progress=True)
+        summary = evaluate(
+            env, load_agent(name, env, seed=args.seed), args.episodes, seed=args.seed, progress=True
+        )
         rows.append({"agent": name, **summary.metrics()})
-    print(format_table(rows, ["agent", "em", "f1", "valid_format", "searches", "retrieval_recall", "tokens",
-                              "episodes", "episodes_per_s"]))
+    print(
+        format_table(
+            rows,
+            [
+                "agent",
+                "em",
+                "f1",
+                "valid_format",
+                "searches",
+                "retrieval_recall",
+                "tokens",
+                "episodes",
+                "episodes_per_s",
+            ],
+        )
+    )
     return 0

@@ -10,8 +10,18 @@ from searchgym.cli._common import add_env_arguments, format_table, load_agent, m
 COMMAND = ("eval",)
 HELP = "evaluate an agent (random, oracle, heuristic, or package.module:Class) on an environment"
 
-COLUMNS = ["agent", "em", "subem", "f1", "valid_format", "searches", "retrieval_recall", "tokens", "episodes",
-           "episodes_per_s"]
+COLUMNS = [
+    "agent",
+    "em",
+    "subem",
+    "f1",
+    "valid_format",
+    "searches",
+    "retrieval_recall",
+    "tokens",
+    "episodes",
+    "episodes_per_s",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

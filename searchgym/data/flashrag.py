@@ -34,9 +34,13 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataFormatError(str(path), lineno, f"invalid JSON ({e.msg} at column {e.colno})") from None
+                raise DataFormatError(
+                    str(path), lineno, f"invalid JSON ({e.msg} at column {e.colno})"
+                ) from None
             if not isinstance(record, dict):
-                raise DataFormatError(str(path), lineno, f"expected a JSON object, got {type(record).__name__}")
+                raise DataFormatError(
+                    str(path), lineno, f"expected a JSON object, got {type(record).__name__}"
+                )
             yield lineno, record
 
 

@@ -43,15 +43,59 @@ _COUNTRIES = [
     ("Umbrask", "Federation of Umbrask"),
     ("Velquar", "Duchy of Velquar"),
 ]
-_OCCUPATIONS = ["painter", "chemist", "novelist", "architect", "composer", "astronomer", "engineer",
-                "cartographer", "botanist", "sculptor", "economist", "linguist"]
-_INDUSTRIES = ["shipbuilding", "publishing", "textile", "mining", "banking", "glassmaking", "railway",
-               "pharmaceutical", "brewing", "clockmaking"]
+_OCCUPATIONS = [
+    "painter",
+    "chemist",
+    "novelist",
+    "architect",
+    "composer",
+    "astronomer",
+    "engineer",
+    "cartographer",
+    "botanist",
+    "sculptor",
+    "economist",
+    "linguist",
+]
+_INDUSTRIES = [
+    "shipbuilding",
+    "publishing",
+    "textile",
+    "mining",
+    "banking",
+    "glassmaking",
+    "railway",
+    "pharmaceutical",
+    "brewing",
+    "clockmaking",
+]
 _ORG_SUFFIXES = ["Works", "Company", "Guild", "Foundry", "Consortium", "Institute", "Trading House", "Mills"]
 _WORK_KINDS = [("novel", "wrote"), ("film", "directed"), ("opera", "composed"), ("atlas", "compiled")]
 _GENRES = ["historical", "satirical", "romantic", "gothic", "pastoral", "experimental"]
-_TITLE_ADJ = ["Silent", "Crimson", "Hollow", "Last", "Northern", "Gilded", "Broken", "Distant", "Pale", "Seventh"]
-_TITLE_NOUN = ["Harbour", "Lantern", "Orchard", "Tide", "Compass", "Meridian", "Archive", "Garden", "Bell", "Road"]
+_TITLE_ADJ = [
+    "Silent",
+    "Crimson",
+    "Hollow",
+    "Last",
+    "Northern",
+    "Gilded",
+    "Broken",
+    "Distant",
+    "Pale",
+    "Seventh",
+]
+_TITLE_NOUN = [
+    "Harbour",
+    "Lantern",
+    "Orchard",
+    "Tide",
+    "Compass",
+    "Meridian",
+    "Archive",
+    "Garden",
+    "Bell",
+    "Road",
+]
 _CITY_PREFIX = ["", "", "", "Port ", "New ", "Upper ", "Saint "]
 
 
@@ -115,7 +159,9 @@ def _make_entities(cfg: WorldConfig, rng: random.Random) -> dict[str, list[_Enti
     for i in range(cfg.cities):
         name = names.unique(lambda: rng.choice(_CITY_PREFIX) + names.word(rng.choice([2, 3])))
         country = rng.choice(_COUNTRIES)
-        cities.append(_Entity(f"city{i}", "city", name, {"country": country, "founded": rng.randint(820, 1750)}))
+        cities.append(
+            _Entity(f"city{i}", "city", name, {"country": country, "founded": rng.randint(820, 1750)})
+        )
 
     surnames = [names.unique(lambda: names.word(rng.choice([2, 3]))) for _ in range(max(1, cfg.people // 3))]
     people: list[_Entity] = []
@@ -186,8 +232,13 @@ def _make_entities(cfg: WorldConfig, rng: random.Random) -> dict[str, list[_Enti
                 f"work{i}",
                 "work",
                 title,
-                {"creator": creator, "kind": kind, "verb": verb, "year": born + rng.randint(20, 70),
-                 "genre": rng.choice(_GENRES)},
+                {
+                    "creator": creator,
+                    "kind": kind,
+                    "verb": verb,
+                    "year": born + rng.randint(20, 70),
+                    "genre": rng.choice(_GENRES),
+                },
             )
         )
     return {"person": people, "city": cities, "organisation": orgs, "work": works}
@@ -257,33 +308,76 @@ def _questions(ents: dict[str, list[_Entity]], rng: random.Random) -> list[Quest
         assert isinstance(founder, _Entity) and isinstance(hq, _Entity)
         add("attribute", f"In what year was {p.name} born?", [str(p.attrs["born"])], [p], "person_born")
         add("attribute", f"In which city was {p.name} born?", [city.name], [p], "person_birthplace")
-        add("attribute", f"What is the occupation of {p.name}?", [str(p.attrs["occupation"])], [p], "person_job")
+        add(
+            "attribute",
+            f"What is the occupation of {p.name}?",
+            [str(p.attrs["occupation"])],
+            [p],
+            "person_job",
+        )
         add("attribute", f"Which organisation does {p.name} work for?", [org.name], [p], "person_employer")
-        add("bridge", f"In which country was {p.name} born?", country_answers(city), [p, city], "person_country")
-        add("bridge", f"In which city is the headquarters of the organisation {p.name} works for?",
-            [hq.name], [p, org], "person_employer_hq")
+        add(
+            "bridge",
+            f"In which country was {p.name} born?",
+            country_answers(city),
+            [p, city],
+            "person_country",
+        )
+        add(
+            "bridge",
+            f"In which city is the headquarters of the organisation {p.name} works for?",
+            [hq.name],
+            [p, org],
+            "person_employer_hq",
+        )
         if founder is not p:
-            add("bridge", f"Who founded the organisation that {p.name} works for?", [founder.name], [p, org],
-                "person_employer_founder")
+            add(
+                "bridge",
+                f"Who founded the organisation that {p.name} works for?",
+                [founder.name],
+                [p, org],
+                "person_employer_founder",
+            )
     for o in ents["organisation"]:
         founder, hq = o.attrs["founder"], o.attrs["headquarters"]
         assert isinstance(founder, _Entity) and isinstance(hq, _Entity)
         add("attribute", f"Who founded {o.name}?", [founder.name], [o], "org_founder")
         add("attribute", f"In what year was {o.name} founded?", [str(o.attrs["founded"])], [o], "org_year")
         add("attribute", f"In which city is {o.name} headquartered?", [hq.name], [o], "org_hq")
-        add("bridge", f"In what year was the founder of {o.name} born?", [str(founder.attrs["born"])],
-            [o, founder], "org_founder_born")
-        add("bridge", f"In which country is {o.name} headquartered?", country_answers(hq), [o, hq], "org_country")
+        add(
+            "bridge",
+            f"In what year was the founder of {o.name} born?",
+            [str(founder.attrs["born"])],
+            [o, founder],
+            "org_founder_born",
+        )
+        add(
+            "bridge",
+            f"In which country is {o.name} headquartered?",
+            country_answers(hq),
+            [o, hq],
+            "org_country",
+        )
     for w in ents["work"]:
         creator = w.attrs["creator"]
         assert isinstance(creator, _Entity)
         city = creator.attrs["birthplace"]
         assert isinstance(city, _Entity)
         add("attribute", f"Who created the {w.attrs['kind']} {w.name}?", [creator.name], [w], "work_creator")
-        add("attribute", f"In what year did the {w.attrs['kind']} {w.name} appear?", [str(w.attrs["year"])], [w],
-            "work_year")
-        add("bridge", f"In which city was the creator of {w.name} born?", [city.name], [w, creator],
-            "work_creator_birthplace")
+        add(
+            "attribute",
+            f"In what year did the {w.attrs['kind']} {w.name} appear?",
+            [str(w.attrs["year"])],
+            [w],
+            "work_year",
+        )
+        add(
+            "bridge",
+            f"In which city was the creator of {w.name} born?",
+            [city.name],
+            [w, creator],
+            "work_creator_birthplace",
+        )
     for c in ents["city"]:
         add("attribute", f"In which country is {c.name}?", country_answers(c), [c], "city_country")
 
@@ -338,10 +432,13 @@ def generate_world(config: WorldConfig | None = None, **overrides: int) -> Datas
     rng.shuffle(questions)
     n_test, n_val = cfg.test_questions, cfg.validation_questions
     if n_test + n_val >= len(questions):
-        raise ValueError(f"world too small: {len(questions)} questions for {n_test} test + {n_val} validation")
-    names = {"test": questions[:n_test], "validation": questions[n_test : n_test + n_val],
-             "train": questions[n_test + n_val :]}
-    splits = {
-        split: [replace(q, id=f"{split}-{i}") for i, q in enumerate(qs)] for split, qs in names.items()
+        raise ValueError(
+            f"world too small: {len(questions)} questions for {n_test} test + {n_val} validation"
+        )
+    names = {
+        "test": questions[:n_test],
+        "validation": questions[n_test : n_test + n_val],
+        "train": questions[n_test + n_val :],
     }
+    splits = {split: [replace(q, id=f"{split}-{i}") for i, q in enumerate(qs)] for split, qs in names.items()}
     return Dataset(name=f"world-v{WORLD_VERSION}-seed{cfg.seed}", passages=passages, splits=splits)

@@ -14,10 +14,20 @@ def write_folder(root: Path, corpus_lines: list[str], test_lines: list[str]) -> 
     return root
 
 
-GOOD_CORPUS = [json.dumps({"id": "0", "contents": '"Alpha"\nAlpha is a letter.'}),
-               json.dumps({"id": "1", "contents": '"Beta"\nBeta follows alpha.'})]
-GOOD_TEST = [json.dumps({"id": "q0", "question": "What is Alpha?", "golden_answers": ["a letter"],
-                         "metadata": {"supporting_passage_ids": ["0"]}})]
+GOOD_CORPUS = [
+    json.dumps({"id": "0", "contents": '"Alpha"\nAlpha is a letter.'}),
+    json.dumps({"id": "1", "contents": '"Beta"\nBeta follows alpha.'}),
+]
+GOOD_TEST = [
+    json.dumps(
+        {
+            "id": "q0",
+            "question": "What is Alpha?",
+            "golden_answers": ["a letter"],
+            "metadata": {"supporting_passage_ids": ["0"]},
+        }
+    )
+]
 
 
 def test_loads_a_folder(tmp_path: Path) -> None:
@@ -34,11 +44,21 @@ def test_loads_a_folder(tmp_path: Path) -> None:
         ([*GOOD_CORPUS, "{not json"], GOOD_TEST, "corpus.jsonl", 3, "invalid JSON"),
         ([json.dumps({"id": "0"})], GOOD_TEST, "corpus.jsonl", 1, "missing field 'contents'"),
         ([*GOOD_CORPUS, json.dumps({"id": "0", "contents": "x"})], GOOD_TEST, "corpus.jsonl", 3, "duplicate"),
-        (GOOD_CORPUS, [json.dumps({"id": "q", "question": "?", "golden_answers": 3})], "test.jsonl", 1,
-         "golden_answers"),
+        (
+            GOOD_CORPUS,
+            [json.dumps({"id": "q", "question": "?", "golden_answers": 3})],
+            "test.jsonl",
+            1,
+            "golden_answers",
+        ),
         (GOOD_CORPUS, ["", json.dumps([1, 2])], "test.jsonl", 2, "expected a JSON object"),
-        (GOOD_CORPUS, [json.dumps({"id": "q", "question": 5, "golden_answers": []})], "test.jsonl", 1,
-         "'question' must be str"),
+        (
+            GOOD_CORPUS,
+            [json.dumps({"id": "q", "question": 5, "golden_answers": []})],
+            "test.jsonl",
+            1,
+            "'question' must be str",
+        ),
     ],
 )
 def test_malformed_record_names_file_and_line(

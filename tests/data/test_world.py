@@ -23,15 +23,23 @@ def test_same_seed_same_world_across_processes() -> None:
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
         out = subprocess.run(
-            [sys.executable, "-c", _DIGEST_SCRIPT], env=env, capture_output=True, text=True, check=True, cwd="/"
+            [sys.executable, "-c", _DIGEST_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd="/",
         )
         digests.add(out.stdout.strip())
     assert len(digests) == 1
     w = generate_world(seed=7)
     blob = json.dumps(
         [[p.id, p.title, p.text] for p in w.passages]
-        + [[s, q.id, q.question, q.golden_answers, q.supporting_ids, q.kind]
-           for s, qs in sorted(w.splits.items()) for q in qs]
+        + [
+            [s, q.id, q.question, q.golden_answers, q.supporting_ids, q.kind]
+            for s, qs in sorted(w.splits.items())
+            for q in qs
+        ]
     )
     assert hashlib.sha256(blob.encode()).hexdigest() in digests
 
@@ -72,7 +80,9 @@ def test_distractors_exist() -> None:
     assert len(set(surnames)) < len(surnames) * 0.6  # families share surnames
     titles = sorted(p.title for p in w.passages if p.id.startswith("person"))
     one_letter_apart = sum(
-        1 for a in titles for b in titles
+        1
+        for a in titles
+        for b in titles
         if a < b and len(a) == len(b) and sum(x != y for x, y in zip(a, b, strict=True)) == 1
     )
     assert one_letter_apart >= 10

@@ -9,10 +9,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-
-import searchgym
 from searchgym.agents import OracleAgent, run_episode
 from searchgym.envs import SearchQAEnv, Source
+
+import searchgym
 from searchgym.errors import (
     ConfigError,
     EpisodeFinishedError,
@@ -220,7 +220,11 @@ def test_same_seed_same_episode_across_processes() -> None:
     runs = [
         json.loads(
             subprocess.run(
-                [sys.executable, "-c", _EPISODE_SCRIPT], capture_output=True, text=True, check=True, cwd="/",
+                [sys.executable, "-c", _EPISODE_SCRIPT],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd="/",
                 env={"PYTHONHASHSEED": str(i), "PATH": "/usr/bin:/bin"},
             ).stdout
         )

@@ -1,0 +1,42 @@
+import json
+
+import pytest
+
+from searchgym.cli import main
+
+
+def test_eval_oracle_500_episodes_json(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "t.jsonl"
+    assert (
+        main(["eval", "--agent", "oracle", "--episodes", "500", "--json", "--no-progress", "--out", str(out)])
+        == 0
+    )
+    metrics = json.loads(capsys.readouterr().out)
+    assert {
+        "em",
+        "subem",
+        "f1",
+        "valid_format",
+        "searches",
+        "retrieval_recall",
+        "tokens",
+        "episodes",
+        "episodes_per_s",
+    } <= set(metrics)
+    assert metrics["episodes"] == 500 and metrics["em"] >= 0.99
+    lines = out.read_text().splitlines()
+    assert len(lines) == 500 and "transcript" in json.loads(lines[0])
+
+
+def test_eval_table_and_unknown_agent(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--agent", "random", "--episodes", "2", "--no-progress"]) == 0
+    assert "episodes_per_s" in capsys.readouterr().out
+    assert main(["eval", "--agent", "nobody", "--episodes", "1"]) == 2
+    assert "unknown agent 'nobody'" in capsys.readouterr().err
+
+
+def test_user_agent_class_plugs_in(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["eval", "--agent", "tests_user_agent:Echo", "--episodes", "1", "--json", "--no-progress"]) == 2
+    )
+    assert "cannot load agent" in capsys.readouterr().err

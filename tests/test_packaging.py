@@ -1,0 +1,36 @@
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_has_one_top_level_name(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (wheel,) = tmp_path.glob("searchgym-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {"searchgym"}
+    assert "searchgym/envs/search_qa.py" in names and "searchgym/agents/scripted.py" in names
+    assert "searchgym/py.typed" in names and "searchgym/assets/tokenizer.json" in names
+
+
+def test_no_bare_envs_or_agents_imports() -> None:
+    offenders = []
+    for path in [
+        *ROOT.glob("searchgym/**/*.py"),
+        *ROOT.glob("envs/**/*.py"),
+        *ROOT.glob("agents/**/*.py"),
+        *ROOT.glob("tests/**/*.py"),
+    ]:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            stripped = line.strip()
+            if stripped.startswith(("import envs", "import agents", "from envs", "from agents")):
+                offenders.append(f"{path}: {stripped}")
+    assert offenders == []
