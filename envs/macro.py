@@ -86,11 +86,12 @@ _NUMBER = re.compile(r"\b\d+\b")
 _NOUN = re.compile(r"\b(?:is|was) an? ([a-z][a-z-]+)\b")
 _WORDS = re.compile(r"\w+")
 # Capitalised only because they open a sentence or a question: never part of an entity name.
-_LEADING = frozenset(
-    "a an in on at of for by to from which who whom whose what when where why how it its he she they his her "
-    "their this that these those there doc title".split()
-)
-_STOPWORDS = _LEADING | frozenset("the is was are were be and or as with did does do".split())
+_LEADING = frozenset({
+    "a", "an", "in", "on", "at", "of", "for", "by", "to", "from", "which", "who", "whom", "whose", "what", "when",
+    "where", "why", "how", "it", "its", "he", "she", "they", "his", "her", "their", "this", "that", "these",
+    "those", "there", "doc", "title",
+})  # fmt: skip
+_STOPWORDS = _LEADING | {"the", "is", "was", "are", "were", "be", "and", "or", "as", "with", "did", "does"}
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,8 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
     ``Discrete(n_queries + n_answers)``: action ``i < n_queries`` searches query slot ``i``; action
     ``n_queries + j`` answers answer slot ``j``. An empty slot writes ``<search> </search>``, an invalid turn
     (Search-R1's corrective message follows, and the turn counts). ``info["action_mask"]`` marks the filled
-    slots (for masked algorithms such as sb3-contrib's MaskablePPO).
+    slots as a list of bools, and ``action_masks()`` returns it as an array (the method sb3-contrib's
+    MaskablePPO looks for).
 
     ## Observation Space
 
@@ -316,7 +318,7 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
         self.n_queries = n_queries
         self.n_answers = n_answers
         n_obs = len(GLOBAL_FEATURES) + (n_queries + n_answers) * len(CANDIDATE_FEATURES)
-        self.action_space = spaces.Discrete(n_queries + n_answers)
+        self.action_space = spaces.Discrete(n_queries + n_answers)  # type: ignore[assignment]  # int or np.int64
         self.observation_space = spaces.Box(0.0, 1.0, shape=(n_obs,), dtype=np.float32)
         self._searches: list[list[Hit]] = []
         self._found: list[list[Candidate]] = []
@@ -366,7 +368,8 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         text = self.turn_text(action)
         n_searches = len(self.episode.queries)
-        reward, terminated, truncated, info = 0.0, False, False, {}
+        reward, terminated, truncated = 0.0, False, False
+        info: dict[str, Any] = {}
         for token in self.tokenizer.encode(text):
             _, r, terminated, truncated, info = self.core.step(token)
             reward += float(r)
@@ -417,8 +420,8 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
         )
         return f"<answer> {slot.text} </answer>" if slot else "<search> </search>"
 
-    def action_mask(self) -> np.ndarray:
-        """``(n_queries + n_answers,)`` bool: True where the slot holds a candidate."""
+    def action_masks(self) -> np.ndarray:
+        """``(n_queries + n_answers,)`` bool: True where the slot holds a candidate (sb3-contrib's name)."""
         mask = np.zeros(self.n_queries + self.n_answers, dtype=bool)
         mask[: len(self.query_slots)] = True
         mask[self.n_queries : self.n_queries + len(self.answer_slots)] = True
@@ -448,7 +451,7 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
     def _with_slots(self, info: dict[str, Any]) -> dict[str, Any]:
         return {
             **info,
-            "action_mask": self.action_mask(),
+            "action_mask": self.action_masks().tolist(),  # a list: info stays JSON-serialisable
             "candidates": {"queries": [c.text for c in self.query_slots],
                            "answers": [c.text for c in self.answer_slots]},
         }  # fmt: skip

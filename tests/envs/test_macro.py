@@ -9,8 +9,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-
-import searchgym  # noqa: F401 - registers the env ids
 from searchgym.envs.episode import Source
 from searchgym.envs.macro import (
     CANDIDATE_FEATURES,
@@ -19,6 +17,8 @@ from searchgym.envs.macro import (
     passage_candidates,
     question_candidates,
 )
+
+import searchgym  # noqa: F401 - registers the env ids
 from searchgym.errors import InvalidActionError
 from searchgym.retrieval import Hit
 
@@ -75,7 +75,8 @@ def test_spaces_layout_and_mask(env: gym.Env[Any, Any]) -> None:
     assert env.observation_space.shape == (len(GLOBAL_FEATURES) + n * len(CANDIDATE_FEATURES),)
     obs, info = env.reset(seed=1)
     assert env.observation_space.contains(obs)
-    mask = info["action_mask"]
+    mask = np.asarray(info["action_mask"])
+    np.testing.assert_array_equal(mask, env.unwrapped.action_masks())  # type: ignore[attr-defined]
     assert mask[0] and mask.sum() == len(info["candidates"]["queries"]) + len(info["candidates"]["answers"])
     slots = obs[len(GLOBAL_FEATURES) :].reshape(n, len(CANDIDATE_FEATURES))
     np.testing.assert_array_equal(slots[:, CANDIDATE_FEATURES.index("valid")] == 1.0, mask)
@@ -93,7 +94,7 @@ def test_search_rebuilds_candidates_and_marks_searched(env: gym.Env[Any, Any]) -
 
 def test_empty_slot_is_an_invalid_turn_and_bad_actions_raise(env: gym.Env[Any, Any]) -> None:
     _, info = env.reset(options={"question_index": 0})
-    empty = int(np.flatnonzero(~info["action_mask"])[0])
+    empty = int(np.flatnonzero(~np.asarray(info["action_mask"]))[0])
     _, _, terminated, _, info = env.step(empty)
     assert info["invalid_turns"] == 1 and info["searches"] == 0 and not terminated
     with pytest.raises(InvalidActionError):
@@ -128,7 +129,7 @@ def test_macro_episode_replays_identically_in_the_token_env(env: gym.Env[Any, An
     total, done = 0.0, False
     while not done:
         # Biased towards filled slots so that episodes search, answer and sometimes hit the turn budget.
-        mask = info["action_mask"]
+        mask = np.asarray(info["action_mask"])
         action = int(rng.choice(np.flatnonzero(mask))) if rng.random() < 0.9 else int(rng.integers(len(mask)))
         _, reward, terminated, truncated, info = env.step(action)
         total += float(reward)

@@ -1,0 +1,219 @@
+"""``searchgym train sb3``: train PPO, A2C or DQN (stable-baselines3) on the macro or the token view.
+
+A run directory holds ``config.json`` (everything needed to rebuild the env and reload the model),
+``progress.csv`` (SB3's logger), ``checkpoints/`` (SB3's ``CheckpointCallback``), ``model.zip``, and, after
+the closing evaluation, ``eval.json`` and ``eval.jsonl`` (transcripts). The model then plays in
+``searchgym eval`` with ``SEARCHGYM_SB3_MODEL=<run>/model.zip --agent searchgym.agents.sb3:SB3Agent``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from searchgym.cli._common import add_env_arguments, env_kwargs, format_table
+from searchgym.errors import ConfigError
+
+COMMAND = ("train", "sb3")
+HELP = "train a stable-baselines3 agent (PPO, A2C, DQN) on the macro-action or the token-level view"
+
+VIEWS = {"macro": "SearchQAMacro-v0", "token": "SearchQA-v0"}
+"""The env id of each ``--view``."""
+
+HYPERPARAMS: dict[tuple[str, str], dict[str, Any]] = {
+    # Macro episodes are 2-4 steps with the reward at the end; small nets and short rollouts suffice.
+    ("ppo", "macro"): {"n_steps": 128, "batch_size": 128, "n_epochs": 10, "learning_rate": 3e-4, "ent_coef": 0.01},
+    ("a2c", "macro"): {"n_steps": 8, "learning_rate": 7e-4, "ent_coef": 0.01},
+    ("dqn", "macro"): {"learning_starts": 1000, "buffer_size": 50_000, "exploration_fraction": 0.3,
+                       "train_freq": 4, "target_update_interval": 500, "learning_rate": 5e-4},
+    # Token episodes are ~100 steps over an 8192-way action; these only keep runs short.
+    ("ppo", "token"): {"n_steps": 128, "batch_size": 64, "n_epochs": 4, "learning_rate": 3e-4},
+    ("a2c", "token"): {"n_steps": 16, "learning_rate": 7e-4},
+    ("dqn", "token"): {"learning_starts": 200, "buffer_size": 5_000, "train_freq": 4,
+                       "target_update_interval": 500, "learning_rate": 5e-4},
+}  # fmt: skip
+"""Default SB3 keyword arguments per ``(algo, view)``; ``--learning-rate`` overrides the rate."""
+
+
+@dataclass(frozen=True)
+class SB3TrainConfig:
+    """One SB3 training run (the CLI's options, validated once).
+
+    Attributes:
+        algo: ``"ppo"``, ``"a2c"`` or ``"dqn"``.
+        view: ``"macro"`` (``SearchQAMacro-v0``, ``MlpPolicy``) or ``"token"`` (``SearchQA-v0``,
+            ``MultiInputPolicy`` with the token features extractor).
+        timesteps: Environment steps to train for (macro: turns; token: tokens).
+        seed: Seed of the model and of the training envs.
+        out: Run directory.
+        n_envs: Training envs stepped together (``DummyVecEnv``).
+        learning_rate: Overrides the default rate of ``HYPERPARAMS``.
+        checkpoint_freq: Save a checkpoint every this many steps (0: none).
+        eval_episodes: Episodes of the closing evaluation (0: none).
+        eval_split: Split of the closing evaluation.
+        threads: torch CPU threads.
+        env: ``gym.make`` keyword arguments of the training env (the split included).
+    """
+
+    algo: str
+    view: str = "macro"
+    timesteps: int = 20_000
+    seed: int = 0
+    out: str = "runs/sb3"
+    n_envs: int = 4
+    learning_rate: float | None = None
+    checkpoint_freq: int = 5_000
+    eval_episodes: int = 200
+    eval_split: str = "test"
+    threads: int = 1
+    env: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.algo not in ("ppo", "a2c", "dqn"):
+            raise ConfigError(f"algo must be one of ['a2c', 'dqn', 'ppo'], got {self.algo!r}")
+        if self.view not in VIEWS:
+            raise ConfigError(f"view must be one of {sorted(VIEWS)}, got {self.view!r}")
+        for name in ("timesteps", "n_envs", "threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_freq < 0 or self.eval_episodes < 0:
+            raise ConfigError("checkpoint_freq and eval_episodes must be >= 0")
+
+    @property
+    def env_id(self) -> str:
+        return VIEWS[self.view]
+
+    @property
+    def policy(self) -> str:
+        return "MlpPolicy" if self.view == "macro" else "MultiInputPolicy"
+
+    @property
+    def model_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the SB3 algorithm (policy network included, not the env)."""
+        kwargs = dict(HYPERPARAMS[(self.algo, self.view)])
+        if self.learning_rate is not None:
+            kwargs["learning_rate"] = self.learning_rate
+        return kwargs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--algo", required=True, choices=["ppo", "a2c", "dqn"], help="SB3 algorithm")
+    parser.add_argument(
+        "--view",
+        default="macro",
+        choices=sorted(VIEWS),
+        help="macro: SearchQAMacro-v0 (choose a query / an answer); token: SearchQA-v0",
+    )
+    parser.add_argument("--timesteps", type=int, default=20_000, help="environment steps to train for")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the envs")
+    parser.add_argument("--out", default=None, help="run directory (default: runs/sb3-ALGO-VIEW-sSEED)")
+    parser.add_argument("--n-envs", type=int, default=4, help="training envs stepped together")
+    parser.add_argument("--learning-rate", type=float, default=None, help="override the default rate")
+    parser.add_argument(
+        "--checkpoint-freq", type=int, default=5_000, help="checkpoint every N steps (0: off)"
+    )
+    parser.add_argument("--eval-episodes", type=int, default=200, help="closing evaluation episodes (0: off)")
+    parser.add_argument("--eval-split", default="test", help="split of the closing evaluation")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=None,
+        help="transcript size (default: 384 for the token view, the env's default for macro)",
+    )
+    parser.add_argument(
+        "--max-turn-tokens",
+        type=int,
+        default=None,
+        help="tokens per turn (default: 24 for the token view, the env's default for macro)",
+    )
+    add_env_arguments(parser)
+    # The view chooses the env id; training reads the train split.
+    parser.set_defaults(env=None, split="train")
+
+
+def config_from_args(args: argparse.Namespace) -> SB3TrainConfig:
+    """The validated run config of parsed CLI options."""
+    if args.env is not None and args.env != VIEWS[args.view]:
+        raise ConfigError(
+            f"--env {args.env!r} does not match --view {args.view} ({VIEWS[args.view]}); omit --env"
+        )
+    env = {k: v for k, v in env_kwargs(args).items() if v is not None}
+    token_sizes = {"max_context_tokens": 384, "max_turn_tokens": 24} if args.view == "token" else {}
+    for name in ("max_context_tokens", "max_turn_tokens"):
+        value = getattr(args, name)
+        if value is not None:
+            token_sizes[name] = value
+    return SB3TrainConfig(
+        algo=args.algo, view=args.view, timesteps=args.timesteps, seed=args.seed,
+        out=args.out or f"runs/sb3-{args.algo}-{args.view}-s{args.seed}", n_envs=args.n_envs,
+        learning_rate=args.learning_rate, checkpoint_freq=args.checkpoint_freq,
+        eval_episodes=args.eval_episodes, eval_split=args.eval_split, threads=args.threads,
+        env={**env, **token_sizes},
+    )  # fmt: skip
+
+
+def train(config: SB3TrainConfig) -> dict[str, Any]:
+    """Trains, saves and evaluates one model; returns the evaluation figures (empty without evaluation)."""
+    import gymnasium as gym
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import configure
+
+    import searchgym  # noqa: F401 - registers the env ids
+    from searchgym.agents import evaluate
+    from searchgym.agents.sb3 import ALGORITHMS, SB3Agent, token_policy_kwargs
+
+    class EpisodeMetrics(BaseCallback):
+        """Logs the episode figures of the env's final ``info`` (``rollout/em``, ``rollout/searches``, ...)."""
+
+        def _on_step(self) -> bool:
+            for info, done in zip(self.locals["infos"], self.locals["dones"], strict=True):
+                if done and "em" in info:
+                    for key in ("em", "f1", "searches", "invalid_turns"):
+                        self.logger.record_mean(f"rollout/{key}", float(info[key]))
+            return True
+
+    torch.set_num_threads(config.threads)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(
+        json.dumps({**asdict(config), "env_id": config.env_id, "policy": config.policy,
+                    "model_kwargs": config.model_kwargs}, indent=2) + "\n", encoding="utf-8"
+    )  # fmt: skip
+    # render_mode=None: make_vec_env otherwise asks for "rgb_array", which SearchQA envs reject.
+    venv = make_vec_env(config.env_id, n_envs=config.n_envs, seed=config.seed,
+                        env_kwargs={**config.env, "render_mode": None})  # fmt: skip
+    kwargs = config.model_kwargs
+    kwargs["policy_kwargs"] = token_policy_kwargs() if config.view == "token" else {"net_arch": [128, 128]}
+    model = ALGORITHMS[config.algo](config.policy, venv, seed=config.seed, device="cpu", **kwargs)
+    model.set_logger(configure(str(out), ["stdout", "csv"]))
+    callbacks: list[BaseCallback] = [EpisodeMetrics()]
+    if config.checkpoint_freq:
+        # CheckpointCallback counts calls (one per vector step), not env steps.
+        every = max(1, config.checkpoint_freq // config.n_envs)
+        callbacks.append(CheckpointCallback(every, str(out / "checkpoints"), name_prefix=config.algo))
+    model.learn(config.timesteps, callback=CallbackList(callbacks))
+    model.save(out / "model.zip")
+    venv.close()
+    if not config.eval_episodes:
+        return {}
+    env = gym.make(config.env_id, **{**config.env, "split": config.eval_split})
+    summary = evaluate(env, SB3Agent(env, model), config.eval_episodes, seed=config.seed,
+                       out=out / "eval.jsonl")  # fmt: skip
+    metrics = {"algo": config.algo, "view": config.view, "seed": config.seed, "split": config.eval_split,
+               **summary.metrics()}  # fmt: skip
+    (out / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    return metrics
+
+
+def run(args: argparse.Namespace) -> int:
+    metrics = train(config_from_args(args))
+    if metrics:
+        print(format_table([metrics], ["algo", "view", "seed", "split", "em", "f1", "searches", "valid_format",
+                                       "episodes"]))  # fmt: skip
+    return 0

@@ -1,0 +1,158 @@
+"""stable-baselines3 on both views: check_env, the token features extractor, smoke runs, agents and the CLI."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_baselines3")
+
+import torch
+from searchgym.agents import evaluate
+from searchgym.agents.sb3 import (
+    ALGORITHMS,
+    MODEL_ENV_VAR,
+    MacroOracleAgent,
+    RandomActionAgent,
+    SB3Agent,
+    TokenFeaturesExtractor,
+    load_model,
+    token_policy_kwargs,
+)
+from stable_baselines3.common.env_checker import check_env
+from stable_baselines3.common.env_util import make_vec_env
+
+import searchgym  # noqa: F401 - registers the env ids
+from searchgym.cli import main
+
+# Small transcripts keep the token view fast; the prompt (~170 tokens) still fits.
+TOKEN_KWARGS: dict[str, Any] = {"max_context_tokens": 256, "max_turn_tokens": 16}
+VIEWS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "macro": ("SearchQAMacro-v0", {}, "MlpPolicy"),
+    "token": ("SearchQA-v0", TOKEN_KWARGS, "MultiInputPolicy"),
+}
+# Tiny rollouts and batches: each smoke run is a few hundred steps with several updates.
+SMOKE: dict[str, dict[str, Any]] = {
+    "ppo": {"n_steps": 64, "batch_size": 32, "n_epochs": 2},
+    "a2c": {"n_steps": 8},
+    "dqn": {"learning_starts": 50, "buffer_size": 500, "train_freq": 4, "target_update_interval": 100},
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_sb3_check_env_passes_on_the_registered_env(view: str) -> None:
+    env_id, kwargs, _ = VIEWS[view]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(gym.make(env_id, **kwargs))
+
+
+def _token_batch(lengths: list[int], size: int = 32) -> dict[str, torch.Tensor]:
+    rng = np.random.default_rng(0)
+    tokens = np.zeros((len(lengths), size), dtype=np.int64)
+    sources = np.zeros((len(lengths), size), dtype=np.int64)
+    for i, n in enumerate(lengths):
+        tokens[i, :n] = rng.integers(1, 100, size=n)
+        sources[i, :n] = rng.integers(1, 4, size=n)
+    return {
+        "tokens": torch.as_tensor(tokens, dtype=torch.float32),  # SB3 hands Box observations over as floats
+        "sources": torch.as_tensor(sources, dtype=torch.float32),
+        "length": torch.as_tensor(lengths, dtype=torch.float32).view(-1, 1),
+    }
+
+
+def test_token_extractor_reads_only_the_valid_prefix() -> None:
+    space = gym.spaces.Dict(
+        {
+            "tokens": gym.spaces.Box(0, 99, (32,), np.int64),
+            "sources": gym.spaces.Box(0, 3, (32,), np.int8),
+            "length": gym.spaces.Box(0, 32, (1,), np.int64),
+        }
+    )
+    torch.manual_seed(0)
+    extractor = TokenFeaturesExtractor(space, embed_dim=8, last_k=4, features_dim=16)
+    batch = _token_batch([3, 10, 32])
+    out = extractor(batch)
+    assert out.shape == (3, 16)
+    garbage = {k: v.clone() for k, v in batch.items()}
+    garbage["tokens"][0, 3:] = 7.0  # past the length: must be ignored
+    garbage["sources"][1, 10:] = 2.0
+    torch.testing.assert_close(extractor(garbage), out)
+    changed = {k: v.clone() for k, v in batch.items()}
+    changed["tokens"][1, 9] = 55.0  # the last valid token: must matter
+    assert not torch.allclose(extractor(changed)[1], out[1])
+
+
+def _smoke_model(algo: str, view: str, steps: int = 256) -> Any:
+    env_id, kwargs, policy = VIEWS[view]
+    venv = make_vec_env(env_id, n_envs=2, seed=0, env_kwargs={**kwargs, "render_mode": None})
+    policy_kwargs = token_policy_kwargs(embed_dim=16, last_k=4, features_dim=32) if view == "token" else None
+    model = ALGORITHMS[algo](policy, venv, seed=0, device="cpu", policy_kwargs=policy_kwargs, **SMOKE[algo])
+    model.learn(steps)
+    return model
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS))
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_each_algorithm_learns_a_few_hundred_steps(algo: str, view: str, tmp_path: Path) -> None:
+    model = _smoke_model(algo, view)
+    assert model.num_timesteps >= 256
+    model.save(tmp_path / "model.zip")
+    loaded = load_model(tmp_path / "model.zip")  # no config.json: the algorithm is read from the file
+    assert type(loaded) is type(model)
+    env_id, kwargs, _ = VIEWS[view]
+    env = gym.make(env_id, split="test", **kwargs)
+    summary = evaluate(env, SB3Agent(env, loaded), episodes=2)
+    assert summary.episodes == 2 and 0.0 <= summary.em <= 1.0
+
+
+def test_sb3_agent_refuses_an_env_of_another_shape(tmp_path: Path) -> None:
+    model = _smoke_model("a2c", "token", steps=16)
+    other = gym.make("SearchQA-v0", max_context_tokens=300, max_turn_tokens=16)
+    with pytest.raises(ValueError, match="observation_space"):
+        SB3Agent(other, model)
+
+
+def test_macro_random_floor_and_oracle_ceiling() -> None:
+    env = gym.make("SearchQAMacro-v0", split="test")
+    random = evaluate(env, RandomActionAgent(env), episodes=40)
+    oracle = evaluate(env, MacroOracleAgent(env), episodes=40)
+    assert oracle.em >= 0.9  # the candidates cover the golden answers
+    assert random.em < 0.2
+
+
+def test_cli_trains_checkpoints_and_evaluates_through_searchgym_eval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    argv = ["train", "sb3", "--algo", "ppo", "--timesteps", "256", "--n-envs", "2", "--checkpoint-freq", "128",
+            "--eval-episodes", "3", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    for name in ("config.json", "progress.csv", "model.zip", "eval.json", "eval.jsonl"):
+        assert (out / name).is_file(), name
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "ppo_128_steps.zip",
+        "ppo_256_steps.zip",
+    ]
+    assert json.loads((out / "config.json").read_text())["env_id"] == "SearchQAMacro-v0"
+    assert "rollout/em" in (out / "progress.csv").read_text().splitlines()[0]
+    capsys.readouterr()
+
+    monkeypatch.setenv(MODEL_ENV_VAR, str(out / "model.zip"))
+    argv = ["eval", "--env", "SearchQAMacro-v0", "--agent", "searchgym.agents.sb3:SB3Agent", "--episodes", "3",
+            "--no-progress", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["episodes"] == 3
+    assert figures["em"] == json.loads((out / "eval.json").read_text())["em"]  # same questions, greedy policy
