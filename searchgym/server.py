@@ -166,7 +166,6 @@ def create_app(retriever: Retriever, passages: Sequence[Passage], limits: Server
             chunks.append(chunk)
         return b"".join(chunks)
 
-    @app.post("/retrieve")
     async def retrieve(request: Request) -> Response:
         try:
             req = parse_request(await read_body(request), limits)
@@ -185,17 +184,22 @@ def create_app(retriever: Retriever, passages: Sequence[Passage], limits: Server
             payload = [[_document(h, by_id) for h in hits] for hits in results]
         return Response(json.dumps({"result": payload}), media_type="application/json")
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {
-            "status": "ok",
-            "retriever": retriever.name,
-            "passages": len(by_id),
-            "default_topk": limits.default_topk,
-            "topk_max": limits.topk_max,
-            "max_queries": limits.max_queries,
-        }
+    async def health(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "retriever": retriever.name,
+                "passages": len(by_id),
+                "default_topk": limits.default_topk,
+                "topk_max": limits.topk_max,
+                "max_queries": limits.max_queries,
+            }
+        )
 
+    # Plain routes: the handlers read the raw request themselves (size limits, exact 4xx messages), so
+    # FastAPI's parameter injection, which would need the annotations resolvable at module level, is skipped.
+    app.add_route("/retrieve", retrieve, methods=["POST"])
+    app.add_route("/health", health, methods=["GET"])
     return app
 
 

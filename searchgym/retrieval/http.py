@@ -109,6 +109,12 @@ class HttpRetriever(Retriever):
     def close(self) -> None:
         self._client.close()
 
+    def __enter__(self) -> HttpRetriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- one request -------------------------------------------------------------------------------------
 
     def _search_batch(self, queries: list[str], k: int) -> list[list[Hit]]:
