@@ -1,0 +1,526 @@
+"""An LLM policy over any ``transformers`` causal language model: token-level acting and batched turns.
+
+The offline default is a tiny Qwen2-style model built from a config (random weights, the built-in
+tokenizer's 8192 ids, about 1.3 M parameters: small enough to train on two CPU cores). A real model is one
+``LLMPolicy.from_pretrained("Qwen/Qwen2.5-0.5B")`` away.
+
+Three ways to use the policy:
+
+* :meth:`LLMPolicy.act` — one token per call with a KV cache carried across calls, so it plays
+  ``SearchQA-v0`` through :func:`searchgym.agents.evaluate.evaluate` like any :class:`Agent`;
+* :meth:`LLMPolicy.generate_segments` — one turn for many contexts at once (left padding, attention mask,
+  KV cache), each stopped exactly where the environment stops it (a :class:`StopScanner` per sequence, the
+  per-turn cap, the context size), returning the sampled ids and the rollout policy's log-probabilities;
+* :func:`token_logprobs` — per-token log-probabilities (and entropies) of given sequences, with gradients:
+  what a trainer recomputes for the ratio ``pi_theta / pi_old``.
+
+Ids beyond the tokenizer's real vocabulary (a model's embedding is often padded to a multiple of 64 or
+128) are never sampled: every distribution here is over ``Tokenizer.vocab_size`` ids only.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+    from torch import Tensor
+except ImportError as e:  # pragma: no cover - depends on the installation
+    from searchgym.errors import MissingDependencyError
+
+    raise MissingDependencyError("torch", "train", "The LLM policy") from e
+
+from searchgym.envs.episode import Source
+
+from searchgym.errors import ConfigError, MissingDependencyError
+from searchgym.protocol import StopScanner
+from searchgym.tokenization import Tokenizer, load_tokenizer
+
+from .base import Observation, SegmentAgent
+
+__all__ = ["LLMPolicy", "Segment", "tiny_causal_lm", "token_logprobs"]
+
+
+# -- models --------------------------------------------------------------------------------------------
+
+
+def _import_transformers(purpose: str) -> Any:
+    try:
+        import transformers
+    except ImportError as e:
+        raise MissingDependencyError("transformers", "train", purpose) from e
+    return transformers
+
+
+def tiny_causal_lm(
+    vocab_size: int = 8192,
+    *,
+    layers: int = 2,
+    hidden: int = 128,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int | None = None,
+    max_positions: int = 4096,
+    seed: int = 0,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> Any:
+    """A small randomly initialised Qwen2-style causal LM (tied embeddings), reproducible for a seed.
+
+    Args:
+        vocab_size: Embedding and output size (may exceed the tokenizer's vocabulary, like padded models).
+        layers: Transformer blocks.
+        hidden: Hidden size.
+        heads: Attention heads (``hidden`` must be divisible by it).
+        kv_heads: Key/value heads (grouped-query attention, as in Qwen2).
+        intermediate: MLP size (default ``2 * hidden``).
+        max_positions: ``max_position_embeddings`` of the config.
+        seed: Seed of the initialisation (the global torch RNG is left untouched).
+        eos_token_id: Written into the config (e.g. ``Tokenizer.eos_token_id``).
+        pad_token_id: Written into the config.
+
+    Returns:
+        A ``transformers.Qwen2ForCausalLM`` in eval mode.
+    """
+    tf = _import_transformers("Building the tiny model")
+    config = tf.Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,  # the embedding dominates a tiny model's size; tying halves it
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        bos_token_id=eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = tf.Qwen2ForCausalLM(config)
+    return model.eval()
+
+
+def _output_size(model: Any) -> int:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+class _ModelIO:
+    """Keyword names that changed across ``transformers`` versions, looked up once per model class.
+
+    transformers 5 renamed ``past_key_values`` to ``cache`` (the old name still works with a warning);
+    ``logits_to_keep`` lets generation compute the last position's logits only.
+    """
+
+    def __init__(self, model: Any) -> None:
+        params = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.keep_last = "logits_to_keep" in params
+
+    def forward(self, model: Any, cache: Any, last_only: bool, **inputs: Any) -> tuple[Tensor, Any]:
+        kwargs = {**inputs, "use_cache": True}
+        if cache is not None:
+            kwargs[self.cache_kw] = cache
+        if last_only and self.keep_last:
+            kwargs["logits_to_keep"] = 1
+        out = model(**kwargs)
+        keys = out.keys()
+        new_cache = next((out[k] for k in ("cache", "past_key_values") if k in keys), None)
+        return out.logits[:, -1], new_cache
+
+
+# -- log-probabilities ---------------------------------------------------------------------------------
+
+
+def _log_probs(logits: Tensor, vocab_size: int, temperature: float) -> Tensor:
+    # Dropping the ids beyond the real vocabulary is the same as setting their logits to -inf, and cheaper.
+    return torch.log_softmax(logits[..., :vocab_size].float() / temperature, dim=-1)
+
+
+def token_logprobs(
+    model: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    vocab_size: int | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probability of every token given its prefix, under ``model`` (differentiable).
+
+    Padding may be on either side: positions come from the attention mask, as during generation, so the
+    values match those :meth:`LLMPolicy.generate_segments` returned for the same tokens.
+
+    Args:
+        model: A causal LM.
+        input_ids: ``(B, T)`` token ids.
+        attention_mask: ``(B, T)`` 1 on real tokens, 0 on padding.
+        vocab_size: The tokenizer's real vocabulary size (distributions are over these ids only);
+            default the model's output size.
+        temperature: The sampling temperature the tokens were drawn with (logits are divided by it).
+        with_entropy: Also return the entropy of each position's predictive distribution.
+
+    Returns:
+        ``(logp, entropy)``: ``(B, T)`` float32 each (``entropy`` is ``None`` unless requested). Position
+        ``t`` holds ``log p(x_t | x_<t)`` and the entropy of that distribution; each sequence's first token, padding,
+        and ids outside the vocabulary hold 0.
+    """
+    vocab = vocab_size if vocab_size is not None else _output_size(model)
+    mask = attention_mask.to(torch.long)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    logp_all = _log_probs(logits[:, :-1], vocab, temperature)
+    target = input_ids[:, 1:]
+    # A token is scored when it and its predecessor are real: the first real token has no prefix.
+    real = mask[:, 1:].bool() & mask[:, :-1].bool()
+    valid = real & (target < vocab)
+    picked = logp_all.gather(-1, torch.where(valid, target, 0).unsqueeze(-1)).squeeze(-1)
+    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    logp[:, 1:] = torch.where(valid, picked, 0.0)
+    if not with_entropy:
+        return logp, None
+    ent_inner = -(logp_all.exp() * logp_all).sum(-1)
+    entropy = torch.zeros_like(logp)
+    entropy[:, 1:] = torch.where(real, ent_inner, 0.0)
+    return logp, entropy
+
+
+# -- the policy ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Segment:
+    """One generated turn.
+
+    Attributes:
+        tokens: The sampled ids, up to and including the token where the turn ends.
+        logprobs: ``(len(tokens),)`` float32 log-probabilities of those ids under the rollout policy (at the
+            sampling temperature).
+        stop: Why generation stopped, with the environment's names: ``"</search>"``, ``"</answer>"``,
+            ``"eos"``, ``"max_turn_tokens"`` or ``"context_limit"``.
+    """
+
+    tokens: list[int]
+    logprobs: Tensor
+    stop: str
+
+
+def _trailing_policy_run(observation: Observation) -> tuple[list[int], int]:
+    """The observation's context ids and how many of its last tokens the policy wrote in this turn."""
+    n = int(observation["length"][0])
+    tokens = observation["tokens"][:n]
+    sources = observation["sources"][:n]
+    not_policy = np.flatnonzero(sources != Source.POLICY)
+    run = n - (int(not_policy[-1]) + 1 if len(not_policy) else 0)
+    return [int(t) for t in tokens], run
+
+
+class LLMPolicy(SegmentAgent):
+    """A language-model policy for SearchQA environments.
+
+    Args:
+        model: A ``transformers`` causal LM (or anything with the same ``forward``); its output size must be
+            at least the tokenizer's vocabulary size.
+        tokenizer: The env's tokenizer (default: the built-in one).
+        temperature: Sampling temperature (> 0); log-probabilities are of the tempered distribution.
+        greedy: Take the most likely token instead of sampling.
+        max_turn_tokens: The env's per-turn token cap (``SearchQAEnv(max_turn_tokens=...)``).
+        seed: Seed of the policy's own sampling generator (re-seeded by ``reset(seed=...)``).
+    """
+
+    name = "llm"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Tokenizer | None = None,
+        *,
+        temperature: float = 1.0,
+        greedy: bool = False,
+        max_turn_tokens: int = 512,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(None)
+        if temperature <= 0:
+            raise ConfigError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+        if max_turn_tokens < 1:
+            raise ConfigError(f"max_turn_tokens must be >= 1, got {max_turn_tokens}")
+        size = _output_size(model)
+        if size < self.tokenizer.vocab_size:
+            raise ConfigError(
+                f"the model outputs {size} logits but tokenizer {self.tokenizer.name!r} has "
+                f"{self.tokenizer.vocab_size} ids; pass the tokenizer the model was trained with"
+            )
+        self.temperature = temperature
+        self.greedy = greedy
+        self.max_turn_tokens = max_turn_tokens
+        self._io = _ModelIO(model)
+        self._generator = torch.Generator(device=self.device)
+        self._generator.manual_seed(seed)
+        self._cache: Any = None
+        self._cached_ids = np.zeros(0, dtype=np.int64)
+
+    # -- construction ------------------------------------------------------------------------------------
+
+    @classmethod
+    def tiny(cls, tokenizer: Tokenizer | None = None, *, model_seed: int = 0, **kwargs: Any) -> LLMPolicy:
+        """The offline default: :func:`tiny_causal_lm` over the (built-in) tokenizer's vocabulary.
+
+        Args:
+            tokenizer: Default: the built-in tokenizer.
+            model_seed: Seed of the model's initialisation.
+            **kwargs: Passed to :class:`LLMPolicy`.
+        """
+        tok = tokenizer if tokenizer is not None else load_tokenizer(None)
+        model = tiny_causal_lm(
+            tok.vocab_size, seed=model_seed, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+        )
+        return cls(model, tok, **kwargs)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        tokenizer: Any = None,
+        *,
+        dtype: Any = None,
+        device: str | None = None,
+        **kwargs: Any,
+    ) -> LLMPolicy:
+        """Loads a model (and, unless given, its tokenizer) by Hugging Face name or local path.
+
+        Args:
+            name_or_path: For ``AutoModelForCausalLM.from_pretrained``.
+            tokenizer: Anything :func:`searchgym.tokenization.load_tokenizer` accepts; default the same
+                name or path.
+            dtype: Model dtype (e.g. ``torch.bfloat16``); default the checkpoint's.
+            device: Where to put the model (``"cuda"``, ``"cpu"``…); default where it loads.
+            **kwargs: Passed to :class:`LLMPolicy`.
+
+        Raises:
+            MissingDependencyError: ``transformers`` is not installed (the ``train`` extra).
+        """
+        tf = _import_transformers(f"Loading model {name_or_path!r}")
+        model = tf.AutoModelForCausalLM.from_pretrained(name_or_path, **({"dtype": dtype} if dtype else {}))
+        if device is not None:
+            model = model.to(device)
+        tok = load_tokenizer(tokenizer if tokenizer is not None else name_or_path)
+        return cls(model.eval(), tok, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's parameters."""
+        return next(self.model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's real vocabulary size: the only ids the policy ever writes."""
+        return self.tokenizer.vocab_size
+
+    # -- sampling ----------------------------------------------------------------------------------------
+
+    def _sample(self, logits: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """Draws one id per row of ``logits`` (B, V_model); returns ids (B,) and their log-probs (B,)."""
+        logp = _log_probs(logits, self.vocab_size, self.temperature)
+        if self.greedy:
+            ids = logp.argmax(dim=-1)
+        else:
+            ids = torch.multinomial(logp.exp(), 1, generator=generator or self._generator).squeeze(-1)
+        return ids, logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+    # -- Agent API (token level, KV cache) ---------------------------------------------------------------
+
+    def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
+        """Starts an episode: drops the KV cache; ``seed`` re-seeds sampling."""
+        super().reset(info, seed)
+        self._pending = []
+        self._cache = None
+        self._cached_ids = np.zeros(0, dtype=np.int64)
+        if seed is not None:
+            self._generator.manual_seed(seed)
+
+    @torch.no_grad()
+    def act(self, observation: Observation, info: dict[str, Any]) -> int:
+        """Samples the next token, feeding the model only the tokens it has not seen yet.
+
+        The cache holds the context of the previous call; the new context normally extends it by the last
+        sampled token plus any tool text. Anything else (a new episode without ``reset``) rebuilds it.
+        """
+        n = int(observation["length"][0])
+        context = np.asarray(observation["tokens"][:n], dtype=np.int64)
+        seen = len(self._cached_ids)
+        if self._cache is not None and n > seen and np.array_equal(context[:seen], self._cached_ids):
+            new = context[seen:]
+        else:
+            self._cache, new = None, context
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            ids = torch.as_tensor(new, device=self.device).unsqueeze(0)
+            logits, self._cache = self._io.forward(self.model, self._cache, True, input_ids=ids)
+        finally:
+            self.model.train(was_training)
+        self._cached_ids = context.copy()
+        return int(self._sample(logits)[0][0])
+
+    # -- SegmentAgent API (batched turns) ----------------------------------------------------------------
+
+    def generate(
+        self, observations: Sequence[Observation], infos: Sequence[dict[str, Any]]
+    ) -> list[list[int]]:
+        """One turn per observation (see :meth:`rollout_segments`), ids only."""
+        return [s.tokens for s in self.rollout_segments(observations)]
+
+    def rollout_segments(self, observations: Sequence[Observation]) -> list[Segment]:
+        """One turn per env observation, with log-probabilities.
+
+        The context size comes from the observation's fixed length (``max_context_tokens``), and policy
+        tokens already written in the current turn (after the last prompt or tool token) count towards the
+        turn's cap and its closing tag, so each segment ends exactly where the env will end the turn.
+        """
+        contexts, written = zip(*(_trailing_policy_run(o) for o in observations), strict=True)
+        sizes = {int(o["tokens"].shape[0]) for o in observations}
+        if len(sizes) != 1:
+            raise ConfigError(f"observations of different context sizes {sorted(sizes)} in one batch")
+        return self.generate_segments(
+            list(contexts), turn_tokens=list(written), max_context_tokens=sizes.pop()
+        )
+
+    @torch.no_grad()
+    def generate_segments(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        turn_tokens: Sequence[int] | None = None,
+        max_context_tokens: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[Segment]:
+        """Generates one turn for every context at once.
+
+        Contexts are left-padded into one batch; after one forward over the whole batch, each step feeds
+        one token per sequence through the KV cache. A sequence stops, with the env's rules and in the
+        env's order, at the token where ``</search>`` or ``</answer>`` completes or at EOS, else when the
+        turn reaches ``max_turn_tokens``, else when the context reaches ``max_context_tokens``. Finished
+        sequences ride along (their tokens are discarded) until all are done.
+
+        Args:
+            contexts: Token ids of each context (the whole transcript so far).
+            turn_tokens: For each context, how many of its last tokens the policy already wrote in the
+                current turn (default 0: every context ends with prompt or tool text).
+            max_context_tokens: The env's context size; ``None`` for no limit.
+            generator: Sampling generator (default the policy's own).
+
+        Returns:
+            One :class:`Segment` per context.
+        """
+        if not contexts:
+            return []
+        if any(len(c) == 0 for c in contexts):
+            raise ConfigError("every context needs at least one token")
+        batch = len(contexts)
+        written = list(turn_tokens) if turn_tokens is not None else [0] * batch
+        scanners = [StopScanner(self.tokenizer.token_bytes, self.tokenizer.eos_token_id) for _ in contexts]
+        for scanner, context, k in zip(scanners, contexts, written, strict=True):
+            for prior in context[len(context) - k :] if k else ():
+                scanner.feed(int(prior))
+        budgets = []
+        for context, k in zip(contexts, written, strict=True):
+            budget = self.max_turn_tokens - k
+            if max_context_tokens is not None:
+                budget = min(budget, max_context_tokens - len(context))
+            budgets.append(budget)
+
+        out_ids: list[list[int]] = [[] for _ in contexts]
+        out_logp: list[list[float]] = [[] for _ in contexts]
+        stops = ["" for _ in contexts]
+        for i, context in enumerate(contexts):
+            if budgets[i] <= 0:  # the env would not ask for this turn; report why it is empty
+                full = max_context_tokens is not None and len(context) >= max_context_tokens
+                stops[i] = "context_limit" if full else "max_turn_tokens"
+
+        device = self.device
+        width = max(len(c) for c in contexts)
+        ids = torch.full((batch, width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, context in enumerate(contexts):
+            ids[i, width - len(context) :] = torch.as_tensor(list(context), dtype=torch.long)
+            mask[i, width - len(context) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logits, cache = self._io.forward(
+                self.model, None, True, input_ids=ids, attention_mask=mask, position_ids=positions
+            )
+            next_pos = positions[:, -1:] + 1
+            for _ in range(max(budgets)):
+                if all(stops):
+                    break
+                token, logp = self._sample(logits, generator)
+                for i, (t, lp) in enumerate(zip(token.tolist(), logp.tolist(), strict=True)):
+                    if stops[i]:
+                        continue
+                    out_ids[i].append(t)
+                    out_logp[i].append(lp)
+                    n = len(out_ids[i])
+                    stops[i] = self._stop_reason(
+                        scanners[i], t, written[i] + n, len(contexts[i]) + n, max_context_tokens
+                    )
+                if all(stops):
+                    break
+                mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
+                logits, cache = self._io.forward(
+                    self.model,
+                    cache,
+                    True,
+                    input_ids=token.unsqueeze(-1),
+                    attention_mask=mask,
+                    position_ids=next_pos,
+                )
+                next_pos = next_pos + 1
+        finally:
+            self.model.train(was_training)
+        return [
+            Segment(tokens=t, logprobs=torch.tensor(lp, dtype=torch.float32), stop=s)
+            for t, lp, s in zip(out_ids, out_logp, stops, strict=True)
+        ]
+
+    def _stop_reason(
+        self, scanner: StopScanner, token: int, turn_length: int, context_length: int, max_context: int | None
+    ) -> str:
+        """Why the turn ends at ``token`` ("" if it goes on), checked in :meth:`Episode.feed`'s order."""
+        if scanner.feed(token):
+            return scanner.stop
+        if turn_length >= self.max_turn_tokens:
+            return "max_turn_tokens"
+        if max_context is not None and context_length >= max_context:
+            return "context_limit"
+        return ""
+
+    # -- scoring -----------------------------------------------------------------------------------------
+
+    def token_logprobs(
+        self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """:func:`token_logprobs` under this policy's model, vocabulary and temperature."""
+        return token_logprobs(
+            self.model,
+            input_ids,
+            attention_mask,
+            vocab_size=self.vocab_size,
+            temperature=self.temperature,
+            with_entropy=with_entropy,
+        )
