@@ -115,7 +115,7 @@ def _output_size(model: Any) -> int:
 
 
 class _ModelIO:
-    """Keyword names that changed across ``transformers`` versions, looked up once per model class.
+    """Keyword names that changed across ``transformers`` versions, looked up once per policy.
 
     transformers 5 renamed ``past_key_values`` to ``cache`` (the old name still works with a warning);
     ``logits_to_keep`` lets generation compute the last position's logits only.
@@ -389,6 +389,8 @@ class LLMPolicy(SegmentAgent):
         tokens already written in the current turn (after the last prompt or tool token) count towards the
         turn's cap and its closing tag, so each segment ends exactly where the env will end the turn.
         """
+        if not observations:
+            return []
         contexts, written = zip(*(_trailing_policy_run(o) for o in observations), strict=True)
         sizes = {int(o["tokens"].shape[0]) for o in observations}
         if len(sizes) != 1:
