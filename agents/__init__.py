@@ -5,17 +5,29 @@ when used.
 """
 
 from searchgym.agents.base import Agent, SegmentAgent
+from searchgym.agents.demonstrations import (
+    Demonstration,
+    generate_demonstrations,
+    read_demonstrations,
+    write_demonstrations,
+)
 from searchgym.agents.evaluate import EpisodeRecord, EvalSummary, evaluate, run_episode
+from searchgym.agents.heuristic import HeuristicAgent
 from searchgym.agents.scripted import OracleAgent, RandomAgent, oracle_turns
 
 __all__ = [
     "Agent",
+    "Demonstration",
     "EpisodeRecord",
     "EvalSummary",
+    "HeuristicAgent",
     "OracleAgent",
     "RandomAgent",
     "SegmentAgent",
     "evaluate",
+    "generate_demonstrations",
     "oracle_turns",
+    "read_demonstrations",
     "run_episode",
+    "write_demonstrations",
 ]

@@ -50,7 +50,9 @@ def extract_answer(question: str, passages: list[tuple[str, str]]) -> str:
         options = [compare.group(1).strip(), compare.group(2).strip()]
         years = []
         for option in options:
-            found = next((_YEAR.search(t) for title, t in passages if title == option or t.startswith(option)), None)
+            found = next(
+                (_YEAR.search(t) for title, t in passages if title == option or t.startswith(option)), None
+            )
             years.append(int(found.group(1)) if found else None)
         if years[0] is not None and years[1] is not None:
             return options[0] if years[0] <= years[1] else options[1]

@@ -2,5 +2,16 @@
 
 from searchgym.envs.episode import Episode, EpisodeConfig, Event, Source
 from searchgym.envs.search_qa import SearchQAEnv
+from searchgym.envs.vector import SearchQAVectorEnv, SegmentStep
+from searchgym.envs.wrappers import TurnLevelWrapper
 
-__all__ = ["Episode", "EpisodeConfig", "Event", "SearchQAEnv", "Source"]
+__all__ = [
+    "Episode",
+    "EpisodeConfig",
+    "Event",
+    "SearchQAEnv",
+    "SearchQAVectorEnv",
+    "SegmentStep",
+    "Source",
+    "TurnLevelWrapper",
+]

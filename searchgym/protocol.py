@@ -145,10 +145,16 @@ class StopScanner:
         the transcript but not parsed).
         """
         buf = self._buf
-        scan_from = max(0, len(buf) - _MAX_TAG + 1)
-        buf += self._table[token]
+        piece = self._table[token]
+        scan_from = len(buf) - _MAX_TAG + 1
+        buf += piece
+        if b">" not in piece:  # every stop tag ends with ">": no tag can complete at this token
+            if token == self._eos:
+                self.stop, self.cut = "eos", len(buf)
+                return True
+            return False
         for tag in STOP_TAGS:
-            at = buf.find(tag, scan_from)
+            at = buf.find(tag, max(0, scan_from))
             if at >= 0 and (self.cut < 0 or at + len(tag) < self.cut):
                 self.stop, self.cut = tag.decode(), at + len(tag)
         if not self.stop and token == self._eos:

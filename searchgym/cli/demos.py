@@ -1,0 +1,30 @@
+"""``searchgym demos``: write oracle demonstrations (token-level transcripts) to JSONL."""
+
+from __future__ import annotations
+
+import argparse
+
+from searchgym.cli._common import add_env_arguments, make_env
+
+COMMAND = ("demos",)
+HELP = "write token-level oracle demonstrations to JSONL (for supervised warm-start)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_env_arguments(parser)
+    parser.set_defaults(split="train")
+    parser.add_argument("--episodes", type=int, default=1000, help="demonstrations to write")
+    parser.add_argument("--out", required=True, help="output JSONL path")
+    parser.add_argument("--seed", type=int, default=0, help="base seed")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from searchgym.agents.demonstrations import generate_demonstrations, write_demonstrations
+
+    env = make_env(args)
+    demos = tqdm(generate_demonstrations(env, args.episodes, args.seed), total=args.episodes, desc="demos")
+    n = write_demonstrations(demos, args.out)
+    print(f"wrote {n} demonstrations to {args.out}")
+    return 0
