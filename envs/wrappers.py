@@ -14,7 +14,7 @@ from searchgym.errors import InvalidActionError
 __all__ = ["TurnLevelWrapper"]
 
 
-class TurnLevelWrapper(gym.Wrapper[dict[str, np.ndarray], Sequence[int], dict[str, np.ndarray], int]):
+class TurnLevelWrapper(gym.Wrapper[dict[str, np.ndarray], Any, dict[str, np.ndarray], Any]):
     """One action = a segment of tokens (typically one generated turn).
 
     The wrapper feeds the segment to the token-level env one token at a time and stops exactly where the env
@@ -30,7 +30,7 @@ class TurnLevelWrapper(gym.Wrapper[dict[str, np.ndarray], Sequence[int], dict[st
     def __init__(self, env: gym.Env[dict[str, np.ndarray], int]) -> None:
         super().__init__(env)
         vocab = int(env.action_space.n)  # type: ignore[attr-defined]
-        self.action_space = spaces.Sequence(spaces.Discrete(vocab))  # type: ignore[assignment]
+        self.action_space = spaces.Sequence(spaces.Discrete(vocab))
 
     def step(self, action: Sequence[int]) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         segment = [int(t) for t in np.asarray(action).reshape(-1)] if len(action) else []
