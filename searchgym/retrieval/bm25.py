@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -57,6 +57,13 @@ _META_FILE = "bm25.json"
 _ARRAYS_FILE = "bm25.npz"
 #: Corpora at least this large show a progress bar while indexing (when ``progress`` is left to ``None``).
 _PROGRESS_THRESHOLD = 50_000
+#: Size of the strided sample that bounds the k-th best score of a long row (see :func:`top_k_sparse`).
+_SAMPLE = 1024
+#: A query term is "common" (scored only for candidates, see :meth:`BM25Retriever.top_k`) when it is in
+#: more than this share of the passages, and in more than _COMMON_MIN passages (pruning small corpora
+#: costs more than it saves).
+_COMMON_SHARE = 1 / 16
+_COMMON_MIN = 2048
 
 
 @dataclass(frozen=True)
@@ -121,15 +128,29 @@ def top_k_sparse(scores: np.ndarray, positions: np.ndarray, k: int) -> tuple[np.
     k = min(k, m)
     if k <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-    if k < m:
-        threshold = scores[np.argpartition(-scores, k - 1)[:k]].min()
-        pool = np.flatnonzero(scores >= threshold)  # every entry tied with the k-th score competes
-    else:
-        pool = np.arange(m)
+    pool = np.arange(m)
+    if k < m and m > 4 * _SAMPLE:
+        # The k-th best of a strided sample is a lower bound of the k-th best of all (a subset's k-th
+        # largest never exceeds the whole's), so entries below it can be dropped before selecting: a
+        # full-corpus row shrinks to a few hundred entries for the price of one comparison pass.
+        sample = scores[:: m // _SAMPLE]
+        bound = np.partition(sample, sample.shape[0] - k)[sample.shape[0] - k]
+        pool = np.flatnonzero(scores >= bound)
+    if k < pool.shape[0]:
+        sub = scores[pool]
+        threshold = sub[np.argpartition(-sub, k - 1)[:k]].min()
+        pool = pool[sub >= threshold]  # every entry tied with the k-th score competes
     # lexsort sorts by its last key first: descending score, then ascending corpus position.
     order = np.lexsort((positions[pool], -scores[pool]))[:k]
     kept = pool[order]
     return positions[kept].astype(np.int64), scores[kept]
+
+
+def _rows(matrix: sp.csr_matrix) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(data, column indices)`` of each row of a CSR matrix."""
+    for i in range(matrix.shape[0]):
+        start, end = matrix.indptr[i], matrix.indptr[i + 1]
+        yield matrix.data[start:end], matrix.indices[start:end]
 
 
 class BM25Retriever(Retriever):
@@ -174,6 +195,18 @@ class BM25Retriever(Retriever):
             progress = len(self.passages) >= _PROGRESS_THRESHOLD
         tf, self.vocab = self._count_terms(progress)
         self.weights = self._weigh(tf, self.params)
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Per-term statistics for pruning: posting-list lengths and the largest weight of each term."""
+        w = self.weights
+        self._df = np.diff(w.indptr)
+        upper = np.zeros(w.shape[0], dtype=np.float64)
+        filled = self._df > 0
+        if filled.any():  # reduceat over the starts of non-empty rows: each segment is one row's postings
+            upper[filled] = np.maximum.reduceat(w.data, w.indptr[:-1][filled])
+        self._upper = np.maximum(upper, 0.0)  # a passage without the term gets 0 from it, never less
+        self._common_df = max(int(len(self.passages) * _COMMON_SHARE), _COMMON_MIN)
 
     # -- indexing ----------------------------------------------------------------------------------------
 
@@ -254,25 +287,94 @@ class BM25Retriever(Retriever):
         """For each query, ``(positions, scores)`` of its top ``k`` passages (fewer when ``N < k``).
 
         Ties are broken by lower corpus position, as in :func:`top_k_indices` on the dense scores.
+
+        Exact pruning for common terms (MaxScore). A term in more than 1/16 of the passages would make the
+        score row as long as the corpus. So the batch's rare terms are scored first, by one sparse product;
+        their passages are the candidates, and the common terms' weights are added for the candidates only
+        (looked up in the posting lists). A passage outside the candidates holds only common terms, so it
+        scores at most the sum of their largest weights; when the k-th best candidate beats that bound, the
+        candidates' top k is the answer. Otherwise common terms join the candidates one by one (see
+        :meth:`_pruned_top_k`).
         """
         if isinstance(queries, str):
             raise TypeError("queries must be a sequence of strings, not one string")
-        matrix = self.score_matrix(queries)
-        n_docs = len(self.passages)
+        if k <= 0:
+            return [(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)) for _ in queries]
+        q = self.query_matrix(queries)
+        common = self._df[q.indices] > self._common_df
+        if not common.any():
+            return [self._row_top_k(row, k) for row in _rows(q @ self.weights)]
+        # The rare part of each query: drop its common entries, so they never reach the product.
+        rows = np.repeat(np.arange(q.shape[0]), np.diff(q.indptr))
+        counts = np.bincount(rows[~common], minlength=q.shape[0])
+        indptr = np.concatenate(([0], np.cumsum(counts)))
+        rare = sp.csr_matrix((q.data[~common], q.indices[~common], indptr), shape=q.shape)
+        partial = rare @ self.weights
         out = []
-        for i in range(matrix.shape[0]):
-            start, end = matrix.indptr[i], matrix.indptr[i + 1]
-            data, positions = matrix.data[start:end], matrix.indices[start:end]
-            if np.count_nonzero(data > 0) >= min(k, n_docs):
-                # Enough positive scores: every passage left out of the row scores 0, below all of them.
-                positive = data > 0
-                out.append(top_k_sparse(data[positive], positions[positive], k))
-            else:
-                # Too few matches (or negative okapi scores): rank against the implicit zeros too.
-                dense = np.zeros(n_docs, dtype=np.float64)
-                dense[positions] = data
-                out.append(top_k_sparse(dense, np.arange(n_docs), k))
+        for i, row in enumerate(_rows(partial)):
+            terms = q.indices[q.indptr[i] : q.indptr[i + 1]][common[q.indptr[i] : q.indptr[i + 1]]]
+            found = self._pruned_top_k(row, terms, k) if terms.size else self._row_top_k(row, k)
+            if found is None:  # too many candidates: score this query against every passage
+                found = self._row_top_k(next(_rows(q[i] @ self.weights)), k)
+            out.append(found)
         return out
+
+    def _row_top_k(self, row: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` of one complete score row (absent passages score 0)."""
+        data, positions = row
+        n_docs = len(self.passages)
+        positive = data > 0
+        if np.count_nonzero(positive) >= min(k, n_docs):
+            # Enough positive scores: every passage left out of the row scores 0, below all of them.
+            return top_k_sparse(data[positive], positions[positive], k)
+        # Too few matches (or negative okapi scores): rank against the implicit zeros too.
+        dense = np.zeros(n_docs, dtype=np.float64)
+        dense[positions] = data
+        return top_k_sparse(dense, np.arange(n_docs), k)
+
+    def _pruned_top_k(
+        self, row: tuple[np.ndarray, np.ndarray], terms: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Top ``k`` of one query from its rare-term row (candidates) and its common ``terms``.
+
+        While the k-th best candidate does not beat the bound of the passages left out, the common term
+        with the largest bound joins the candidates (its passages enter with a rare score of 0, which is
+        exact: they hold no rare term) and leaves the bound. With every term in, the candidates are every
+        passage that holds a query term, so the answer is exact in all cases.
+
+        Returns ``None`` when the candidates would grow past a quarter of the corpus: scoring the query
+        in full is then cheaper than looking weights up for so many candidates.
+        """
+        partial, candidates = row
+        w = self.weights
+        unique, repeats = np.unique(terms, return_counts=True)
+        bounds = repeats * self._upper[unique]
+        order = np.argsort(-bounds, kind="stable")
+        unique, repeats, bounds = unique[order], repeats[order], bounds[order]
+        for moved in range(unique.shape[0] + 1):
+            scores = partial.copy()
+            for term, count in zip(unique.tolist(), repeats.tolist(), strict=True):
+                start, end = w.indptr[term], w.indptr[term + 1]
+                postings = w.indices[start:end]  # sorted: the index is built with sort_indices()
+                at = np.searchsorted(postings, candidates).clip(max=end - start - 1)
+                hit = postings[at] == candidates
+                scores[hit] += count * w.data[start + at[hit]]
+            if moved == unique.shape[0]:
+                return self._row_top_k((scores, candidates), k)
+            bound = float(bounds[moved:].sum())
+            if candidates.shape[0] >= k:
+                kth = np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k]
+                # A relative margin absorbs rounding: bound and scores are sums in different orders.
+                if kth > bound * (1 + 1e-9) + 1e-12:
+                    return top_k_sparse(scores, candidates, k)
+            term = int(unique[moved])
+            if candidates.shape[0] + self._df[term] > len(self.passages) // 4:
+                return None
+            postings = w.indices[w.indptr[term] : w.indptr[term + 1]]
+            joining = np.setdiff1d(postings, candidates, assume_unique=True)
+            candidates = np.concatenate((candidates, joining))
+            partial = np.concatenate((partial, np.zeros(joining.shape[0], dtype=partial.dtype)))
+        raise AssertionError("unreachable: the last iteration returns")
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         passages = self.passages
@@ -370,4 +472,5 @@ class BM25Retriever(Retriever):
         self = cls.__new__(cls)
         self.params, self.analyzer, self.passages = params, analyzer, passages
         self.corpus_hash, self.vocab, self.weights = expected, vocab, weights
+        self._prepare()
         return self

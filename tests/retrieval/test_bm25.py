@@ -23,6 +23,7 @@ from searchgym.retrieval import (
     analyze,
     make_retriever,
 )
+from searchgym.retrieval import bm25 as bm25_module
 from searchgym.retrieval.base import s_stem
 from searchgym.retrieval.bm25 import corpus_hash, top_k_sparse
 from searchgym.retrieval.http import HttpRetriever
@@ -119,6 +120,38 @@ def test_rankings_equal_reference_on_random_corpora(docs: list[list[str]], query
     assert got == top_k_indices(ours.scores(text), k).tolist()
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    docs=st.lists(st.lists(st.sampled_from("aaabbcdefgh"), min_size=0, max_size=8), min_size=1, max_size=40),
+    query=st.lists(st.sampled_from("abcdefghz"), min_size=0, max_size=6),
+    k=st.integers(1, 6),
+)
+def test_common_term_pruning_is_exact(docs: list[list[str]], query: list[str], k: int) -> None:
+    """With every term in > 10% of passages "common", pruned rankings equal full scoring's (tie-aware)."""
+    passages = [Passage(str(i), "", " ".join(d)) for i, d in enumerate(docs)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bm25_module, "_COMMON_MIN", 0)
+        patch.setattr(bm25_module, "_COMMON_SHARE", 0.1)
+        bm = BM25Retriever(passages, analyzer=Analyzer())
+    text = " ".join(query)
+    dense = bm.scores(text)
+    got = bm.top_k([text, "a", text], k)  # also batched with other queries
+    expected = top_k_indices(dense, k)
+    for positions, scores in (got[0], got[2]):
+        # Equal reference scores rank by rank: differences, if any, are choices among exact ties.
+        np.testing.assert_allclose(dense[positions], dense[expected], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(scores, dense[positions], rtol=1e-9, atol=1e-12)
+    assert got[1][0].tolist() == top_k_indices(bm.scores("a"), k).tolist()
+
+
+def test_pruning_on_a_large_corpus_matches_full_scoring() -> None:
+    passages, queries = worlds_10k()
+    bm = BM25Retriever(passages, analyzer=Analyzer())  # stop words kept: "in", "was" are common terms
+    assert (bm._df > bm._common_df).sum() > 0
+    for query, (positions, _) in zip(queries, bm.top_k(queries, 5), strict=True):
+        assert positions.tolist() == top_k_indices(bm.scores(query), 5).tolist()
+
+
 # -- ties and edge cases -----------------------------------------------------------------------------------
 
 
@@ -145,9 +178,9 @@ def test_k_larger_than_corpus_and_empty_batches() -> None:
 
 def test_top_k_sparse_matches_dense_rule() -> None:
     rng = np.random.default_rng(0)
-    for _ in range(50):
-        dense = rng.integers(0, 4, size=30).astype(np.float64)  # many ties
-        positions = rng.permutation(30)
+    for size in [30] * 50 + [5000, 20_000]:  # long rows take the sampled lower-bound path
+        dense = rng.integers(0, 4, size=size).astype(np.float64)  # many ties
+        positions = rng.permutation(size)
         kept, scores = top_k_sparse(dense[positions], positions, 7)
         assert kept.tolist() == top_k_indices(dense, 7).tolist()
         assert scores.tolist() == dense[kept].tolist()

@@ -1,0 +1,59 @@
+"""``searchgym serve``: a Search-R1-compatible ``/retrieve`` server over a FlashRAG corpus."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+COMMAND = ("serve",)
+HELP = "serve a FlashRAG corpus over HTTP with Search-R1's POST /retrieve protocol (and GET /health)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--corpus", required=True, help="FlashRAG folder (with corpus.jsonl) or a corpus.jsonl"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    parser.add_argument("--retriever", default="bm25", choices=("bm25", "rank_bm25"), help="backend")
+    parser.add_argument(
+        "--index",
+        default=None,
+        help="bm25 index folder: loaded when it matches the corpus, built and saved there when absent",
+    )
+    parser.add_argument("--default-topk", type=int, default=3, help="topk of requests that give none")
+    parser.add_argument("--topk-max", type=int, default=100, help="largest topk a request may ask")
+    parser.add_argument("--max-queries", type=int, default=1024, help="most queries per request")
+    parser.add_argument("--log-level", default="info", help="uvicorn log level")
+
+
+def run(args: argparse.Namespace) -> int:
+    from searchgym.data.flashrag import read_corpus
+    from searchgym.errors import ConfigError
+    from searchgym.retrieval import BM25Retriever, make_retriever
+    from searchgym.server import ServerLimits, create_app, run_server
+
+    limits = ServerLimits(
+        default_topk=args.default_topk, topk_max=args.topk_max, max_queries=args.max_queries
+    )
+    path = Path(args.corpus).expanduser()
+    corpus_path = path / "corpus.jsonl" if path.is_dir() else path
+    if not corpus_path.is_file():
+        raise ConfigError(f"no corpus at {corpus_path} (give a FlashRAG folder or a corpus.jsonl)")
+    passages = read_corpus(corpus_path)
+    if args.index is not None and args.retriever != "bm25":
+        raise ConfigError("--index applies to the bm25 retriever only")
+    if args.index is not None and (Path(args.index) / "bm25.json").is_file():
+        retriever = BM25Retriever.load(args.index, passages)  # a stale index is a ConfigError
+        print(f"loaded the BM25 index in {args.index}")
+    else:
+        retriever = make_retriever(args.retriever, passages)
+        if args.index is not None and isinstance(retriever, BM25Retriever):
+            retriever.save(args.index)
+            print(f"saved the BM25 index to {args.index}")
+    app = create_app(retriever, passages, limits)
+    print(
+        f"serving {len(passages)} passages with {retriever.name} on http://{args.host}:{args.port}/retrieve"
+    )
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
