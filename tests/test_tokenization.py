@@ -30,3 +30,46 @@ def test_transformers_tokenizer_agrees_with_builtin() -> None:
     assert wrapped.encode(text) == tok.encode(text)
     assert wrapped.token_bytes == tok.token_bytes
     assert hf.decode(tok.encode(text)) == text
+
+
+def test_local_path_and_chat_template(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import gymnasium as gym
+
+    import searchgym  # noqa: F401
+
+    hf = builtin_tokenizer().to_transformers()
+    hf.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}<|assistant|>"
+    hf.save_pretrained(tmp_path / "tok")
+    env = gym.make("SearchQA-v0", tokenizer=str(tmp_path / "tok"), prompt_style="chat")
+    obs, info = env.reset(seed=0)
+    tok = env.unwrapped.tokenizer
+    text = tok.decode(obs["tokens"][: int(obs["length"][0])])
+    assert text.startswith("<|user|>Answer the given question.")
+    assert text.endswith(f"Question: {info['question']}\n<|assistant|>")
+
+
+def test_sentencepiece_style_tokenizer_detects_tags() -> None:
+    import gymnasium as gym
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    import searchgym  # noqa: F401
+    from searchgym.protocol import format_prompt
+
+    backend = Tokenizer(models.BPE(byte_fallback=True, unk_token=None))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    alphabet = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["</s>", *alphabet], show_progress=False)
+    backend.train_from_iterator(
+        [format_prompt("Who founded Lyku Works?"), "<search> q </search> <answer> a </answer>"] * 20, trainer
+    )
+    tok = load_tokenizer(backend)
+    ids = tok.encode("<search> Lyku Works </search>")
+    assert tok.decode(ids).strip() == "<search> Lyku Works </search>"
+    env = gym.make("SearchQA-v0", tokenizer=backend, max_context_tokens=4096)
+    env.reset(seed=0)
+    for t in ids:
+        obs, r, term, trunc, info = env.step(t)
+    assert info["turn_end"] and info["queries"] == ["Lyku Works"]
