@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from searchgym.data.flashrag import read_corpus
     from searchgym.errors import ConfigError
-    from searchgym.retrieval import BM25Retriever, make_retriever
+    from searchgym.retrieval import BM25Retriever, Retriever, make_retriever
     from searchgym.server import ServerLimits, create_app, run_server
 
     limits = ServerLimits(
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     passages = read_corpus(corpus_path)
     if args.index is not None and args.retriever != "bm25":
         raise ConfigError("--index applies to the bm25 retriever only")
+    retriever: Retriever
     if args.index is not None and (Path(args.index) / "bm25.json").is_file():
         retriever = BM25Retriever.load(args.index, passages)  # a stale index is a ConfigError
         print(f"loaded the BM25 index in {args.index}")

@@ -1,0 +1,81 @@
+"""``searchgym serve`` (with the blocking server replaced) and ``searchgym bench retrieval`` at small scale."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from searchgym import server as server_module
+from searchgym.bench.retrieval import RetrievalBenchConfig, run_retrieval_benchmark
+from searchgym.cli import main
+from searchgym.errors import ConfigError
+from searchgym.server import ServerThread
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, str, int]]:
+    """Captures what ``searchgym serve`` would serve instead of blocking."""
+    calls: list[tuple[Any, str, int]] = []
+    monkeypatch.setattr(
+        server_module, "run_server", lambda app, host, port, log_level: calls.append((app, host, port))
+    )
+    return calls
+
+
+def write_corpus(folder: Path, texts: list[str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"id": str(i), "contents": f'"T{i}"\n{t}'}) for i, t in enumerate(texts)]
+    (folder / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_serve_a_folder_with_an_index(
+    tmp_path: Path, served: list[tuple[Any, str, int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = write_corpus(tmp_path / "data", ["red apples", "green pears", "red cars"])
+    args = ["serve", "--corpus", str(folder), "--port", "8123", "--index", str(tmp_path / "idx")]
+    assert main(args) == 0  # builds and saves the index
+    assert (tmp_path / "idx" / "bm25.json").is_file()
+    assert main(args) == 0  # loads it
+    app, host, port = served[-1]
+    assert (host, port) == ("127.0.0.1", 8123)
+    with ServerThread(app) as srv:
+        r = httpx.post(srv.url + "/retrieve", json={"queries": ["red"], "topk": 2, "return_scores": True})
+    assert [e["document"]["id"] for e in r.json()["result"][0]] == ["0", "2"]
+    # The corpus changed: the saved index is stale and refused.
+    write_corpus(tmp_path / "data", ["red apples", "green pears"])
+    assert main(args) == 2
+    assert "stale BM25 index" in capsys.readouterr().err
+    assert main([*args[:-2]]) == 0  # without --index the corpus is indexed afresh
+
+
+def test_serve_a_corpus_file_and_bad_paths(tmp_path: Path, served: list[tuple[Any, str, int]]) -> None:
+    folder = write_corpus(tmp_path, ["a b", "c"])
+    assert main(["serve", "--corpus", str(folder / "corpus.jsonl"), "--retriever", "rank_bm25"]) == 0
+    assert main(["serve", "--corpus", str(tmp_path / "missing")]) == 2  # a clear error, no traceback
+
+
+def test_benchmark_reports_the_required_keys() -> None:
+    cfg = RetrievalBenchConfig(passages=1500, repeats=1, queries=64, reference_queries=8, batch=16)
+    result = run_retrieval_benchmark(cfg, with_bm25s=True)
+    for key in (
+        "speedup_p50_vs_rank_bm25",
+        "speedup_batch64_vs_rank_bm25",
+        "top3_agreement_vs_rank_bm25",
+        "speedup_batch64_vs_bm25s",
+    ):
+        assert result[key] > 0, key
+    assert result["top3_agreement_vs_rank_bm25"] == 1.0
+    assert set(result["backends"]) == {"bm25", "bm25s", "rank_bm25"}
+    assert result["corpus"]["passages"] == 1500
+
+
+def test_benchmark_config_is_validated() -> None:
+    with pytest.raises(ConfigError):
+        RetrievalBenchConfig(queries=8, batch=64)
+    with pytest.raises(ConfigError):
+        RetrievalBenchConfig(analysis="fancy")  # type: ignore[arg-type]
