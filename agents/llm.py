@@ -36,7 +36,6 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     raise MissingDependencyError("torch", "train", "The LLM policy") from e
 
 from searchgym.envs.episode import Source
-
 from searchgym.errors import ConfigError, MissingDependencyError
 from searchgym.protocol import StopScanner
 from searchgym.tokenization import Tokenizer, load_tokenizer
@@ -154,6 +153,7 @@ def token_logprobs(
     vocab_size: int | None = None,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    score_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probability of every token given its prefix, under ``model`` (differentiable).
 
@@ -168,6 +168,10 @@ def token_logprobs(
             default the model's output size.
         temperature: The sampling temperature the tokens were drawn with (logits are divided by it).
         with_entropy: Also return the entropy of each position's predictive distribution.
+        score_mask: ``(B, T)`` bool: score only these tokens (others hold 0). The output layer then runs on
+            the selected positions only, which is most of the cost when the vocabulary is large and few
+            tokens count (a trainer's policy tokens). Needs a model with ``base_model`` and output
+            embeddings (every ``transformers`` causal LM without logit post-processing).
 
     Returns:
         ``(logp, entropy)``: ``(B, T)`` float32 each (``entropy`` is ``None`` unless requested). Position
@@ -177,6 +181,10 @@ def token_logprobs(
     vocab = vocab_size if vocab_size is not None else _output_size(model)
     mask = attention_mask.to(torch.long)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    if score_mask is not None:
+        return _selected_logprobs(
+            model, input_ids, mask, positions, score_mask, vocab, temperature, with_entropy
+        )
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
     logp_all = _log_probs(logits[:, :-1], vocab, temperature)
     target = input_ids[:, 1:]
@@ -192,6 +200,39 @@ def token_logprobs(
     entropy = torch.zeros_like(logp)
     entropy[:, 1:] = torch.where(real, ent_inner, 0.0)
     return logp, entropy
+
+
+def _selected_logprobs(
+    model: Any,
+    input_ids: Tensor,
+    mask: Tensor,
+    positions: Tensor,
+    score_mask: Tensor,
+    vocab: int,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`token_logprobs` restricted to ``score_mask``: the output layer runs on those positions only."""
+    hidden = model.base_model(
+        input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False
+    )
+    hidden = hidden.last_hidden_state if hasattr(hidden, "last_hidden_state") else hidden[0]
+    # Token t is predicted from the hidden state at t - 1; the first token has no prefix.
+    real = mask[:, 1:].bool() & mask[:, :-1].bool() & score_mask[:, 1:].bool()
+    target = input_ids[:, 1:]
+    valid = real & (target < vocab)
+    logits = model.get_output_embeddings()(hidden[:, :-1][real])
+    logp_sel = _log_probs(logits, vocab, temperature)
+    picked = logp_sel.gather(-1, torch.where(valid, target, 0)[real].unsqueeze(-1)).squeeze(-1)
+    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    inner = torch.zeros(real.shape, dtype=torch.float32, device=input_ids.device)
+    inner = inner.masked_scatter(real, torch.where(valid[real], picked, 0.0))
+    logp = torch.cat([logp[:, :1], inner], dim=1)
+    if not with_entropy:
+        return logp, None
+    ent = torch.zeros(real.shape, dtype=torch.float32, device=input_ids.device)
+    ent = ent.masked_scatter(real, -(logp_sel.exp() * logp_sel).sum(-1))
+    return logp, torch.cat([torch.zeros_like(logp[:, :1]), ent], dim=1)
 
 
 # -- the policy ----------------------------------------------------------------------------------------
@@ -515,7 +556,12 @@ class LLMPolicy(SegmentAgent):
     # -- scoring -----------------------------------------------------------------------------------------
 
     def token_logprobs(
-        self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        *,
+        with_entropy: bool = False,
+        score_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """:func:`token_logprobs` under this policy's model, vocabulary and temperature."""
         return token_logprobs(
@@ -525,4 +571,5 @@ class LLMPolicy(SegmentAgent):
             vocab_size=self.vocab_size,
             temperature=self.temperature,
             with_entropy=with_entropy,
+            score_mask=score_mask,
         )

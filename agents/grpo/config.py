@@ -1,0 +1,251 @@
+"""Configuration of the GRPO trainer and of the supervised warm-start: one dataclass per entry point.
+
+Each dataclass is validated once, in ``__post_init__``, with messages that say what to change. The CLI
+builds its options from the same fields (:func:`add_config_arguments`), so every option's help is written
+once, here, in the field's ``metadata["help"]``. This module is torch-free so that ``searchgym --help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from searchgym.errors import ConfigError
+
+__all__ = [
+    "LLDS_CHOICES",
+    "CommonConfig",
+    "GRPOConfig",
+    "SFTConfig",
+    "add_config_arguments",
+    "config_from_args",
+]
+
+LLDS_CHOICES: tuple[str, ...] = ("none", "token", "response", "action")
+"""``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
+
+
+def _opt(default: Any, help: str, *flags: str) -> Any:
+    """A dataclass field with its CLI help (and optional extra flags, e.g. ``--lambda``)."""
+    return field(default=default, metadata={"help": help, "flags": flags})
+
+
+@dataclass
+class CommonConfig:
+    """Fields shared by every training entry point: the run folder, the model, the environment."""
+
+    run_dir: str = _opt("runs/run", "folder for metrics.jsonl, checkpoints and TensorBoard events")
+    model: str | None = _opt(
+        None, "Hugging Face model name or path (default: the tiny offline model built from a config)"
+    )
+    tokenizer: str | None = _opt(None, "tokenizer name or path (default: the model's, else built-in)")
+    init: str | None = _opt(None, "checkpoint to start from (e.g. the SFT model's checkpoint.pt)")
+    device: str = _opt("cpu", "torch device: cpu, cuda, cuda:1, mps")
+    dtype: Literal["float32", "bfloat16", "float16"] = _opt("float32", "model parameter dtype")
+    tiny_layers: int = _opt(2, "layers of the tiny model (ignored with --model or --init)")
+    tiny_hidden: int = _opt(128, "hidden size of the tiny model (ignored with --model or --init)")
+    dataset: str | None = _opt(None, "FlashRAG folder (default: the generated world)")
+    world_seed: int = _opt(0, "seed of the generated world (ignored with --dataset)")
+    split: str = _opt("train", "training split")
+    eval_split: str = _opt("test", "evaluation split")
+    retriever: str = _opt("bm25", "retriever backend name or URL")
+    topk: int = _opt(3, "passages per search")
+    max_turns: int = _opt(4, "turn budget per episode")
+    max_turn_tokens: int = _opt(512, "token cap per turn (48 is plenty for the tiny model)")
+    max_context_tokens: int = _opt(2048, "context size (transcript cap)")
+    lr: float = _opt(3e-4, "learning rate (use ~1e-6 for a 3B model)")
+    warmup_steps: int = _opt(0, "linear learning-rate warm-up, in optimizer updates")
+    weight_decay: float = _opt(0.0, "AdamW weight decay")
+    max_grad_norm: float = _opt(1.0, "gradient-norm clipping threshold (0 disables clipping)")
+    eval_questions: int = _opt(200, "questions of the eval split scored greedily at the end (0: none)")
+    eval_batch: int = _opt(64, "episodes generated together during evaluation")
+    seed: int = _opt(0, "seed of sampling, shuffling and question order")
+    threads: int | None = _opt(None, "torch CPU threads (default: torch's choice)")
+    progress: bool = _opt(True, "show a tqdm progress bar")
+    tensorboard: bool = _opt(True, "also write TensorBoard events when tensorboard is installed")
+
+    def __post_init__(self) -> None:
+        for name in ("tiny_layers", "tiny_hidden", "topk", "max_turns", "max_turn_tokens", "eval_batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_context_tokens < 16:
+            raise ConfigError(f"max_context_tokens must be >= 16, got {self.max_context_tokens}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        for name in ("warmup_steps", "eval_questions"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.weight_decay < 0 or self.max_grad_norm < 0:
+            raise ConfigError(
+                "weight_decay and max_grad_norm must be >= 0 (max_grad_norm 0 disables clipping)"
+            )
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
+
+    def env_kwargs(self, split: str | None = None) -> dict[str, Any]:
+        """Keyword arguments of ``SearchQAEnv`` / ``SearchQAVectorEnv`` for ``split`` (default: training)."""
+        return {
+            "dataset": self.dataset,
+            "world_seed": self.world_seed,
+            "split": split or self.split,
+            "tokenizer": self.tokenizer if self.tokenizer is not None else self.model,
+            "retriever": self.retriever,
+            "topk": self.topk,
+            "max_turns": self.max_turns,
+            "max_turn_tokens": self.max_turn_tokens,
+            "max_context_tokens": self.max_context_tokens,
+        }
+
+
+@dataclass
+class GRPOConfig(CommonConfig):
+    """GRPO (optionally with LLDS) on SearchQA.
+
+    One *step* is one rollout batch: ``questions_per_step`` questions × ``group_size`` responses, then
+    ``epochs`` passes of mini-batch updates over it (``updates_per_step`` optimizer updates in all; with a
+    single update LLDS is identically zero, see ``docs/grpo.md``).
+    """
+
+    run_dir: str = _opt("runs/grpo", "folder for metrics.jsonl, checkpoints and TensorBoard events")
+    resume: bool = _opt(False, "continue from RUN_DIR/checkpoint.pt (model, optimizer, RNG, step)")
+    steps: int = _opt(100, "rollout batches to train on")
+    questions_per_step: int = _opt(8, "questions per rollout batch")
+    group_size: int = _opt(5, "responses per question (G)")
+    temperature: float = _opt(1.0, "sampling temperature of the rollouts")
+    epochs: int = _opt(2, "passes over each rollout batch")
+    minibatch_size: int = _opt(8, "responses per optimizer update")
+    micro_batch_size: int | None = _opt(
+        None, "responses per forward/backward (gradient accumulation; default: the whole mini-batch)"
+    )
+    clip_eps: float = _opt(0.2, "PPO clip range")
+    llds: Literal["none", "token", "response", "action"] = _opt(
+        "action", "LLDS gate, or none for vanilla GRPO"
+    )
+    llds_coef: float = _opt(0.2, "LLDS weight lambda", "--lambda")
+    llds_ma: bool = _opt(False, "LLDS-MA: down-weight the final answer span in LLDS")
+    llds_ma_beta: float | None = _opt(
+        None, "LLDS-MA answer weight (default: adaptive, min(mean valid searches / 2, 1))"
+    )
+    kl_coef: float = _opt(0.001, "weight of the k3 KL to the frozen initial policy (0: no reference model)")
+    entropy_coef: float = _opt(0.0, "entropy bonus weight")
+    eval_every: int = _opt(0, "evaluate greedily on eval_questions every N steps (0: only at the end)")
+    save_every: int = _opt(10, "write RUN_DIR/checkpoint.pt every N steps (0: only at the end)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.group_size < 2:
+            raise ConfigError(
+                f"group_size must be >= 2 (GRPO's advantages compare responses to one question), got {self.group_size}"
+            )
+        for name in ("steps", "questions_per_step", "epochs", "minibatch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size % self.minibatch_size:
+            raise ConfigError(
+                f"minibatch_size {self.minibatch_size} must divide the rollout batch "
+                f"questions_per_step * group_size = {self.batch_size}"
+            )
+        if self.micro_batch_size is not None and (
+            self.micro_batch_size < 1 or self.minibatch_size % self.micro_batch_size
+        ):
+            raise ConfigError(
+                f"micro_batch_size must be >= 1 and divide minibatch_size={self.minibatch_size}, "
+                f"got {self.micro_batch_size}"
+            )
+        if not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if not self.clip_eps > 0:
+            raise ConfigError(f"clip_eps must be > 0, got {self.clip_eps}")
+        if self.llds not in LLDS_CHOICES:
+            raise ConfigError(f"unknown llds {self.llds!r}; choose one of {list(LLDS_CHOICES)}")
+        for name in ("llds_coef", "kl_coef", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.llds_ma and self.llds == "none":
+            raise ConfigError("llds_ma needs an LLDS gate: pass --llds action (or token, response)")
+        if self.llds_ma_beta is not None and not 0 <= self.llds_ma_beta <= 1:
+            raise ConfigError(f"llds_ma_beta must be in [0, 1], got {self.llds_ma_beta}")
+        if self.eval_every < 0 or self.save_every < 0:
+            raise ConfigError("eval_every and save_every must be >= 0 (0: only at the end)")
+
+    @property
+    def batch_size(self) -> int:
+        """Responses per rollout batch."""
+        return self.questions_per_step * self.group_size
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per rollout batch."""
+        return self.epochs * (self.batch_size // self.minibatch_size)
+
+    @property
+    def llds_enabled(self) -> bool:
+        """Whether the LLDS term is in the loss."""
+        return self.llds != "none" and self.llds_coef > 0
+
+
+@dataclass
+class SFTConfig(CommonConfig):
+    """Supervised warm-start on oracle demonstrations: cross-entropy on the policy's tokens only."""
+
+    run_dir: str = _opt("runs/sft", "folder for metrics.jsonl, checkpoints and TensorBoard events")
+    demos: str | None = _opt(None, "demonstrations JSONL (default: generate them from the training split)")
+    demo_episodes: int | None = _opt(None, "demonstrations to generate (default: one per training question)")
+    epochs: int = _opt(4, "passes over the demonstrations")
+    batch_size: int = _opt(16, "demonstrations per optimizer update")
+    lr: float = _opt(2e-3, "learning rate")
+    warmup_steps: int = _opt(20, "linear learning-rate warm-up, in optimizer updates")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.demo_episodes is not None and self.demo_episodes < 1:
+            raise ConfigError(f"demo_episodes must be >= 1, got {self.demo_episodes}")
+
+
+# -- the CLI view ---------------------------------------------------------------------------------------
+
+C = TypeVar("C", bound=CommonConfig)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig]) -> None:
+    """Adds one option per field of ``cls``, with the field's help, type, choices and default.
+
+    ``bool`` fields become ``--x / --no-x``; ``Literal`` fields get ``choices``; ``X | None`` fields take
+    an ``X``. Defaults are the field defaults, so ``--help`` shows them.
+    """
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        flags = [_flag(f.name), *f.metadata.get("flags", ())]
+        kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", ""), "dest": f.name}
+        origin = get_origin(kind)
+        if origin in (typing.Union, types.UnionType):
+            kind = next(a for a in get_args(kind) if a is not type(None))
+            origin = get_origin(kind)
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif origin is Literal:
+            kwargs["choices"] = list(get_args(kind))
+        else:
+            kwargs["type"] = kind
+        parser.add_argument(*flags, **kwargs)
+
+
+def config_from_args(cls: type[C], args: argparse.Namespace, **overrides: Any) -> C:
+    """Builds (and so validates) ``cls`` from parsed options; ``overrides`` win."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return cls(**{**values, **overrides})

@@ -1,0 +1,149 @@
+"""Supervised warm-start: cross-entropy on the oracle's own tokens (tool output is context only).
+
+A tiny model trained from scratch cannot find the search protocol by sampling; a few epochs on oracle
+transcripts teach it to search, read and answer, and GRPO starts from there (as Search-R1 starts from an
+instruction-tuned model).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from searchgym.envs.episode import Source
+from searchgym.envs.vector import SearchQAVectorEnv
+
+from ..llm import LLMPolicy
+from .checkpoint import save_checkpoint
+from .config import SFTConfig
+from .losses import masked_mean
+from .rollout import evaluate_policy, pad_transcripts
+from .runtime import MetricLogger, build_policy, make_optimizer
+
+__all__ = ["evaluate_checkpoint_policy", "load_sft_demonstrations", "sft_loss", "train_sft"]
+
+
+def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Token-mean negative log-likelihood over the masked (policy) tokens.
+
+    Args:
+        logp: ``(B, T)`` log-probabilities of the transcript's tokens.
+        loss_mask: ``(B, T)`` 1 on policy tokens.
+    """
+    return -masked_mean(logp, loss_mask)
+
+
+def load_sft_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Any]:
+    """The demonstrations to learn from: ``config.demos``, else oracle episodes on the training split.
+
+    Only rewarded demonstrations are kept (the oracle can fail when retrieval misses the gold passage).
+    """
+    from ..demonstrations import generate_demonstrations, read_demonstrations
+
+    if config.demos is not None:
+        demos = read_demonstrations(config.demos)
+    else:
+        import gymnasium as gym
+
+        import searchgym  # noqa: F401 - registers the env ids
+
+        env = gym.make("SearchQA-v0", **{**config.env_kwargs(), "tokenizer": tokenizer})
+        n = config.demo_episodes or len(env.unwrapped.questions)  # type: ignore[attr-defined]
+        demos = list(generate_demonstrations(env, n, config.seed))
+        env.close()
+    return [d for d in demos if d.reward > 0]
+
+
+def evaluate_checkpoint_policy(policy: LLMPolicy, config: Any, questions: int) -> dict[str, float]:
+    """Greedy evaluation of ``policy``'s model on ``config.eval_split`` (first ``questions`` questions)."""
+    greedy = LLMPolicy(policy.model, policy.tokenizer, greedy=True, max_turn_tokens=config.max_turn_tokens)
+    env = SearchQAVectorEnv(
+        config.eval_batch,
+        autoreset_mode="Disabled",
+        **{**config.env_kwargs(config.eval_split), "tokenizer": policy.tokenizer},
+    )
+    try:
+        return evaluate_policy(greedy, env, questions)
+    finally:
+        env.close()
+
+
+def train_sft(config: SFTConfig) -> dict[str, float]:
+    """Trains on demonstrations, saves ``RUN_DIR/checkpoint.pt`` and evaluates greedily.
+
+    Returns:
+        The final metrics (``eval/em`` … when ``eval_questions > 0``).
+    """
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    policy, arch = build_policy(config, max_turn_tokens=config.max_turn_tokens, seed=config.seed)
+    model = policy.model
+    demos = load_sft_demonstrations(config, policy.tokenizer)
+    if not demos:
+        from searchgym.errors import ConfigError
+
+        raise ConfigError("no rewarded demonstrations to learn from")
+    tokens, mask, sources = pad_transcripts(
+        [d.tokens for d in demos], [d.sources for d in demos], policy.tokenizer.pad_token_id
+    )
+    optimizer, scheduler = make_optimizer(model, config)
+    logger = MetricLogger(config.run_dir, tensorboard=config.tensorboard)
+    generator = torch.Generator().manual_seed(config.seed)
+    per_epoch = math.ceil(len(demos) / config.batch_size)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=config.epochs * per_epoch, desc="sft", disable=not config.progress)
+    update, start = 0, time.perf_counter()
+    model.train()
+    for epoch in range(config.epochs):
+        order = torch.randperm(len(demos), generator=generator)
+        for b in range(per_epoch):
+            idx = order[b * config.batch_size : (b + 1) * config.batch_size]
+            width = int(mask[idx].sum(dim=1).max())
+            ids, attn = tokens[idx, :width].to(config.device), mask[idx, :width].to(config.device)
+            loss_mask = sources[idx, :width].to(config.device) == int(Source.POLICY)
+            logp, _ = policy.token_logprobs(ids, attn, score_mask=loss_mask)
+            loss = sft_loss(logp, loss_mask)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf)
+            optimizer.step()
+            scheduler.step()
+            update += 1
+            logger.log(
+                update,
+                {
+                    "sft/loss": float(loss.detach()),
+                    "sft/epoch": float(epoch),
+                    "train/grad_norm": float(grad_norm),
+                    "train/lr": scheduler.get_last_lr()[0],
+                    "time/elapsed_s": time.perf_counter() - start,
+                },
+            )
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.3f}")
+    bar.close()
+    model.eval()
+    save_checkpoint(
+        Path(config.run_dir) / "checkpoint.pt",
+        {"model": model.state_dict(), "arch": arch, "step": update, "kind": "sft", "config": vars(config)},
+    )
+    final: dict[str, float] = {
+        "sft/demonstrations": float(len(demos)),
+        "time/elapsed_s": time.perf_counter() - start,
+    }
+    if config.eval_questions:
+        final.update(
+            {
+                f"eval/{k}": v
+                for k, v in evaluate_checkpoint_policy(policy, config, config.eval_questions).items()
+            }
+        )
+    logger.log(update, final)
+    logger.close()
+    return final

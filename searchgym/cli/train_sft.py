@@ -1,0 +1,25 @@
+"""``searchgym train sft``: supervised warm-start on oracle demonstrations (policy tokens only)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+COMMAND = ("train", "sft")
+HELP = "warm-start a policy on oracle demonstrations (generated from the training split unless --demos)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from searchgym.agents.grpo.config import SFTConfig, add_config_arguments
+
+    add_config_arguments(parser, SFTConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from searchgym.agents.grpo.config import SFTConfig, config_from_args
+    from searchgym.agents.grpo.sft import train_sft
+
+    config = config_from_args(SFTConfig, args)
+    metrics = train_sft(config)
+    print(json.dumps({"run_dir": config.run_dir, "checkpoint": f"{config.run_dir}/checkpoint.pt", **metrics}))
+    return 0
