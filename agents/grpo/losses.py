@@ -27,7 +27,6 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     raise MissingDependencyError("torch", "train", "GRPO training") from e
 
 from searchgym.envs.episode import Source
-
 from searchgym.errors import ConfigError
 from searchgym.protocol import ACTION_PATTERN
 

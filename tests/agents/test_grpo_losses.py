@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from searchgym.agents.grpo.losses import (
     GATES,
     action_ids,
@@ -25,7 +26,6 @@ from searchgym.agents.grpo.losses import (
     policy_loss,
 )
 from searchgym.envs.episode import Source
-
 from searchgym.errors import ConfigError
 from searchgym.tokenization import builtin_tokenizer
 

@@ -11,11 +11,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+
+import searchgym  # noqa: F401 - registers the environments
 from searchgym.agents.evaluate import run_episode
 from searchgym.agents.llm import LLMPolicy, tiny_causal_lm, token_logprobs
 from searchgym.envs.episode import Source
-
-import searchgym  # noqa: F401 - registers the environments
 from searchgym.errors import ConfigError, MissingDependencyError
 from searchgym.tokenization import builtin_tokenizer
 

@@ -14,6 +14,10 @@ import pytest
 pytest.importorskip("stable_baselines3")
 
 import torch
+from stable_baselines3.common.env_checker import check_env
+from stable_baselines3.common.env_util import make_vec_env
+
+import searchgym  # noqa: F401 - registers the env ids
 from searchgym.agents import evaluate
 from searchgym.agents.sb3 import (
     ALGORITHMS,
@@ -25,10 +29,6 @@ from searchgym.agents.sb3 import (
     load_model,
     token_policy_kwargs,
 )
-from stable_baselines3.common.env_checker import check_env
-from stable_baselines3.common.env_util import make_vec_env
-
-import searchgym  # noqa: F401 - registers the env ids
 from searchgym.cli import main
 
 # Small transcripts keep the token view fast; the prompt (~170 tokens) still fits.

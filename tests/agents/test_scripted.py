@@ -2,9 +2,9 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-from searchgym.agents import Agent, OracleAgent, RandomAgent, evaluate, run_episode
 
 import searchgym  # noqa: F401
+from searchgym.agents import Agent, OracleAgent, RandomAgent, evaluate, run_episode
 
 
 class FuzzAgent(Agent):

@@ -9,6 +9,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+
+import searchgym  # noqa: F401 - registers the env ids
 from searchgym.envs.episode import Source
 from searchgym.envs.macro import (
     CANDIDATE_FEATURES,
@@ -17,8 +19,6 @@ from searchgym.envs.macro import (
     passage_candidates,
     question_candidates,
 )
-
-import searchgym  # noqa: F401 - registers the env ids
 from searchgym.errors import InvalidActionError
 from searchgym.retrieval import Hit
 

@@ -9,10 +9,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-from searchgym.agents import OracleAgent, run_episode
-from searchgym.envs import SearchQAEnv, Source
 
 import searchgym
+from searchgym.agents import OracleAgent, run_episode
+from searchgym.envs import SearchQAEnv, Source
 from searchgym.errors import (
     ConfigError,
     EpisodeFinishedError,

@@ -11,9 +11,9 @@ import gymnasium as gym
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from searchgym.envs import SearchQAEnv, Source
 
 import searchgym  # noqa: F401
+from searchgym.envs import SearchQAEnv, Source
 from searchgym.tokenization import builtin_tokenizer
 
 MAX_TURNS = 4

@@ -13,8 +13,8 @@ from typing import Any
 
 import gymnasium as gym
 import pytest
-from searchgym.agents import OracleAgent, run_episode
 
+from searchgym.agents import OracleAgent, run_episode
 from searchgym.data import generate_world
 from searchgym.errors import ConfigError, RetrieverError
 from searchgym.retrieval import BM25Retriever, make_retriever
