@@ -126,7 +126,7 @@ def train_sft(config: SFTConfig) -> dict[str, float]:
                 },
             )
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
     bar.close()
     model.eval()
     save_checkpoint(

@@ -1,0 +1,88 @@
+"""``searchgym train grpo|sft`` and ``plot``: options from the config, kill-and-resume, tiny end-to-end runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from searchgym.cli import main
+
+TINY = [
+    "--max-turns", "2",
+    "--max-turn-tokens", "8",
+    "--max-context-tokens", "768",
+    "--questions-per-step", "2",
+    "--group-size", "2",
+    "--minibatch-size", "2",
+    "--eval-questions", "0",
+    "--threads", "1",
+    "--no-progress",
+    "--no-tensorboard",
+]  # fmt: skip
+
+
+def steps_logged(run: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_help_is_generated_from_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "grpo", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--llds {none,token,response,action}", "--lambda", "--llds-ma", "--init", "--resume"):
+        assert flag in out
+    assert "responses per question (G)" in out
+
+
+def test_bad_option_is_a_config_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["train", "grpo", "--group-size", "1", "--run-dir", str(tmp_path)]) == 2
+    assert "group_size must be >= 2" in capsys.readouterr().err
+
+
+def test_sigkill_then_resume_continues_from_the_saved_step(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    steps = 3
+    cmd = [sys.executable, "-m", "searchgym.cli", "train", "grpo", "--run-dir", str(run), *TINY]
+    cmd += ["--steps", str(steps), "--save-every", "1", "--llds", "action"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path)
+    checkpoint = run / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert checkpoint.exists(), proc.stderr.read().decode() if proc.stderr else ""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    from searchgym.agents.grpo.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(checkpoint)["step"]
+    assert 1 <= saved < steps, "the run should be killed before it finishes"
+    assert main(["train", "grpo", "--run-dir", str(run), *TINY, "--steps", str(steps), "--resume"]) == 0
+    assert load_checkpoint(checkpoint)["step"] == steps
+    assert steps_logged(run) == list(range(1, steps + 1))  # no step lost, none logged twice
+
+
+def test_sft_then_grpo_from_it_then_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sft = tmp_path / "sft"
+    common = ["--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768", "--threads", "1"]
+    args = ["train", "sft", "--run-dir", str(sft), *common, "--demo-episodes", "8", "--epochs", "1"]
+    assert (
+        main([*args, "--batch-size", "4", "--eval-questions", "2", "--eval-batch", "2", "--no-progress"]) == 0
+    )
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0.0 <= report["eval/em"] <= 1.0 and 0 < report["sft/demonstrations"] <= 8
+    grpo = tmp_path / "grpo"
+    init = str(sft / "checkpoint.pt")
+    assert main(["train", "grpo", "--run-dir", str(grpo), *TINY, "--steps", "1", "--init", init]) == 0
+    out = tmp_path / "plot.png"
+    assert main(["plot", str(grpo), str(sft), "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000
