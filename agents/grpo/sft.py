@@ -121,7 +121,7 @@ def train_sft(config: SFTConfig) -> dict[str, float]:
                     "sft/loss": float(loss.detach()),
                     "sft/epoch": float(epoch),
                     "train/grad_norm": float(grad_norm),
-                    "train/lr": scheduler.get_last_lr()[0],
+                    "train/lr": float(scheduler.get_last_lr()[0]),
                     "time/elapsed_s": time.perf_counter() - start,
                 },
             )

@@ -221,7 +221,7 @@ class GRPOTrainer:
                 per_update[k].append(v)
         metrics = {f"train/{k}": _mean(v) for k, v in per_update.items()}
         metrics["train/grad_norm_max"] = max(per_update["grad_norm"], default=float("nan"))
-        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["train/lr"] = float(self.scheduler.get_last_lr()[0])
         metrics["train/skipped_updates"] = float(sum(per_update["skipped"]))
         metrics["rollout/logp_mismatch"] = float(mismatch.max()) if mismatch.numel() else 0.0
         if beta is not None:
@@ -293,7 +293,7 @@ class GRPOTrainer:
             mask,
             clip_eps=cfg.clip_eps,
             llds_coef=cfg.llds_coef if cfg.llds_enabled else 0.0,
-            gate="action" if cfg.llds == "none" else cfg.llds,  # type: ignore[arg-type]
+            gate="action" if cfg.llds == "none" else cfg.llds,
             llds_weights=weights,
             ref_logp=ref_logp,
             kl_coef=cfg.kl_coef,

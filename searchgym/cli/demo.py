@@ -1,57 +1,112 @@
-"""``searchgym demo``: the main job on the embedded default world."""
+"""``searchgym demo``: the main job on the embedded default world, end to end on a laptop CPU.
+
+Generate the default world → warm-start a tiny model on oracle demonstrations (SFT) → train it further
+with GRPO and with GRPO+LLDS (action gate) for the same short budget → print a comparison table (test EM
+…) and write the curves under ``RUN_DIR``. About ten minutes on two CPU cores.
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 from typing import Any
 
-from searchgym.cli._common import format_table, load_agent
+from searchgym.cli._common import format_table
 
 COMMAND = ("demo",)
-HELP = "generate the default world and evaluate the baseline agents on it"
+HELP = "generate the default world, warm-start a tiny model, train GRPO vs GRPO+LLDS, compare on test"
+
+# Short turns and contexts: the oracle's turns are < 20 tokens and its transcripts < 500.
+_ENV = {"max_turn_tokens": 48, "max_context_tokens": 1024}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--episodes", type=int, default=200, help="test episodes per agent")
-    parser.add_argument("--seed", type=int, default=0, help="base seed")
+    parser.add_argument("--run-dir", default="runs/demo", help="where the runs, metrics and plots go")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every stage")
+    parser.add_argument(
+        "--sft-demos", type=int, default=1600, help="oracle demonstrations for the warm-start"
+    )
+    parser.add_argument("--sft-epochs", type=int, default=2, help="passes over the demonstrations")
+    parser.add_argument("--grpo-steps", type=int, default=12, help="rollout batches per GRPO variant")
+    parser.add_argument("--lr", type=float, default=1e-4, help="GRPO learning rate")
+    parser.add_argument("--eval-questions", type=int, default=200, help="test questions scored greedily")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
+    import torch
 
-    import gymnasium as gym
+    from searchgym.agents.grpo.config import GRPOConfig, SFTConfig
+    from searchgym.agents.grpo.sft import train_sft
+    from searchgym.agents.grpo.trainer import train_grpo
+    from searchgym.cli import plot
 
-    import searchgym  # noqa: F401
-    from searchgym.agents import evaluate
-
+    torch.set_num_threads(args.threads)
+    root = Path(args.run_dir)
     start = time.perf_counter()
-    env = gym.make("SearchQA-v0", split="test")
-    base: Any = env.unwrapped
-    print(
-        f"world {base.dataset.name}: {len(base.dataset.passages)} passages, "
-        + ", ".join(f"{k} {len(v)}" for k, v in base.dataset.splits.items())
-        + f" questions ({time.perf_counter() - start:.2f}s); tokenizer vocab {base.tokenizer.vocab_size}"
+    common: dict[str, Any] = {
+        **_ENV,
+        "threads": args.threads,
+        "seed": args.seed,
+        "eval_questions": args.eval_questions,
+        "progress": not args.no_progress,
+    }
+
+    print(f"[1/4] supervised warm-start on {args.sft_demos} oracle demonstrations ({args.sft_epochs} epochs)")
+    sft = SFTConfig(run_dir=str(root / "sft"), demo_episodes=args.sft_demos, epochs=args.sft_epochs, **common)
+    sft_metrics = train_sft(sft)
+    rows = [_row("SFT warm-start", sft_metrics, time.perf_counter() - start)]
+    print(f"      test EM {sft_metrics.get('eval/em', float('nan')):.3f}")
+
+    runs = []
+    for i, (name, llds) in enumerate((("GRPO", "none"), ("GRPO+LLDS (action)", "action")), start=2):
+        print(f"[{i}/4] {name}: {args.grpo_steps} steps from the warm-start")
+        t0 = time.perf_counter()
+        cfg = GRPOConfig(
+            run_dir=str(root / ("grpo" if llds == "none" else "grpo_llds")),
+            init=str(root / "sft" / "checkpoint.pt"),
+            llds=llds,  # type: ignore[arg-type]
+            steps=args.grpo_steps,
+            questions_per_step=4,
+            group_size=5,
+            minibatch_size=5,
+            epochs=2,
+            lr=args.lr,
+            save_every=0,
+            **common,
+        )
+        metrics = train_grpo(cfg)
+        rows.append(_row(name, metrics, time.perf_counter() - t0))
+        runs.append(cfg.run_dir)
+
+    print("[4/4] curves")
+    plot.run(
+        argparse.Namespace(
+            runs=runs,
+            out=str(root / "curves.png"),
+            labels=["GRPO", "GRPO+LLDS"],
+            smooth=1,
+            title="searchgym demo",
+        )
     )
-    rows = []
-    for name in ("random", "oracle"):
-        summary = evaluate(
-            env, load_agent(name, env, seed=args.seed), args.episodes, seed=args.seed, progress=True
-        )
-        rows.append({"agent": name, **summary.metrics()})
+    print()
+    columns = ["model", "test_em", "test_f1", "searches", "answered", "last_reward", "minutes"]
+    print(format_table(rows, columns))
     print(
-        format_table(
-            rows,
-            [
-                "agent",
-                "em",
-                "f1",
-                "valid_format",
-                "searches",
-                "retrieval_recall",
-                "tokens",
-                "episodes",
-                "episodes_per_s",
-            ],
-        )
+        f"\ntotal {(time.perf_counter() - start) / 60:.1f} min; runs, metrics.jsonl and curves under {root}/"
     )
     return 0
+
+
+def _row(name: str, metrics: dict[str, float], seconds: float) -> dict[str, Any]:
+    return {
+        "model": name,
+        "test_em": metrics.get("eval/em"),
+        "test_f1": metrics.get("eval/f1"),
+        "searches": metrics.get("eval/searches"),
+        "answered": metrics.get("eval/answered"),
+        "last_reward": metrics.get("rollout/reward"),
+        "minutes": seconds / 60,
+    }
