@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,16 @@ class SB3TrainConfig:
     @property
     def policy(self) -> str:
         return "MlpPolicy" if self.view == "macro" else "MultiInputPolicy"
+
+    @property
+    def log_interval(self) -> int:
+        """SB3's ``log_interval`` for about one ``progress.csv`` row per 1,000 steps.
+
+        On-policy algorithms count rollouts (``n_steps * n_envs`` steps each); DQN counts episodes.
+        """
+        if self.algo == "dqn":
+            return 300 if self.view == "macro" else 10  # macro episodes take ~3 steps, token ones ~100
+        return max(1, 1000 // (int(self.model_kwargs["n_steps"]) * self.n_envs))
 
     @property
     def model_kwargs(self) -> dict[str, Any]:
@@ -197,7 +208,11 @@ def train(config: SB3TrainConfig) -> dict[str, Any]:
         # CheckpointCallback counts calls (one per vector step), not env steps.
         every = max(1, config.checkpoint_freq // config.n_envs)
         callbacks.append(CheckpointCallback(every, str(out / "checkpoints"), name_prefix=config.algo))
-    model.learn(config.timesteps, callback=CallbackList(callbacks))
+    start = time.perf_counter()
+    model.learn(config.timesteps, callback=CallbackList(callbacks), log_interval=config.log_interval)
+    seconds = time.perf_counter() - start
+    model.logger.record("time/train_seconds", seconds)
+    model.logger.dump(model.num_timesteps)  # a last row, even when the run was shorter than log_interval
     model.save(out / "model.zip")
     venv.close()
     if not config.eval_episodes:
@@ -206,7 +221,7 @@ def train(config: SB3TrainConfig) -> dict[str, Any]:
     summary = evaluate(env, SB3Agent(env, model), config.eval_episodes, seed=config.seed,
                        out=out / "eval.jsonl")  # fmt: skip
     metrics = {"algo": config.algo, "view": config.view, "seed": config.seed, "split": config.eval_split,
-               **summary.metrics()}  # fmt: skip
+               "timesteps": model.num_timesteps, "train_seconds": round(seconds, 1), **summary.metrics()}  # fmt: skip
     (out / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     return metrics
 
@@ -215,5 +230,5 @@ def run(args: argparse.Namespace) -> int:
     metrics = train(config_from_args(args))
     if metrics:
         print(format_table([metrics], ["algo", "view", "seed", "split", "em", "f1", "searches", "valid_format",
-                                       "episodes"]))  # fmt: skip
+                                       "episodes", "train_seconds"]))  # fmt: skip
     return 0
