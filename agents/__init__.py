@@ -13,7 +13,7 @@ from searchgym.agents.demonstrations import (
 )
 from searchgym.agents.evaluate import EpisodeRecord, EvalSummary, evaluate, run_episode
 from searchgym.agents.heuristic import HeuristicAgent
-from searchgym.agents.scripted import OracleAgent, RandomAgent, oracle_turns
+from searchgym.agents.scripted import MacroOracleAgent, OracleAgent, RandomAgent, oracle_turns
 
 __all__ = [
     "Agent",
@@ -21,6 +21,7 @@ __all__ = [
     "EpisodeRecord",
     "EvalSummary",
     "HeuristicAgent",
+    "MacroOracleAgent",
     "OracleAgent",
     "RandomAgent",
     "SegmentAgent",

@@ -8,8 +8,7 @@ Two ways in, both plain SB3:
 
 Trained models play in ``searchgym eval`` through :class:`SB3Agent`::
 
-    SEARCHGYM_SB3_MODEL=runs/ppo/model.zip searchgym eval --env SearchQAMacro-v0 \\
-        --agent searchgym.agents.sb3:SB3Agent
+    searchgym eval --env SearchQAMacro-v0 --agent sb3:runs/ppo/model.zip
 
 This module imports torch and stable-baselines3 (the ``sb3`` extra); nothing else in searchgym does.
 """
@@ -25,7 +24,6 @@ import gymnasium as gym
 import numpy as np
 
 from searchgym.errors import ConfigError, MissingDependencyError
-from searchgym.rewards import normalize_answer
 
 from .base import Agent, Observation
 
@@ -44,8 +42,6 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 __all__ = [
     "ALGORITHMS",
     "MODEL_ENV_VAR",
-    "MacroOracleAgent",
-    "RandomActionAgent",
     "SB3Agent",
     "TokenFeaturesExtractor",
     "load_model",
@@ -199,64 +195,3 @@ class SB3Agent(Agent):
     def act(self, observation: Observation | np.ndarray, info: dict[str, Any]) -> int:
         action, _ = self.model.predict(observation, deterministic=self.deterministic)
         return int(action)
-
-
-class RandomActionAgent(Agent):
-    """Uniform actions of any ``Discrete`` env: the random floor of the macro view.
-
-    (The built-in ``random`` agent draws token ids, which only the token-level env accepts.)
-
-    Args:
-        env: The env; its ``action_space`` must be ``Discrete``.
-        seed: Seed of the agent's own generator (re-seeded by ``reset(seed=...)``).
-    """
-
-    name = "random-action"
-
-    def __init__(self, env: gym.Env[Any, Any], seed: int = 0) -> None:
-        space = env.action_space
-        if not isinstance(space, gym.spaces.Discrete):
-            raise ConfigError(f"RandomActionAgent needs a Discrete action space, got {space}")
-        self.n = int(space.n)
-        self.rng = np.random.default_rng(seed)
-
-    def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-
-    def act(self, observation: Any, info: dict[str, Any]) -> int:
-        return int(self.rng.integers(self.n))
-
-
-class MacroOracleAgent(Agent):
-    """The best the macro view allows: answers a golden answer once a slot holds one, else searches gold titles.
-
-    Reads the gold data of the question, like :class:`~searchgym.agents.scripted.OracleAgent`; it measures
-    whether the candidates cover the answers (the ceiling of any macro-view policy).
-
-    Args:
-        env: A ``SearchQAMacro-v0`` env (wrapped or not).
-    """
-
-    name = "macro-oracle"
-
-    def __init__(self, env: gym.Env[Any, Any]) -> None:
-        self.env = env.unwrapped
-        if not hasattr(self.env, "action_for"):
-            raise ConfigError("MacroOracleAgent needs the SearchQAMacro-v0 env")
-
-    def act(self, observation: Any, info: dict[str, Any]) -> int:
-        env: Any = self.env
-        question = env.episode.question
-        for gold in question.golden_answers:
-            action = env.action_for(gold, "answer")
-            if action is not None:
-                return int(action)
-        searched = {normalize_answer(q) for q in env.episode.queries}
-        for pid in question.supporting_ids:
-            title = env.dataset.passage_index[pid].title
-            action = env.action_for(title, "search")
-            if normalize_answer(title) not in searched and action is not None:
-                return int(action)
-        # No gold in reach: search the question once, then answer the first slot.
-        return 0 if not searched else int(env.n_queries)

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from searchgym.data import Dataset
+from searchgym.errors import ConfigError
+from searchgym.rewards import normalize_answer
 from searchgym.tokenization import Tokenizer
 
 from .base import Agent, Observation
 
-__all__ = ["OracleAgent", "RandomAgent", "oracle_turns"]
+__all__ = ["MacroOracleAgent", "OracleAgent", "RandomAgent", "oracle_turns"]
 
 
 class RandomAgent(Agent):
-    """Uniformly random token ids: the floor every method must beat.
+    """Uniformly random actions (token ids for the token-level env): the floor every method must beat.
 
     Args:
-        vocab_size: Number of token ids to draw from.
+        vocab_size: Number of actions to draw from (``env.action_space.n``).
         seed: Seed of the agent's own generator (re-seeded by ``reset(seed=...)``).
     """
 
@@ -95,3 +98,37 @@ class OracleAgent(Agent):
         token = turn[self._pos]
         self._pos += 1
         return token
+
+
+class MacroOracleAgent(Agent):
+    """The best the macro view allows: answers a golden answer once a slot holds one, else searches gold titles.
+
+    Reads the gold data of the question, like :class:`~searchgym.agents.scripted.OracleAgent`; it measures
+    whether the candidates cover the answers (the ceiling of any macro-view policy).
+
+    Args:
+        env: A ``SearchQAMacro-v0`` env (wrapped or not).
+    """
+
+    name = "macro-oracle"
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        self.env = env.unwrapped
+        if not hasattr(self.env, "action_for"):
+            raise ConfigError("MacroOracleAgent needs the SearchQAMacro-v0 env")
+
+    def act(self, observation: Any, info: dict[str, Any]) -> int:
+        env: Any = self.env
+        question = env.episode.question
+        for gold in question.golden_answers:
+            action = env.action_for(gold, "answer")
+            if action is not None:
+                return int(action)
+        searched = {normalize_answer(q) for q in env.episode.queries}
+        for pid in question.supporting_ids:
+            title = env.dataset.passage_index[pid].title
+            action = env.action_for(title, "search")
+            if normalize_answer(title) not in searched and action is not None:
+                return int(action)
+        # No gold in reach: search the question once, then answer the first slot.
+        return 0 if not searched else int(env.n_queries)

@@ -136,7 +136,12 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         render_mode: str | None = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ConfigError(f"render_mode must be one of {self.metadata['render_modes']} or None")
+            # Tools such as SB3's make_vec_env pass "rgb_array" by default: warn and render nothing.
+            gym.logger.warn(
+                f"render_mode {render_mode!r} is not supported (use one of {self.metadata['render_modes']}); "
+                "rendering is disabled"
+            )
+            render_mode = None
         if on_retrieval_error not in ("raise", "observe"):
             raise ConfigError(f"on_retrieval_error must be 'raise' or 'observe', got {on_retrieval_error!r}")
         self.config = EpisodeConfig(

@@ -23,11 +23,20 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retriever", default="bm25", help="retriever backend name or URL")
     parser.add_argument("--topk", type=int, default=3, help="passages per search")
     parser.add_argument("--max-turns", type=int, default=4, help="turn budget")
+    parser.add_argument(
+        "--max-turn-tokens", type=int, default=None, help="policy tokens per turn (env default)"
+    )
+    parser.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=None,
+        help="transcript size (env default; must match a model's)",
+    )
 
 
 def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The ``gym.make`` keyword arguments of :func:`add_env_arguments` options."""
-    return {
+    kwargs = {
         "dataset": args.dataset,
         "split": args.split,
         "tokenizer": args.tokenizer,
@@ -35,6 +44,10 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "topk": args.topk,
         "max_turns": args.max_turns,
     }
+    for name in ("max_turn_tokens", "max_context_tokens"):  # unset: keep the env's own default
+        if getattr(args, name, None) is not None:
+            kwargs[name] = getattr(args, name)
+    return kwargs
 
 
 def make_env(args: argparse.Namespace, **overrides: Any) -> Any:
@@ -45,18 +58,26 @@ def make_env(args: argparse.Namespace, **overrides: Any) -> Any:
     return gym.make(args.env, **{**env_kwargs(args), **overrides})
 
 
-def load_agent(name: str, env: Any, seed: int = 0, **kwargs: Any) -> Any:
-    """Builds an agent by name (``random``, ``oracle``, ``heuristic``) or ``package.module:Class``.
+def load_agent(name: str, env: Any, seed: int = 0) -> Any:
+    """Builds an agent by name (``random``, ``oracle``, ``heuristic``), ``sb3:PATH`` or ``package.module:Class``.
 
+    ``random`` draws uniformly from the env's ``Discrete`` actions (token ids, or macro actions); ``oracle``
+    is the macro oracle on ``SearchQAMacro-v0``; ``sb3:PATH`` plays a stable-baselines3 model saved at PATH.
     A user class is called as ``Class(env)``: it receives the (wrapped) env and reads what it needs.
     """
-    from searchgym.agents import OracleAgent, RandomAgent
+    from searchgym.agents import MacroOracleAgent, OracleAgent, RandomAgent
 
     base = env.unwrapped
     if name == "random":
-        return RandomAgent(base.tokenizer.vocab_size, seed=seed)
+        return RandomAgent(int(env.action_space.n), seed=seed)
     if name == "oracle":
+        if hasattr(base, "action_for"):
+            return MacroOracleAgent(env)
         return OracleAgent(base.dataset, base.split, base.tokenizer, base.config.max_turns)
+    if name.startswith("sb3:"):
+        from searchgym.agents.sb3 import SB3Agent
+
+        return SB3Agent.load(name[len("sb3:") :], env)
     if name == "heuristic":
         from searchgym.agents.heuristic import HeuristicAgent
 
@@ -69,7 +90,7 @@ def load_agent(name: str, env: Any, seed: int = 0, **kwargs: Any) -> Any:
             raise ConfigError(f"cannot load agent {name!r}: {e}") from e
         return cls(env)
     raise ConfigError(
-        f"unknown agent {name!r}; choose one of {list(BUILTIN_AGENTS)} or give package.module:Class"
+        f"unknown agent {name!r}; choose one of {list(BUILTIN_AGENTS)}, sb3:PATH, or package.module:Class"
     )
 
 

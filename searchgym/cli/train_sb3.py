@@ -3,7 +3,7 @@
 A run directory holds ``config.json`` (everything needed to rebuild the env and reload the model),
 ``progress.csv`` (SB3's logger), ``checkpoints/`` (SB3's ``CheckpointCallback``), ``model.zip``, and, after
 the closing evaluation, ``eval.json`` and ``eval.jsonl`` (transcripts). The model then plays in
-``searchgym eval`` with ``SEARCHGYM_SB3_MODEL=<run>/model.zip --agent searchgym.agents.sb3:SB3Agent``.
+``searchgym eval --agent sb3:<run>/model.zip``.
 """
 
 from __future__ import annotations
@@ -129,19 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-episodes", type=int, default=200, help="closing evaluation episodes (0: off)")
     parser.add_argument("--eval-split", default="test", help="split of the closing evaluation")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument(
-        "--max-context-tokens",
-        type=int,
-        default=None,
-        help="transcript size (default: 384 for the token view, the env's default for macro)",
-    )
-    parser.add_argument(
-        "--max-turn-tokens",
-        type=int,
-        default=None,
-        help="tokens per turn (default: 24 for the token view, the env's default for macro)",
-    )
-    add_env_arguments(parser)
+    add_env_arguments(
+        parser
+    )  # --max-context-tokens / --max-turn-tokens default to 384 / 24 for the token view
     # The view chooses the env id; training reads the train split.
     parser.set_defaults(env=None, split="train")
 
@@ -153,17 +143,14 @@ def config_from_args(args: argparse.Namespace) -> SB3TrainConfig:
             f"--env {args.env!r} does not match --view {args.view} ({VIEWS[args.view]}); omit --env"
         )
     env = {k: v for k, v in env_kwargs(args).items() if v is not None}
+    # The token view trains on short transcripts unless told otherwise (env_kwargs holds explicit sizes).
     token_sizes = {"max_context_tokens": 384, "max_turn_tokens": 24} if args.view == "token" else {}
-    for name in ("max_context_tokens", "max_turn_tokens"):
-        value = getattr(args, name)
-        if value is not None:
-            token_sizes[name] = value
     return SB3TrainConfig(
         algo=args.algo, view=args.view, timesteps=args.timesteps, seed=args.seed,
         out=args.out or f"runs/sb3-{args.algo}-{args.view}-s{args.seed}", n_envs=args.n_envs,
         learning_rate=args.learning_rate, checkpoint_freq=args.checkpoint_freq,
         eval_episodes=args.eval_episodes, eval_split=args.eval_split, threads=args.threads,
-        env={**env, **token_sizes},
+        env={**token_sizes, **env},
     )  # fmt: skip
 
 

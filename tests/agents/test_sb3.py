@@ -18,12 +18,10 @@ from stable_baselines3.common.env_checker import check_env
 from stable_baselines3.common.env_util import make_vec_env
 
 import searchgym  # noqa: F401 - registers the env ids
-from searchgym.agents import evaluate
+from searchgym.agents import MacroOracleAgent, RandomAgent, evaluate
 from searchgym.agents.sb3 import (
     ALGORITHMS,
     MODEL_ENV_VAR,
-    MacroOracleAgent,
-    RandomActionAgent,
     SB3Agent,
     TokenFeaturesExtractor,
     load_model,
@@ -126,7 +124,7 @@ def test_sb3_agent_refuses_an_env_of_another_shape(tmp_path: Path) -> None:
 
 def test_macro_random_floor_and_oracle_ceiling() -> None:
     env = gym.make("SearchQAMacro-v0", split="test")
-    random = evaluate(env, RandomActionAgent(env), episodes=40)
+    random = evaluate(env, RandomAgent(int(env.action_space.n)), episodes=40)
     oracle = evaluate(env, MacroOracleAgent(env), episodes=40)
     assert oracle.em >= 0.9  # the candidates cover the golden answers
     assert random.em < 0.2
@@ -156,3 +154,7 @@ def test_cli_trains_checkpoints_and_evaluates_through_searchgym_eval(
     figures = json.loads(capsys.readouterr().out)
     assert figures["episodes"] == 3
     assert figures["em"] == json.loads((out / "eval.json").read_text())["em"]  # same questions, greedy policy
+    argv = ["eval", "--env", "SearchQAMacro-v0", "--agent", f"sb3:{out / 'model.zip'}", "--episodes", "3",
+            "--no-progress", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["em"] == figures["em"]

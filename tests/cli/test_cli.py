@@ -40,3 +40,28 @@ def test_user_agent_class_plugs_in(capsys: pytest.CaptureFixture[str]) -> None:
         main(["eval", "--agent", "tests_user_agent:Echo", "--episodes", "1", "--json", "--no-progress"]) == 2
     )
     assert "cannot load agent" in capsys.readouterr().err
+
+
+def test_random_and_oracle_work_on_the_macro_view(capsys: pytest.CaptureFixture[str]) -> None:
+    for agent, low, high in (("random", 0.0, 0.3), ("oracle", 0.95, 1.0)):
+        argv = [
+            "eval",
+            "--env",
+            "SearchQAMacro-v0",
+            "--agent",
+            agent,
+            "--episodes",
+            "20",
+            "--json",
+            "--no-progress",
+        ]
+        assert main(argv) == 0
+        em = json.loads(capsys.readouterr().out)["em"]
+        assert low <= em <= high
+
+
+def test_env_size_options_reach_the_env(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["eval", "--agent", "random", "--episodes", "3", "--json", "--no-progress", "--max-turn-tokens", "8",
+            "--max-context-tokens", "400"]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] <= 4 * 8

@@ -189,6 +189,12 @@ def test_retrieval_failure_raise_or_observe() -> None:
     assert "Search failed: server unreachable" in base.tokenizer.decode(obs["tokens"][:n][tool])
 
 
+def test_unsupported_render_mode_warns_and_renders_nothing() -> None:
+    with pytest.warns(UserWarning, match="render_mode 'rgb_array' is not supported"):
+        env = gym.make("SearchQA-v0", render_mode="rgb_array", disable_env_checker=True)
+    assert env.unwrapped.render_mode is None
+
+
 def test_render_modes(capsys: pytest.CaptureFixture[str]) -> None:
     env = gym.make("SearchQA-v0", render_mode="ansi")
     env.reset(seed=0)
