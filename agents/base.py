@@ -48,7 +48,13 @@ class SegmentAgent(Agent):
     ) -> list[list[int]]:
         """Returns one token segment per observation (typically one turn each)."""
 
+    def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
+        """Drops tokens left over from the previous episode's last segment."""
+        self._pending = []
+
     def act(self, observation: Observation, info: dict[str, Any]) -> int:
         if info.get("turn_end") or not self._pending:
             self._pending = list(self.generate([observation], [info])[0])
+            if not self._pending:
+                raise ValueError(f"{type(self).__name__}.generate returned an empty segment")
         return self._pending.pop(0)

@@ -137,13 +137,19 @@ def evaluate(
         from tqdm.auto import tqdm
 
         iterator = tqdm(iterator, total=episodes, desc=f"eval {agent.name}", unit="ep")
-    for record in iterator:
-        records.append(record)
-    summary = EvalSummary.of(records, time.perf_counter() - start)
-    if out is not None:
+    sink = None
+    if out is not None:  # written as episodes finish, so a crash keeps what was done
         path = Path(out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
+        sink = path.open("w", encoding="utf-8")
+    try:
+        for record in iterator:
+            records.append(record)
+            if sink is not None:
+                sink.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+                sink.flush()
+    finally:
+        if sink is not None:
+            sink.close()
+    summary = EvalSummary.of(records, time.perf_counter() - start)
     return summary

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from searchgym.envs.episode import Source
 from searchgym.rewards import normalize_answer
 from searchgym.tokenization import Tokenizer
 
@@ -18,7 +19,6 @@ _DOC = re.compile(r'Doc \d+\(Title: "?(.*?)"?\) (.*?)(?=\nDoc \d+\(Title: |</inf
 _YEAR = re.compile(r"\b(1[0-9]{3}|20[0-9]{2})\b")
 _CAPS = re.compile(r"\b[A-Z][\w'-]*(?:\s+(?:of|the|de|and|&)?\s*[A-Z][\w'-]*)*")
 _COMPARE = re.compile(r",\s*(.+?)\s+or\s+(.+?)\?\s*$")
-_TOOL = 3
 
 
 def parse_information(text: str) -> list[tuple[str, str]]:
@@ -99,7 +99,7 @@ class HeuristicAgent(Agent):
         if info.get("turn_end") and not self._searched:
             self._searched = True
             n = int(observation["length"][0])
-            tool = observation["sources"][:n] == _TOOL
+            tool = observation["sources"][:n] == Source.TOOL
             passages = parse_information(self.tokenizer.decode(observation["tokens"][:n][tool]))
             answer = extract_answer(self._question, passages)
             self._queue = self.tokenizer.encode(f"<answer> {answer} </answer>")

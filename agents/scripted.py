@@ -126,6 +126,8 @@ class MacroOracleAgent(Agent):
                 return int(action)
         searched = {normalize_answer(q) for q in env.episode.queries}
         for pid in question.supporting_ids:
+            if pid not in env.dataset.passage_index:
+                continue
             title = env.dataset.passage_index[pid].title
             action = env.action_for(title, "search")
             if normalize_answer(title) not in searched and action is not None:

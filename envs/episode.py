@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from searchgym.data.types import Question
+from searchgym.errors import ConfigError, InvalidActionError, SearchGymError
 from searchgym.protocol import (
     INVALID_TURN_MESSAGE,
     StopScanner,
@@ -29,9 +30,46 @@ from searchgym.retrieval.base import Hit
 from searchgym.rewards import exact_match, f1_score, get_metric, sub_exact_match
 from searchgym.tokenization import Tokenizer
 
-__all__ = ["END_REASONS", "Episode", "EpisodeConfig", "Event", "Source", "Turn"]
+__all__ = [
+    "END_REASONS",
+    "Episode",
+    "EpisodeConfig",
+    "Event",
+    "Source",
+    "Turn",
+    "check_segment",
+    "check_token",
+]
 
 END_REASONS = ("answered", "turn_budget", "context_limit")
+
+
+def check_token(action: Any, vocab_size: int) -> int:
+    """Returns ``action`` as a token id, or raises :class:`InvalidActionError`.
+
+    Python and NumPy integers (not bools, not floats) in ``[0, vocab_size)`` are token ids.
+    """
+    if isinstance(action, int | np.integer) and not isinstance(action, bool | np.bool_):
+        token = int(action)
+        if 0 <= token < vocab_size:
+            return token
+    raise InvalidActionError(f"action {action!r} is not a token id in [0, {vocab_size})")
+
+
+def check_segment(segment: Any, vocab_size: int) -> list[int]:
+    """Returns a token segment (any 1-D sequence of integer ids) as a list, checking every id first.
+
+    Raises:
+        InvalidActionError: the segment is empty, not 1-D, not integer, or holds an id outside the vocabulary.
+    """
+    array = np.asarray(segment)
+    if array.ndim != 1 or array.shape[0] == 0:
+        raise InvalidActionError(f"a segment must be a non-empty 1-D sequence of token ids, got {segment!r}")
+    if not np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
+        raise InvalidActionError(f"segment token ids must be integers, got dtype {array.dtype}")
+    if array.min() < 0 or array.max() >= vocab_size:
+        raise InvalidActionError(f"segment holds ids outside [0, {vocab_size}): {array.tolist()}")
+    return [int(t) for t in array]
 
 
 class Source(enum.IntEnum):
@@ -65,8 +103,6 @@ class EpisodeConfig:
     prompt_style: str = "base"
 
     def __post_init__(self) -> None:
-        from searchgym.errors import ConfigError
-
         if self.topk < 1:
             raise ConfigError(f"topk must be >= 1, got {self.topk}")
         if self.max_turns < 1:
@@ -135,8 +171,6 @@ class Episode:
         else:
             prompt = self.tokenizer.encode(format_prompt(question.question))
         if len(prompt) >= self.config.max_context_tokens:
-            from searchgym.errors import ConfigError
-
             raise ConfigError(
                 f"the prompt of question {question.id!r} has {len(prompt)} tokens, which does not fit "
                 f"max_context_tokens={self.config.max_context_tokens}"
@@ -149,6 +183,7 @@ class Episode:
         self.prompt_length = self.length
         self.turns: list[Turn] = []
         self.queries: list[str] = []
+        self.search_hits: list[list[str]] = []  # one entry per executed search, aligned with queries
         self.answer: str | None = None
         self.pending_query: str | None = None
         self.end_reason: str | None = None
@@ -173,7 +208,8 @@ class Episode:
         return Event.DONE
 
     def _append_tool(self, ids: Sequence[int] | np.ndarray) -> Event:
-        if self.length + len(ids) > self.config.max_context_tokens:
+        # At least one policy token must fit after tool output, or the episode could not go on.
+        if self.length + len(ids) >= self.config.max_context_tokens:
             return self._finish("context_limit")
         self._append(ids, Source.TOOL)
         self._turn_start = self.length
@@ -185,9 +221,16 @@ class Episode:
     def feed(self, token: int) -> Event:
         """Appends one policy token and advances the episode.
 
-        The caller validates ``token`` (it must be a vocabulary id) and must not feed a finished episode or
-        one waiting for :meth:`deliver`.
+        The caller validates ``token`` (:func:`check_token`) and must not feed a finished episode.
+
+        Raises:
+            SearchGymError: a search is pending (its retrieval failed or was not run): deliver its hits first.
         """
+        if self.pending_query is not None:
+            raise SearchGymError(
+                f"a search for {self.pending_query!r} is pending (its retrieval failed or was not run); "
+                "retry it (env.unwrapped.run_search()) or reset the episode"
+            )
         self.tokens[self.length] = token
         self.sources[self.length] = Source.POLICY
         self.length += 1
@@ -225,20 +268,25 @@ class Episode:
 
     def deliver(self, hits: Sequence[Hit]) -> Event:
         """Appends the ``<information>`` block for the pending search and starts the next turn."""
-        assert self.pending_query is not None, "deliver() without a pending search"
-        self.queries.append(self.pending_query)
-        self.pending_query = None
-        self.turns[-1].hit_ids = [h.passage_id for h in hits]
+        self._take_pending([h.passage_id for h in hits])
         text = format_information([(h.title, h.text) for h in hits], self.config.max_passage_words)
         return self._append_tool(self.tokenizer.encode(text))
 
     def deliver_failure(self, message: str) -> Event:
         """Appends a tool message saying the pending search failed (``on_retrieval_error="observe"``)."""
-        assert self.pending_query is not None, "deliver_failure() without a pending search"
-        self.queries.append(self.pending_query)
-        self.pending_query = None
+        self._take_pending([])
         text = f"\n\n<information>Search failed: {message}</information>\n\n"
         return self._append_tool(self.tokenizer.encode(text))
+
+    def _take_pending(self, hit_ids: list[str]) -> None:
+        if self.pending_query is None:
+            raise SearchGymError(
+                "no search is pending: deliver results only after feed() returned Event.SEARCH"
+            )
+        self.queries.append(self.pending_query)
+        self.search_hits.append(hit_ids)
+        self.turns[-1].hit_ids = hit_ids
+        self.pending_query = None
 
     # -- reporting ---------------------------------------------------------------------------------------
 
@@ -252,13 +300,14 @@ class Episode:
 
     @property
     def retrieved_ids(self) -> list[list[str]]:
-        """Passage ids returned by each executed search, in order."""
-        return [t.hit_ids for t in self.turns if t.kind == "search" and t.hit_ids]
+        """Passage ids returned by each executed search, aligned with ``queries`` (``[]`` for a failed one)."""
+        return [list(ids) for ids in self.search_hits]
 
     def info(self) -> dict[str, Any]:
         """Everything needed to debug the episode (see the env docstring for the keys)."""
         q = self.question
-        assert q is not None
+        if q is None:
+            raise SearchGymError("the episode has not started: call start() (env.reset()) first")
         answer = self.answer
         gold = q.golden_answers
         support = set(q.supporting_ids)
@@ -277,6 +326,7 @@ class Episode:
             "subem": sub_exact_match(answer, gold) if answer is not None else 0.0,
             "f1": f1_score(answer, gold) if answer is not None else 0.0,
             "gold_retrieved": bool(support & retrieved) if support else None,
+            "gold_recall": len(support & retrieved) / len(support) if support else None,
             "policy_tokens": int(np.count_nonzero(self.sources[: self.length] == Source.POLICY)),
             "length": self.length,
             "end_reason": self.end_reason,

@@ -10,17 +10,11 @@ import numpy as np
 from gymnasium import spaces
 
 from searchgym.data import Dataset, Question, load_dataset
-from searchgym.errors import (
-    ConfigError,
-    EpisodeFinishedError,
-    InvalidActionError,
-    RetrieverError,
-    UnknownQuestionError,
-)
+from searchgym.errors import ConfigError, EpisodeFinishedError, RetrieverError, UnknownQuestionError
 from searchgym.retrieval import Retriever, make_retriever
 from searchgym.tokenization import Tokenizer, load_tokenizer
 
-from .episode import Episode, EpisodeConfig, Event, Source
+from .episode import Episode, EpisodeConfig, Event, Source, check_token
 
 __all__ = ["SearchQAEnv", "shared_retriever"]
 
@@ -158,7 +152,6 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         self.questions: list[Question] = self.dataset.questions(split)
         if not self.questions:
             raise ConfigError(f"split {split!r} of {self.dataset.name!r} has no questions")
-        self._question_index = self.dataset.question_index(split)
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
         self.retriever = shared_retriever(self.dataset, retriever)
         self.on_retrieval_error = on_retrieval_error
@@ -185,7 +178,7 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         return self.episode.observation(), {**self.episode.info(), "turn_end": False}
 
     def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        token = self._check_action(action)
+        token = check_token(action, self.tokenizer.vocab_size)
         ep = self.episode
         if ep.done:
             raise EpisodeFinishedError(
@@ -216,9 +209,14 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
     # -- helpers -----------------------------------------------------------------------------------------
 
     def run_search(self) -> Event:
-        """Executes the pending search of the episode with the retriever and delivers the hits."""
+        """Executes the pending search of the episode with the retriever and delivers the hits.
+
+        ``step`` calls it; call it yourself only to retry a search whose retrieval raised
+        :class:`~searchgym.errors.RetrieverError` (the episode keeps the search pending until then).
+        """
         ep = self.episode
-        assert ep.pending_query is not None
+        if ep.pending_query is None:
+            raise ConfigError("no search is pending")
         try:
             hits = self.retriever.search([ep.pending_query], self.config.topk)[0]
         except RetrieverError as e:
@@ -227,19 +225,6 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
             return ep.deliver_failure(str(e))
         return ep.deliver(hits)
 
-    def _check_action(self, action: Any) -> int:
-        try:
-            token = int(action)
-            ok = token == action and 0 <= token < self.tokenizer.vocab_size
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise InvalidActionError(
-                f"action {action!r} is not a token id in [0, {self.tokenizer.vocab_size}) "
-                f"(tokenizer {self.tokenizer.name!r})"
-            )
-        return token
-
     def _pick_question(self, options: dict[str, Any]) -> Question:
         unknown = set(options) - {"question_id", "question_index"}
         if unknown:
@@ -247,13 +232,7 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
                 f"unknown reset options {sorted(unknown)}; valid: ['question_id', 'question_index']"
             )
         if "question_id" in options:
-            qid = str(options["question_id"])
-            if qid not in self._question_index:
-                raise UnknownQuestionError(
-                    f"no question with id {qid!r} in split {self.split!r} of {self.dataset.name!r} "
-                    f"({len(self.questions)} questions; env.unwrapped.questions lists them)"
-                )
-            return self.questions[self._question_index[qid]]
+            return self.dataset.find_question(self.split, str(options["question_id"]))
         if "question_index" in options:
             index = int(options["question_index"])
             if not 0 <= index < len(self.questions):

@@ -12,7 +12,7 @@ from gymnasium.vector.utils import batch_space
 
 from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError, RetrieverError
 
-from .episode import Episode, Event
+from .episode import Episode, Event, check_segment
 from .search_qa import SearchQAEnv
 
 __all__ = ["SearchQAVectorEnv", "SegmentStep"]
@@ -110,6 +110,11 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
     def reset(
         self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Resets all sub-envs (or those in ``options["reset_mask"]``).
+
+        One generator (the vector env's ``np_random``) draws every group's question, so ``seed`` is one
+        integer; a list (gymnasium's per-sub-env form) is accepted and its first entry seeds that generator.
+        """
         if isinstance(seed, list):
             seed = seed[0]
         super().reset(seed=seed)
@@ -131,8 +136,10 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
             ids = list(options["question_ids"])
             if len(ids) != n_groups:
                 raise ConfigError(f"question_ids needs one id per group ({n_groups}), got {len(ids)}")
-            index = self.template.dataset.question_index(self.template.split)
-            picks = [self._lookup(index, str(qid)) for qid in ids]
+            index = self.dataset.question_index(self.template.split)
+            for qid in ids:
+                self.dataset.find_question(self.template.split, str(qid))  # unknown ids fail here, clearly
+            picks = [index[str(qid)] for qid in ids]
         else:
             picks = [int(self.np_random.integers(len(self.questions))) for _ in range(n_groups)]
         for i in np.flatnonzero(mask):
@@ -142,13 +149,6 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         for i in np.flatnonzero(mask):
             infos = self._add_info(infos, self.episodes[i].info(), int(i))
         return self._observations(), infos
-
-    def _lookup(self, index: dict[str, int], qid: str) -> int:
-        from searchgym.errors import UnknownQuestionError
-
-        if qid not in index:
-            raise UnknownQuestionError(f"no question with id {qid!r} in split {self.template.split!r}")
-        return index[qid]
 
     # -- stepping ----------------------------------------------------------------------------------------
 
@@ -161,6 +161,7 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         vocab = self.tokenizer.vocab_size
         if not np.issubdtype(actions.dtype, np.integer) or actions.min() < 0 or actions.max() >= vocab:
             raise InvalidActionError(f"actions must be token ids in [0, {vocab}); got {actions!r}")
+        self._check_steppable(~self._autoreset)
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         infos: dict[str, Any] = {}
         searching: list[int] = []
@@ -172,10 +173,6 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
                 infos = self._add_info(infos, ep.info(), i)
                 events[i] = -1
                 continue
-            if ep.done:
-                raise EpisodeFinishedError(
-                    f"sub-env {i} has finished; reset it with reset(options={{'reset_mask': mask}})"
-                )
             events[i] = event = ep.feed(int(actions[i]))
             if event == Event.SEARCH:
                 searching.append(i)
@@ -201,21 +198,22 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         """
         if len(segments) != self.num_envs:
             raise InvalidActionError(f"expected {self.num_envs} segments, got {len(segments)}")
-        vocab = self.tokenizer.vocab_size
+        # Every segment is checked before any is fed: a bad batch changes nothing.
+        given = np.array([s is not None and len(s) > 0 for s in segments])
+        self._check_steppable(given)
+        checked = [
+            check_segment(s, self.tokenizer.vocab_size) if g else []
+            for s, g in zip(segments, given, strict=True)
+        ]
         consumed = np.zeros(self.num_envs, dtype=np.int64)
         events = np.full(self.num_envs, -1, dtype=np.int64)
         searching: list[int] = []
-        for i, segment in enumerate(segments):
-            if segment is None or len(segment) == 0:
+        for i, seg in enumerate(checked):
+            if not seg:
                 continue
             ep = self.episodes[i]
-            if ep.done:
-                raise EpisodeFinishedError(f"sub-env {i} has finished; do not give it a segment")
-            seg = np.asarray(segment)
-            if not np.issubdtype(seg.dtype, np.integer) or seg.min() < 0 or seg.max() >= vocab:
-                raise InvalidActionError(f"segment {i} holds ids outside [0, {vocab})")
             event = Event.CONTINUE
-            for token in seg.tolist():
+            for token in seg:
                 event = ep.feed(token)
                 consumed[i] += 1
                 if event != Event.CONTINUE:
@@ -230,6 +228,17 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         )
         infos = [ep.info() if events[i] > Event.CONTINUE else {} for i, ep in enumerate(self.episodes)]
         return SegmentStep(self._observations(), rewards, terminated, truncated, consumed, events, infos)
+
+    def _check_steppable(self, mask: np.ndarray) -> None:
+        """Raises before anything is fed if a sub-env in ``mask`` has finished or waits on a failed search."""
+        for i in map(int, np.flatnonzero(mask)):
+            ep = self.episodes[i]
+            if ep.done:
+                raise EpisodeFinishedError(
+                    f"sub-env {i} has finished; reset it with reset(options={{'reset_mask': mask}})"
+                )
+            if ep.pending_query is not None:
+                raise RetrieverError(f"sub-env {i} has a search pending after a failed retrieval; reset it")
 
     def _run_searches(self, indices: list[int], events: np.ndarray) -> None:
         """One batched retrieval call for every sub-env that searched."""

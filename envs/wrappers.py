@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from searchgym.errors import InvalidActionError
+from .episode import check_segment
 
 __all__ = ["TurnLevelWrapper"]
 
@@ -24,7 +24,8 @@ class TurnLevelWrapper(gym.Wrapper[dict[str, np.ndarray], Any, dict[str, np.ndar
     identical episodes. The reward is the sum of the fed steps' rewards.
 
     The action space is ``Sequence(Discrete(vocab_size))``; any sequence of ints (list, tuple, 1-D array) is
-    accepted. An empty segment raises :class:`~searchgym.errors.InvalidActionError`.
+    accepted. The whole segment is checked before any token is fed: an empty segment, a non-integer, or an
+    id outside the vocabulary raises :class:`~searchgym.errors.InvalidActionError` and changes nothing.
     """
 
     def __init__(self, env: gym.Env[dict[str, np.ndarray], int]) -> None:
@@ -33,9 +34,7 @@ class TurnLevelWrapper(gym.Wrapper[dict[str, np.ndarray], Any, dict[str, np.ndar
         self.action_space = spaces.Sequence(spaces.Discrete(vocab))
 
     def step(self, action: Sequence[int]) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        segment = [int(t) for t in np.asarray(action).reshape(-1)] if len(action) else []
-        if not segment:
-            raise InvalidActionError("a segment must hold at least one token")
+        segment = check_segment(action, int(self.env.action_space.n))  # type: ignore[attr-defined]
         total = 0.0
         result: tuple[dict[str, np.ndarray], Any, bool, bool, dict[str, Any]] | None = None
         consumed = 0

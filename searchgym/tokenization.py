@@ -110,10 +110,13 @@ class Tokenizer:
         return found
 
     def _special_ids(self) -> set[int]:
-        if self._hf is not None:
-            return set(self._hf.all_special_ids)
+        # Added tokens marked special in the backend (e.g. reserved tokens) never decode to text, even when
+        # a transformers tokenizer does not list them among its special tokens.
         spec = json.loads(self._backend.to_str())
-        return {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+        ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+        if self._hf is not None:
+            ids |= set(self._hf.all_special_ids)
+        return ids
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, without any special tokens added."""

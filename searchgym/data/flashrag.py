@@ -86,8 +86,12 @@ def read_corpus(path: Path) -> list[Passage]:
 def read_questions(path: Path) -> list[Question]:
     """Reads a FlashRAG ``{split}.jsonl`` question file."""
     questions: list[Question] = []
+    seen: set[str] = set()
     for lineno, record in iter_jsonl(path):
         qid = _field(record, "id", str, path, lineno)
+        if qid in seen:
+            raise DataFormatError(str(path), lineno, f"duplicate question id {qid!r}")
+        seen.add(qid)
         text = _field(record, "question", str, path, lineno)
         answers = record.get("golden_answers")
         if isinstance(answers, str):

@@ -62,6 +62,9 @@ class Dataset:
     name: str
     passages: list[Passage]
     splits: dict[str, list[Question]]
+    _question_indexes: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
+    retrievers: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """Named retrievers built over this corpus, shared by every env on the dataset (see ``shared_retriever``)."""
 
     @cached_property
     def passage_index(self) -> dict[str, Passage]:
@@ -78,8 +81,10 @@ class Dataset:
             ) from None
 
     def question_index(self, split: str) -> dict[str, int]:
-        """Maps question id to its position in ``split``."""
-        return {q.id: i for i, q in enumerate(self.questions(split))}
+        """Maps question id to its position in ``split`` (built once per split)."""
+        if split not in self._question_indexes:
+            self._question_indexes[split] = {q.id: i for i, q in enumerate(self.questions(split))}
+        return self._question_indexes[split]
 
     def find_question(self, split: str, question_id: str) -> Question:
         """The question with ``question_id`` in ``split``.
@@ -87,7 +92,10 @@ class Dataset:
         Raises:
             UnknownQuestionError: no question of that id exists in the split.
         """
-        for q in self.questions(split):
-            if q.id == question_id:
-                return q
-        raise UnknownQuestionError(f"no question with id {question_id!r} in split {split!r} of {self.name!r}")
+        index = self.question_index(split)
+        if question_id not in index:
+            raise UnknownQuestionError(
+                f"no question with id {question_id!r} in split {split!r} of {self.name!r} "
+                f"({len(index)} questions; env.unwrapped.questions lists them)"
+            )
+        return self.splits[split][index[question_id]]

@@ -129,7 +129,7 @@ def top_k_sparse(scores: np.ndarray, positions: np.ndarray, k: int) -> tuple[np.
     if k <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
     pool = np.arange(m)
-    if k < m and m > 4 * _SAMPLE:
+    if k < m and m > 4 * _SAMPLE and k <= m // (m // _SAMPLE) // 2:
         # The k-th best of a strided sample is a lower bound of the k-th best of all (a subset's k-th
         # largest never exceeds the whole's), so entries below it can be dropped before selecting: a
         # full-corpus row shrinks to a few hundred entries for the price of one comparison pass.

@@ -69,3 +69,16 @@ def test_demonstrations_round_trip_and_are_oracle_transcripts(tmp_path: Path) ->
     path.write_text(path.read_text().splitlines()[0] + '\n{"question_id": "q", "tokens": [1]}\n')
     with pytest.raises(DataFormatError, match=r"demos.jsonl:2:"):
         read_demonstrations(path)
+
+
+def test_segment_agent_drops_leftovers_between_episodes() -> None:
+    from searchgym.agents import SegmentAgent
+
+    class Fixed(SegmentAgent):
+        def generate(self, observations, infos):  # type: ignore[no-untyped-def]
+            return [[1, 2, 3]]
+
+    agent = Fixed()
+    assert agent.act({}, {}) == 1
+    agent.reset({})
+    assert agent.act({}, {}) == 1  # not 2: the previous episode's leftovers are gone

@@ -87,3 +87,10 @@ def test_real_hotpotqa_folder(hotpot_dir: Path) -> None:
     assert len(questions) == 1100
     assert all(q.supporting_ids and all(p in ds.passage_index for p in q.supporting_ids) for q in questions)
     assert load_dataset(hotpot_dir) is ds  # cached per process
+
+
+def test_duplicate_question_ids_are_rejected(tmp_path: Path) -> None:
+    root = write_folder(tmp_path / "dup", GOOD_CORPUS, [GOOD_TEST[0], GOOD_TEST[0]])
+    with pytest.raises(DataFormatError, match="duplicate question id 'q0'") as err:
+        load_flashrag(root)
+    assert err.value.line == 2

@@ -254,3 +254,61 @@ def test_oracle_transcript_policy_tokens_are_exactly_the_agents() -> None:
     record = run_episode(env, oracle, seed=0, options={"question_index": 0})
     assert record.info["em"] == 1.0
     assert isinstance(base, SearchQAEnv) and searchgym.__version__
+
+
+def test_tool_output_that_fills_the_context_exactly_ends_the_episode() -> None:
+    probe = gym.make("SearchQA-v0")
+    probe.reset(seed=0)
+    prompt = probe.unwrapped.episode.length
+    eos = probe.unwrapped.tokenizer.eos_token_id
+    corrective = len(probe.unwrapped.tokenizer.encode(INVALID_TURN_MESSAGE))
+    for extra in range(0, 6):  # the corrective message ends exactly at, just before, or after the limit
+        size = prompt + 3 + corrective + extra - 2
+        env = gym.make("SearchQA-v0", max_context_tokens=size, max_turns=10)
+        env.reset(seed=0)
+        for t in [100, 100, eos]:
+            obs, _, terminated, truncated, info = env.step(t)
+        while not (terminated or truncated):
+            obs, _, terminated, truncated, info = env.step(100)
+        assert int(obs["length"][0]) <= size
+
+
+class _FlakyRetriever(Retriever):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def search(self, queries: Any, k: int) -> list[list[Hit]]:
+        self.calls += 1
+        if self.calls == 1:
+            raise RetrieverError("temporarily down")
+        return [[Hit("p1", "T", "text", 1.0)] for _ in queries]
+
+
+def test_failed_search_stays_pending_until_retried() -> None:
+    retriever = _FlakyRetriever()
+    env = gym.make("SearchQA-v0", retriever=retriever)
+    env.reset(seed=0)
+    with pytest.raises(RetrieverError):
+        feed_text(env, "<search> who </search>")
+    with pytest.raises(searchgym.SearchGymError, match="pending"):
+        env.step(5)
+    env.unwrapped.run_search()  # retry
+    obs, _, terminated, _, info = feed_text(env, " ok <answer> x </answer>")
+    assert terminated and info["queries"] == ["who"] and info["retrieved_ids"] == [["p1"]]
+    assert [t.kind for t in env.unwrapped.episode.turns] == ["search", "answer"]
+
+
+def test_retrieved_ids_align_with_queries_when_a_search_fails() -> None:
+    env = gym.make("SearchQA-v0", retriever=_FlakyRetriever(), on_retrieval_error="observe")
+    env.reset(seed=0)
+    feed_text(env, "<search> a </search>")
+    _, _, _, _, info = feed_text(env, "<search> b </search>")
+    assert info["queries"] == ["a", "b"] and info["retrieved_ids"] == [[], ["p1"]]
+
+
+@pytest.mark.parametrize("action", [True, 5.0, np.float32(3)])
+def test_bools_and_floats_are_not_token_ids(action: Any) -> None:
+    env = gym.make("SearchQA-v0").unwrapped
+    env.reset(seed=0)
+    with pytest.raises(InvalidActionError):
+        env.step(action)

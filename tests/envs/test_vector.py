@@ -9,7 +9,7 @@ import pytest
 import searchgym  # noqa: F401
 from searchgym.data import load_dataset
 from searchgym.envs import SearchQAVectorEnv
-from searchgym.errors import ConfigError, EpisodeFinishedError
+from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError
 from searchgym.retrieval import Hit, Retriever, make_retriever
 from searchgym.tokenization import builtin_tokenizer
 
@@ -84,3 +84,17 @@ def test_next_step_autoreset() -> None:
     obs, _, terminated, _, infos = envs.step(np.array([5, 5]))  # sub-env 0 resets, its action is ignored
     assert terminated.tolist() == [False, False]
     assert int(obs["length"][0, 0]) == envs.episodes[0].prompt_length
+
+
+def test_a_bad_batch_changes_nothing() -> None:
+    envs = SearchQAVectorEnv(num_envs=2, autoreset_mode="Disabled")
+    envs.reset(seed=0)
+    before = [ep.length for ep in envs.episodes]
+    search = builtin_tokenizer().encode("<search> Lyku Works </search>")
+    with pytest.raises(InvalidActionError):
+        envs.step_segments([search, [10**9]])
+    with pytest.raises(InvalidActionError):
+        envs.step_segments([search, [1.5]])
+    assert [ep.length for ep in envs.episodes] == before
+    result = envs.step_segments([search, None])  # still usable: the first segment now runs normally
+    assert result.infos[0]["queries"] == ["Lyku Works"]

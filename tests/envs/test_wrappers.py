@@ -94,3 +94,13 @@ def test_stops_at_the_turn_end_and_reports_discarded_tokens() -> None:
     assert info["consumed_tokens"] == len(head) and info["discarded_tokens"] == tail
     with pytest.raises(InvalidActionError):
         env.step([])
+
+
+def test_bad_segments_are_rejected_before_anything_is_fed() -> None:
+    env = TurnLevelWrapper(gym.make("SearchQA-v0"))
+    obs, _ = env.reset(seed=0)
+    length = int(obs["length"][0])
+    for bad in ([5.7, 6.2], [5, 10**9], 7, [[1, 2]]):
+        with pytest.raises(InvalidActionError):
+            env.step(bad)  # type: ignore[arg-type]
+    assert env.unwrapped.episode.length == length

@@ -181,9 +181,10 @@ def test_top_k_sparse_matches_dense_rule() -> None:
     for size in [30] * 50 + [5000, 20_000]:  # long rows take the sampled lower-bound path
         dense = rng.integers(0, 4, size=size).astype(np.float64)  # many ties
         positions = rng.permutation(size)
-        kept, scores = top_k_sparse(dense[positions], positions, 7)
-        assert kept.tolist() == top_k_indices(dense, 7).tolist()
-        assert scores.tolist() == dense[kept].tolist()
+        for k in (7, 1251, 2600, size):  # large k: more than the sample holds
+            kept, scores = top_k_sparse(dense[positions], positions, k)
+            assert kept.tolist() == top_k_indices(dense, k).tolist()
+            assert scores.tolist() == dense[kept].tolist()
 
 
 def test_invalid_parameters_are_config_errors() -> None:
