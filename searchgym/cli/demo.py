@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         "progress": not args.no_progress,
     }
 
-    print(f"[1/4] supervised warm-start on {args.sft_demos} oracle demonstrations ({args.sft_epochs} epochs)")
+    print(f"[1/4] supervised warm-start on oracle demonstrations ({args.sft_epochs} epochs)")
     sft = SFTConfig(run_dir=str(root / "sft"), demo_episodes=args.sft_demos, epochs=args.sft_epochs, **common)
     sft_metrics = train_sft(sft)
     rows = [_row("SFT warm-start", sft_metrics, time.perf_counter() - start)]
