@@ -12,6 +12,7 @@ from __future__ import annotations
 from gymnasium.envs.registration import register, registry
 
 from searchgym.errors import (
+    CheckpointError,
     ConfigError,
     DataFormatError,
     EpisodeFinishedError,
@@ -25,6 +26,7 @@ from searchgym.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "DataFormatError",
     "EpisodeFinishedError",

@@ -8,6 +8,7 @@ written against builtins keeps working.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "DataFormatError",
     "EpisodeFinishedError",
@@ -55,6 +56,10 @@ class InvalidActionError(SearchGymError, ValueError):
 
 class EpisodeFinishedError(SearchGymError, RuntimeError):
     """``step`` was called on an episode that has already terminated or been truncated."""
+
+
+class CheckpointError(SearchGymError, RuntimeError):
+    """A checkpoint is missing, unreadable, truncated, or not a searchgym checkpoint."""
 
 
 class RetrieverError(SearchGymError, RuntimeError):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from searchgym.errors import SearchGymError
+from searchgym.errors import CheckpointError
 
 __all__ = [
     "FORMAT",
@@ -30,10 +30,6 @@ __all__ = [
 ]
 
 FORMAT = "searchgym-checkpoint-v1"
-
-
-class CheckpointError(SearchGymError, RuntimeError):
-    """A checkpoint is missing, unreadable, or not a searchgym checkpoint."""
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
