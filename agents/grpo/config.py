@@ -60,6 +60,9 @@ class CommonConfig:
     max_context_tokens: int = _opt(2048, "context size (transcript cap)")
     lr: float = _opt(3e-4, "learning rate (use ~1e-6 for a 3B model)")
     warmup_steps: int = _opt(0, "linear learning-rate warm-up, in optimizer updates")
+    lr_schedule: Literal["constant", "linear"] = _opt(
+        "constant", "after the warm-up: constant, or linear decay to zero at the last update"
+    )
     weight_decay: float = _opt(0.0, "AdamW weight decay")
     max_grad_norm: float = _opt(1.0, "gradient-norm clipping threshold (0 disables clipping)")
     eval_questions: int = _opt(200, "questions of the eval split scored greedily at the end (0: none)")
@@ -77,6 +80,8 @@ class CommonConfig:
             raise ConfigError(f"max_context_tokens must be >= 16, got {self.max_context_tokens}")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if self.lr_schedule not in ("constant", "linear"):
+            raise ConfigError(f"lr_schedule must be 'constant' or 'linear', got {self.lr_schedule!r}")
         for name in ("warmup_steps", "eval_questions"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -202,6 +207,9 @@ class SFTConfig(CommonConfig):
     batch_size: int = _opt(16, "demonstrations per optimizer update")
     lr: float = _opt(2e-3, "learning rate")
     warmup_steps: int = _opt(20, "linear learning-rate warm-up, in optimizer updates")
+    lr_schedule: Literal["constant", "linear"] = _opt(
+        "linear", "after the warm-up: constant, or linear decay to zero at the last update"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -73,15 +73,27 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
 
 
 def make_optimizer(
-    model: Any, config: CommonConfig
+    model: Any, config: CommonConfig, total_updates: int | None = None
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable parameters with a linear warm-up to ``config.lr``, then constant."""
+    """AdamW over the trainable parameters with a linear warm-up to ``config.lr``.
+
+    After the warm-up the rate stays constant (``config.lr_schedule == "constant"``) or decays linearly to
+    zero at ``total_updates`` (``"linear"``; needs ``total_updates``).
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     warmup = config.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda update: min(1.0, (update + 1) / warmup) if warmup else 1.0
-    )
+    decay = config.lr_schedule == "linear" and total_updates is not None
+
+    def factor(update: int) -> float:
+        if warmup and update < warmup:
+            return (update + 1) / warmup
+        if decay:
+            assert total_updates is not None
+            return max(0.0, (total_updates - update) / max(1, total_updates - warmup))
+        return 1.0
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return optimizer, scheduler
 
 

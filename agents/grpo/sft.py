@@ -91,10 +91,10 @@ def train_sft(config: SFTConfig) -> dict[str, float]:
     tokens, mask, sources = pad_transcripts(
         [d.tokens for d in demos], [d.sources for d in demos], policy.tokenizer.pad_token_id
     )
-    optimizer, scheduler = make_optimizer(model, config)
+    per_epoch = math.ceil(len(demos) / config.batch_size)
+    optimizer, scheduler = make_optimizer(model, config, total_updates=config.epochs * per_epoch)
     logger = MetricLogger(config.run_dir, tensorboard=config.tensorboard)
     generator = torch.Generator().manual_seed(config.seed)
-    per_epoch = math.ceil(len(demos) / config.batch_size)
     from tqdm.auto import tqdm
 
     bar = tqdm(total=config.epochs * per_epoch, desc="sft", disable=not config.progress)

@@ -74,7 +74,9 @@ class GRPOTrainer:
         self.model = self.policy.model
         # The reference is the initial policy; skipped entirely (no copy, no forward) when kl_coef == 0.
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-        self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
+        self.optimizer, self.scheduler = make_optimizer(
+            self.model, cfg, total_updates=cfg.steps * cfg.updates_per_step
+        )
         self.env = SearchQAVectorEnv(
             cfg.batch_size,
             autoreset_mode="Disabled",

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage")
     parser.add_argument(
-        "--sft-demos", type=int, default=1600, help="oracle demonstrations for the warm-start"
+        "--sft-demos", type=int, default=None, help="oracle demonstrations (default: one per train question)"
     )
     parser.add_argument("--sft-epochs", type=int, default=2, help="passes over the demonstrations")
     parser.add_argument("--grpo-steps", type=int, default=12, help="rollout batches per GRPO variant")

@@ -190,3 +190,24 @@ def test_sft_config_and_derived_values(tmp_path: Path) -> None:
     assert cfg.batch_size == 20 and cfg.updates_per_step == 6 and cfg.llds_enabled
     with pytest.raises(ConfigError, match="batch_size must be >= 1"):
         SFTConfig(batch_size=0)
+
+
+def test_linear_lr_schedule_warms_up_then_decays_to_zero() -> None:
+    from searchgym.agents.grpo.config import SFTConfig
+    from searchgym.agents.grpo.runtime import make_optimizer
+
+    model = torch.nn.Linear(2, 2)
+    config = SFTConfig(lr=1.0, warmup_steps=2, lr_schedule="linear")
+    optimizer, scheduler = make_optimizer(model, config, total_updates=6)
+    rates = []
+    for _ in range(6):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
+    constant, _ = make_optimizer(
+        model, SFTConfig(lr=1.0, warmup_steps=0, lr_schedule="constant"), total_updates=6
+    )
+    assert constant.param_groups[0]["lr"] == 1.0
+    with pytest.raises(ConfigError, match="lr_schedule"):
+        SFTConfig(lr_schedule="cosine")  # type: ignore[arg-type]
