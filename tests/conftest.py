@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +31,19 @@ def hotpot_dir() -> Path:
 @pytest.fixture
 def quickstart_dir() -> Path:
     return require(QUICKSTART)
+
+
+@pytest.fixture(scope="session")
+def world() -> Any:
+    """The default generated world (seed 0), built once per test session."""
+    from searchgym.data import generate_world
+
+    return generate_world(seed=0)
+
+
+@pytest.fixture(scope="session")
+def retriever(world: Any) -> Any:
+    """The default BM25 index over :func:`world`'s passages."""
+    from searchgym.retrieval import BM25Retriever
+
+    return BM25Retriever(world.passages)

@@ -11,23 +11,13 @@ from typing import Any
 import httpx
 import pytest
 
-from searchgym.data import Passage, generate_world
+from searchgym.data import Passage
 from searchgym.errors import ConfigError, MissingDependencyError, RetrieverError
 from searchgym.retrieval import BM25Retriever, Hit, Retriever
 from searchgym.retrieval.http import HttpRetriever
 from searchgym.server import RequestError, ServerLimits, ServerThread, create_app, parse_request
 
 LIMITS = ServerLimits(default_topk=3, topk_max=10, max_queries=16, max_query_chars=200, max_body_bytes=8000)
-
-
-@pytest.fixture(scope="module")
-def world() -> Any:
-    return generate_world(seed=0)
-
-
-@pytest.fixture(scope="module")
-def retriever(world: Any) -> BM25Retriever:
-    return BM25Retriever(world.passages)
 
 
 @pytest.fixture(scope="module")

@@ -15,21 +15,10 @@ import gymnasium as gym
 import pytest
 
 from searchgym.agents import OracleAgent, run_episode
-from searchgym.data import generate_world
 from searchgym.errors import ConfigError, RetrieverError
 from searchgym.retrieval import BM25Retriever, make_retriever
 from searchgym.retrieval.http import HttpRetriever
 from searchgym.server import ServerThread, create_app
-
-
-@pytest.fixture(scope="module")
-def world() -> Any:
-    return generate_world(seed=0)
-
-
-@pytest.fixture(scope="module")
-def retriever(world: Any) -> BM25Retriever:
-    return BM25Retriever(world.passages)
 
 
 @pytest.fixture(scope="module")
