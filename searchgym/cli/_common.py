@@ -18,6 +18,7 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     """Options that choose the environment and its data."""
     parser.add_argument("--env", default="SearchQA-v0", help="environment id")
     parser.add_argument("--dataset", default=None, help="FlashRAG folder (default: the generated world)")
+    parser.add_argument("--world-seed", type=int, default=0, help="seed of the generated world")
     parser.add_argument("--split", default="test", help="question split")
     parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: built-in)")
     parser.add_argument("--retriever", default="bm25", help="retriever backend name or URL")
@@ -38,6 +39,7 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The ``gym.make`` keyword arguments of :func:`add_env_arguments` options."""
     kwargs = {
         "dataset": args.dataset,
+        "world_seed": args.world_seed,
         "split": args.split,
         "tokenizer": args.tokenizer,
         "retriever": args.retriever,

@@ -13,7 +13,9 @@ HELP = "write token-level oracle demonstrations to JSONL (for supervised warm-st
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_env_arguments(parser)
     parser.set_defaults(split="train")
-    parser.add_argument("--episodes", type=int, default=1000, help="demonstrations to write")
+    parser.add_argument(
+        "--episodes", type=int, default=None, help="demonstrations (default: one per question)"
+    )
     parser.add_argument("--out", required=True, help="output JSONL path")
     parser.add_argument("--seed", type=int, default=0, help="base seed")
 
@@ -24,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.agents.demonstrations import generate_demonstrations, write_demonstrations
 
     env = make_env(args)
-    demos = tqdm(generate_demonstrations(env, args.episodes, args.seed), total=args.episodes, desc="demos")
+    episodes = args.episodes or len(env.unwrapped.questions)
+    demos = tqdm(generate_demonstrations(env, episodes, args.seed), total=episodes, desc="demos")
     n = write_demonstrations(demos, args.out)
     print(f"wrote {n} demonstrations to {args.out}")
     return 0
