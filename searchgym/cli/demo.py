@@ -18,7 +18,7 @@ COMMAND = ("demo",)
 HELP = "generate the default world, warm-start a tiny model, train GRPO vs GRPO+LLDS, compare on test"
 
 # Short turns and contexts: the oracle's turns are < 20 tokens and its transcripts < 500.
-_ENV = {"max_turn_tokens": 48, "max_context_tokens": 1024}
+_ENV: dict[str, Any] = {"max_turn_tokens": 48, "max_context_tokens": 1024}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,9 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage")
     parser.add_argument(
-        "--sft-demos", type=int, default=None, help="oracle demonstrations (default: one per train question)"
+        "--extra-worlds",
+        type=int,
+        default=1,
+        help="also warm up on every question of this many other generated worlds (seeds 1, 2, …): other "
+        "names and facts, so more copying practice without touching world 0's test questions",
     )
     parser.add_argument("--sft-epochs", type=int, default=2, help="passes over the demonstrations")
+    parser.add_argument("--layers", type=int, default=3, help="layers of the tiny model")
     parser.add_argument("--grpo-steps", type=int, default=12, help="rollout batches per GRPO variant")
     parser.add_argument("--lr", type=float, default=1e-4, help="GRPO learning rate")
     parser.add_argument("--eval-questions", type=int, default=200, help="test questions scored greedily")
@@ -54,8 +59,15 @@ def run(args: argparse.Namespace) -> int:
         "progress": not args.no_progress,
     }
 
-    print(f"[1/4] supervised warm-start on oracle demonstrations ({args.sft_epochs} epochs)")
-    sft = SFTConfig(run_dir=str(root / "sft"), demo_episodes=args.sft_demos, epochs=args.sft_epochs, **common)
+    demos = _write_demonstrations(root / "demos.jsonl", args.extra_worlds, args.seed)
+    print(f"[1/4] supervised warm-start on {demos} oracle demonstrations ({args.sft_epochs} epochs)")
+    sft = SFTConfig(
+        run_dir=str(root / "sft"),
+        demos=str(root / "demos.jsonl"),
+        epochs=args.sft_epochs,
+        tiny_layers=args.layers,
+        **common,
+    )
     sft_metrics = train_sft(sft)
     rows = [_row("SFT warm-start", sft_metrics, time.perf_counter() - start)]
     print(f"      test EM {sft_metrics.get('eval/em', float('nan')):.3f}")
@@ -98,6 +110,24 @@ def run(args: argparse.Namespace) -> int:
         f"\ntotal {(time.perf_counter() - start) / 60:.1f} min; runs, metrics.jsonl and curves under {root}/"
     )
     return 0
+
+
+def _write_demonstrations(path: Path, extra_worlds: int, seed: int) -> int:
+    """Oracle transcripts of world 0's train split and of every split of ``extra_worlds`` other worlds."""
+    import gymnasium as gym
+
+    import searchgym  # noqa: F401 - registers the env ids
+    from searchgym.agents.demonstrations import generate_demonstrations, write_demonstrations
+
+    def transcripts() -> Any:
+        sources = [(0, "train")] + [
+            (w, s) for w in range(1, extra_worlds + 1) for s in ("train", "validation", "test")
+        ]
+        for world, split in sources:
+            env: Any = gym.make("SearchQA-v0", world_seed=world, split=split, **_ENV)
+            yield from generate_demonstrations(env, len(env.unwrapped.questions), seed)
+
+    return write_demonstrations(transcripts(), path)
 
 
 def _row(name: str, metrics: dict[str, float], seconds: float) -> dict[str, Any]:
