@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +69,14 @@ class EvalSummary:
             records=records,
         )
 
+    @classmethod
+    def metric_names(cls) -> list[str]:
+        """The names of the summary figures, in order (the keys of :meth:`metrics`)."""
+        return [f.name for f in fields(cls) if f.name != "records"]
+
     def metrics(self) -> dict[str, Any]:
         """The summary figures as a flat dict (no records)."""
-        return {k: v for k, v in self.__dict__.items() if k != "records"}
+        return {name: getattr(self, name) for name in self.metric_names()}
 
 
 def run_episode(

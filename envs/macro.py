@@ -12,6 +12,7 @@ lexical features, so any ``MlpPolicy`` can learn which one to pick.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,6 +122,15 @@ class Candidate:
         return normalize_answer(self.text)
 
 
+def _words_before(text: str, words: list[re.Match[str]], starts: list[int], cut: int) -> list[str]:
+    """``_WORDS.findall(text[:cut])`` from words found once: a word the cut splits keeps its first part."""
+    i = bisect.bisect_left(starts, cut)
+    preceding = [w.group(0) for w in words[:i]]
+    if i and words[i - 1].end() > cut:
+        preceding[-1] = text[words[i - 1].start() : cut]
+    return preceding
+
+
 def _content_words(text: str) -> set[str]:
     return {w for w in _WORDS.findall(text.lower()) if w not in _STOPWORDS}
 
@@ -153,7 +163,9 @@ def passage_candidates(hit: Hit, search: int, rank: int, question_words: set[str
         question_words: Content words of the question, for the ``cue`` feature.
     """
     text = hit.text
-    n_words = max(1, len(_WORDS.findall(text)))
+    words = list(_WORDS.finditer(text))  # tokenised once: candidates look up the words before them
+    starts = [w.start() for w in words]
+    n_words = max(1, len(words))
     found: list[tuple[int, str, CandidateKind]] = [
         (m.start(1), m.group(1), "noun") for m in _NOUN.finditer(text)
     ]
@@ -162,9 +174,10 @@ def passage_candidates(hit: Hit, search: int, rank: int, question_words: set[str
     found.sort(key=lambda f: f[0])
     out = [Candidate(hit.title, "title", search, rank)]
     for start, span, kind in found:
-        before = _content_words(" ".join(_WORDS.findall(text[:start])[-4:]))
+        preceding = _words_before(text, words, starts, start)
+        before = _content_words(" ".join(preceding[-4:]))
         cue = len(before & question_words) / len(before) if before else 0.0
-        position = len(_WORDS.findall(text[:start])) / n_words
+        position = len(preceding) / n_words
         out.append(Candidate(span, kind, search, rank, position, cue))
     return out
 

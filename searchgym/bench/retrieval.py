@@ -127,6 +127,19 @@ def _latencies(search: Callable[[Sequence[str]], Any], queries: Sequence[str]) -
     return out
 
 
+def _figures(
+    build_s: float, rss_mb: float | None, latencies: Sequence[float], batch_s: float
+) -> dict[str, Any]:
+    """One backend's figures: build time, memory, single-query p50/p90 and batch latency (ms)."""
+    return {
+        "build_s": build_s,
+        "rss_mb": rss_mb,
+        "p50_ms": 1e3 * float(np.percentile(latencies, 50)),
+        "p90_ms": 1e3 * float(np.percentile(latencies, 90)),
+        "batch_ms": 1e3 * batch_s,
+    }
+
+
 def _batch_seconds(search: Callable[[Sequence[str]], Any], queries: Sequence[str], batch: int) -> float:
     """Median seconds per batch over the full batches of ``queries``."""
     times = []
@@ -173,14 +186,8 @@ def _run_once(
         lambda: BM25Retriever(passages, k1=1.5, b=0.75, idf="okapi", analyzer=analyzer, progress=False)
     )
     lat = _latencies(lambda qs: ours.search(qs, cfg.k), fast_queries)
-    figures["bm25"] = {
-        "build_s": seconds,
-        "rss_mb": rss,
-        "index_mb": ours.nbytes / 2**20,
-        "p50_ms": 1e3 * float(np.percentile(lat, 50)),
-        "p90_ms": 1e3 * float(np.percentile(lat, 90)),
-        "batch_ms": 1e3 * _batch_seconds(lambda qs: ours.search(qs, cfg.k), fast_queries, cfg.batch),
-    }
+    batch = _batch_seconds(lambda qs: ours.search(qs, cfg.k), fast_queries, cfg.batch)
+    figures["bm25"] = {**_figures(seconds, rss, lat, batch), "index_mb": ours.nbytes / 2**20}
 
     if with_bm25s:
         import bm25s
@@ -200,13 +207,7 @@ def _run_once(
             return other.retrieve([analyzer(q) for q in qs], k=cfg.k, show_progress=False)
 
         lat = _latencies(search_bm25s, fast_queries)
-        figures["bm25s"] = {
-            "build_s": seconds,
-            "rss_mb": rss,
-            "p50_ms": 1e3 * float(np.percentile(lat, 50)),
-            "p90_ms": 1e3 * float(np.percentile(lat, 90)),
-            "batch_ms": 1e3 * _batch_seconds(search_bm25s, fast_queries, cfg.batch),
-        }
+        figures["bm25s"] = _figures(seconds, rss, lat, _batch_seconds(search_bm25s, fast_queries, cfg.batch))
         del other
 
     if with_reference:
@@ -221,13 +222,9 @@ def _run_once(
             return [top_k_indices(np.asarray(reference.get_scores(analyzer(q))), cfg.k) for q in qs]
 
         lat = _latencies(search_reference, ref_queries)
+        # No batch mode: a batch is its queries one by one (mean per query times the batch size).
         figures["rank_bm25"] = {
-            "build_s": seconds,
-            "rss_mb": rss,
-            "p50_ms": 1e3 * float(np.percentile(lat, 50)),
-            "p90_ms": 1e3 * float(np.percentile(lat, 90)),
-            # No batch mode: a batch is its queries one by one (mean per query times the batch size).
-            "batch_ms": 1e3 * cfg.batch * float(np.mean(lat)),
+            **_figures(seconds, rss, lat, cfg.batch * float(np.mean(lat))),
             "top3_agreement": _agreement(ours, reference, ref_queries, analyzer, 3),
         }
     return figures

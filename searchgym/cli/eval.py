@@ -5,23 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from searchgym.agents.evaluate import EvalSummary
 from searchgym.cli._common import add_env_arguments, format_table, load_agent, make_env
 
 COMMAND = ("eval",)
 HELP = "evaluate an agent (random, oracle, heuristic, or package.module:Class) on an environment"
 
-COLUMNS = [
-    "agent",
-    "em",
-    "subem",
-    "f1",
-    "valid_format",
-    "searches",
-    "retrieval_recall",
-    "tokens",
-    "episodes",
-    "episodes_per_s",
-]
+COLUMNS = ["agent", *EvalSummary.metric_names()]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
