@@ -2,6 +2,10 @@
 
 SQuAD-style normalisation, as Search-R1 and FlashRAG use it: lower case, drop punctuation, drop the
 articles *a*, *an*, *the*, collapse white space. Every function here is pure and deterministic.
+
+Golden answers are a string or a sequence of strings, as in Search-R1's scorer: a lone string is one
+answer (never iterated character by character). F1 follows HotpotQA's and FlashRAG's rule for the special
+answers *yes*, *no* and *noanswer*: such a prediction or golden answer scores 0 unless the two are equal.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from searchgym.errors import ConfigError
+
 __all__ = [
     "METRICS",
+    "SPECIAL_ANSWERS",
     "AnswerMetric",
     "exact_match",
     "f1_score",
@@ -23,6 +30,12 @@ __all__ = [
 ]
 
 AnswerMetric = Literal["em", "subem", "f1"]
+
+Golden = str | Sequence[str]
+"""One golden answer, or several (any of them scores)."""
+
+#: Normalised answers that F1 scores all-or-nothing (HotpotQA's and FlashRAG's rule).
+SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
@@ -35,27 +48,52 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
-def exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
-    """1.0 when the normalised prediction equals any normalised golden answer, else 0.0."""
+def _answers(golden_answers: Golden) -> list[str]:
+    """The golden answers as a list: a lone string is one answer; anything but strings is refused."""
+    if isinstance(golden_answers, str):
+        return [golden_answers]
+    if isinstance(golden_answers, bytes | bytearray):
+        raise ConfigError("golden answers must be a str or a sequence of str, not bytes")
+    answers = list(golden_answers)
+    for answer in answers:
+        if not isinstance(answer, str):
+            raise ConfigError(f"golden answers must be strings, got {type(answer).__name__}: {answer!r}")
+    return answers
+
+
+def exact_match(prediction: str, golden_answers: Golden) -> float:
+    """1.0 when the normalised prediction equals any normalised golden answer, else 0.0.
+
+    >>> exact_match("paris.", "Paris")
+    1.0
+    """
     pred = normalize_answer(prediction)
-    return float(any(pred == normalize_answer(g) for g in golden_answers))
+    return float(any(pred == normalize_answer(g) for g in _answers(golden_answers)))
 
 
-def sub_exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
+def sub_exact_match(prediction: str, golden_answers: Golden) -> float:
     """1.0 when any normalised golden answer is a substring of the normalised prediction, else 0.0.
 
     An empty golden answer never matches (every string would contain it).
     """
     pred = normalize_answer(prediction)
-    return float(any((g_norm := normalize_answer(g)) and g_norm in pred for g in golden_answers))
+    return float(any((g_norm := normalize_answer(g)) and g_norm in pred for g in _answers(golden_answers)))
 
 
-def f1_score(prediction: str, golden_answers: Sequence[str]) -> float:
-    """Best token-level F1 between the normalised prediction and any normalised golden answer."""
-    pred_tokens = normalize_answer(prediction).split()
+def f1_score(prediction: str, golden_answers: Golden) -> float:
+    """Best token-level F1 between the normalised prediction and any normalised golden answer.
+
+    A prediction or golden answer that normalises to ``yes``, ``no`` or ``noanswer`` scores 0 against
+    that golden answer unless the two are equal (:data:`SPECIAL_ANSWERS`).
+    """
+    pred_norm = normalize_answer(prediction)
+    pred_tokens = pred_norm.split()
     best = 0.0
-    for gold in golden_answers:
-        gold_tokens = normalize_answer(gold).split()
+    for gold in _answers(golden_answers):
+        gold_norm = normalize_answer(gold)
+        if (pred_norm in SPECIAL_ANSWERS or gold_norm in SPECIAL_ANSWERS) and pred_norm != gold_norm:
+            continue
+        gold_tokens = gold_norm.split()
         common = Counter(pred_tokens) & Counter(gold_tokens)
         overlap = sum(common.values())
         if overlap == 0:
@@ -66,17 +104,15 @@ def f1_score(prediction: str, golden_answers: Sequence[str]) -> float:
     return best
 
 
-METRICS: dict[str, Callable[[str, Sequence[str]], float]] = {
+METRICS: dict[str, Callable[[str, Golden], float]] = {
     "em": exact_match,
     "subem": sub_exact_match,
     "f1": f1_score,
 }
 
 
-def get_metric(name: str) -> Callable[[str, Sequence[str]], float]:
+def get_metric(name: str) -> Callable[[str, Golden], float]:
     """Returns the answer metric called ``name``; an unknown name lists the valid ones."""
-    from searchgym.errors import ConfigError
-
     try:
         return METRICS[name]
     except KeyError:
