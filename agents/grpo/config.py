@@ -19,6 +19,8 @@ from searchgym.errors import ConfigError
 
 __all__ = [
     "LLDS_CHOICES",
+    "MA_SCHEDULES",
+    "MINIBATCH_PLANS",
     "CommonConfig",
     "GRPOConfig",
     "SFTConfig",
@@ -27,6 +29,8 @@ __all__ = [
 ]
 
 LLDS_CHOICES: tuple[str, ...] = ("none", "token", "response", "action")
+MINIBATCH_PLANS: tuple[str, ...] = ("groups", "shuffle")
+MA_SCHEDULES: tuple[str, ...] = ("paper", "code")
 """``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
 
 
@@ -56,8 +60,10 @@ class CommonConfig:
     retriever: str = _opt("bm25", "retriever backend name or URL")
     topk: int = _opt(3, "passages per search")
     max_turns: int = _opt(4, "turn budget per episode")
-    max_turn_tokens: int = _opt(512, "token cap per turn (48 is plenty for the tiny model)")
-    max_context_tokens: int = _opt(2048, "context size (transcript cap)")
+    max_turn_tokens: int = _opt(
+        48, "token cap per turn (the tiny model's turns are < 20 tokens; Search-R1 uses 500 for a real LM)"
+    )
+    max_context_tokens: int = _opt(1024, "context size (transcript cap; ~4096 for a real LM)")
     lr: float = _opt(3e-4, "learning rate (use ~1e-6 for a 3B model)")
     warmup_steps: int = _opt(0, "linear learning-rate warm-up, in optimizer updates")
     lr_schedule: Literal["constant", "linear"] = _opt(
@@ -116,30 +122,76 @@ class GRPOConfig(CommonConfig):
     One *step* is one rollout batch: ``questions_per_step`` questions × ``group_size`` responses, then
     ``epochs`` passes of mini-batch updates over it (``updates_per_step`` optimizer updates in all; with a
     single update LLDS is identically zero, see ``docs/grpo.md``).
+
+    The defaults follow the LLDS authors' reference recipe (their verl fork of Search-R1) wherever it
+    carries over to a CPU-sized run: one pass over each rollout batch in about ten mini-batches, clip 0.2,
+    the importance ratio capped at 100 and the k3 value at 10, KL 0.001, entropy bonus 0.001, weight decay
+    0.01, lambda 0.2 with the action gate. Departures are named in each option's help and in docs/grpo.md.
     """
 
     run_dir: str = _opt("runs/grpo", "folder for metrics.jsonl, checkpoints and TensorBoard events")
-    resume: bool = _opt(False, "continue from RUN_DIR/checkpoint.pt (model, optimizer, RNG, step)")
+    resume: bool = _opt(
+        False,
+        "continue from RUN_DIR/checkpoint.pt (model, optimizer, RNG, step); the reference model comes back "
+        "from the init checkpoint the run recorded",
+    )
     steps: int = _opt(100, "rollout batches to train on")
-    questions_per_step: int = _opt(8, "questions per rollout batch")
+    questions_per_step: int = _opt(10, "questions per rollout batch")
     group_size: int = _opt(5, "responses per question (G)")
     temperature: float = _opt(1.0, "sampling temperature of the rollouts")
-    epochs: int = _opt(2, "passes over each rollout batch")
-    minibatch_size: int = _opt(8, "responses per optimizer update")
+    epochs: int = _opt(1, "passes over each rollout batch (reference: 1, each trajectory used once)")
+    minibatch_size: int | None = _opt(
+        None,
+        "responses per optimizer update (default: one group, G; the reference makes ~10 updates per batch)",
+    )
+    minibatch_plan: Literal["groups", "shuffle"] = _opt(
+        "groups",
+        "groups: mini-batches of whole groups in a shuffled group order (every trajectory once per epoch); "
+        "shuffle: responses shuffled across groups (the earlier behaviour)",
+    )
     micro_batch_size: int | None = _opt(
         None, "responses per forward/backward (gradient accumulation; default: the whole mini-batch)"
     )
     clip_eps: float = _opt(0.2, "PPO clip range")
+    ratio_cap: float = _opt(
+        100.0, "cap on the importance ratio pi/pi_old, zero gradient beyond (reference: 100; inf: none)"
+    )
+    kl_value_cap: float = _opt(
+        10.0, "clamp of each token's k3 KL value to [-cap, cap], zero gradient beyond (reference: 10)"
+    )
     llds: Literal["none", "token", "response", "action"] = _opt(
         "action", "LLDS gate, or none for vanilla GRPO"
     )
     llds_coef: float = _opt(0.2, "LLDS weight lambda", "--lambda")
     llds_ma: bool = _opt(False, "LLDS-MA: down-weight the final answer span in LLDS")
     llds_ma_beta: float | None = _opt(
-        None, "LLDS-MA answer weight (default: adaptive, min(mean valid searches / 2, 1))"
+        None, "LLDS-MA answer weight (default: adaptive, from the batch's mean valid searches)"
+    )
+    llds_ma_schedule: Literal["paper", "code"] = _opt(
+        "code",
+        "LLDS-MA's adaptive beta from the mean valid searches V: code = clip(V-1, 0, 1) (the authors' "
+        "released code), paper = min(V/2, 1)",
     )
     kl_coef: float = _opt(0.001, "weight of the k3 KL to the frozen initial policy (0: no reference model)")
-    entropy_coef: float = _opt(0.0, "entropy bonus weight")
+    entropy_coef: float = _opt(0.001, "entropy bonus weight (reference: 0.001)")
+    weight_decay: float = _opt(0.01, "AdamW weight decay (reference: 0.01)")
+    warmup_steps: int = _opt(
+        0,
+        "linear learning-rate warm-up, in rollout steps (the rate changes once per step, as in verl; the "
+        "reference warms up over 28.5%% of training, default off here so a run's rate is the one you set)",
+    )
+    probe_size: int = _opt(
+        64, "correct transcripts in the fixed probe set scored every step (lld/probe_logp*; 0: none)"
+    )
+    probe_demos: str | None = _opt(
+        None, "demonstrations JSONL for the probe set (default: oracle episodes of the training split)"
+    )
+    warning_window: int = _opt(
+        3, "early-warning rule: lld/warning is 1 after this many consecutive steps with delta_adv_pos <= 0"
+    )
+    eval_at_start: bool = _opt(
+        True, "evaluate the initial policy as step 0 (the warm-start line in plots; needs eval_questions)"
+    )
     eval_every: int = _opt(0, "evaluate greedily on eval_questions every N steps (0: only at the end)")
     save_every: int = _opt(10, "write RUN_DIR/checkpoint.pt every N steps (0: only at the end)")
 
@@ -149,28 +201,43 @@ class GRPOConfig(CommonConfig):
             raise ConfigError(
                 f"group_size must be >= 2 (GRPO's advantages compare responses to one question), got {self.group_size}"
             )
-        for name in ("steps", "questions_per_step", "epochs", "minibatch_size"):
+        for name in ("steps", "questions_per_step", "epochs", "warning_window"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.batch_size % self.minibatch_size:
+        if self.minibatch_plan not in MINIBATCH_PLANS:
             raise ConfigError(
-                f"minibatch_size {self.minibatch_size} must divide the rollout batch "
+                f"unknown minibatch_plan {self.minibatch_plan!r}; choose one of {list(MINIBATCH_PLANS)}"
+            )
+        mb = self.minibatch_responses
+        if mb < 1 or self.batch_size % mb:
+            raise ConfigError(
+                f"minibatch_size {mb} must be >= 1 and divide the rollout batch "
                 f"questions_per_step * group_size = {self.batch_size}"
             )
-        if self.micro_batch_size is not None and (
-            self.micro_batch_size < 1 or self.minibatch_size % self.micro_batch_size
-        ):
+        if self.minibatch_plan == "groups" and mb % self.group_size:
             raise ConfigError(
-                f"micro_batch_size must be >= 1 and divide minibatch_size={self.minibatch_size}, "
-                f"got {self.micro_batch_size}"
+                f"minibatch_size {mb} must be a multiple of group_size {self.group_size} with "
+                "--minibatch-plan groups (mini-batches hold whole groups); or pass --minibatch-plan shuffle"
+            )
+        if self.micro_batch_size is not None and (self.micro_batch_size < 1 or mb % self.micro_batch_size):
+            raise ConfigError(
+                f"micro_batch_size must be >= 1 and divide minibatch_size={mb}, got {self.micro_batch_size}"
             )
         if not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if not self.clip_eps > 0:
             raise ConfigError(f"clip_eps must be > 0, got {self.clip_eps}")
+        if not self.ratio_cap > 1 + self.clip_eps:
+            raise ConfigError(f"ratio_cap must be > 1 + clip_eps = {1 + self.clip_eps}, got {self.ratio_cap}")
+        if not self.kl_value_cap > 0:
+            raise ConfigError(f"kl_value_cap must be > 0, got {self.kl_value_cap}")
         if self.llds not in LLDS_CHOICES:
             raise ConfigError(f"unknown llds {self.llds!r}; choose one of {list(LLDS_CHOICES)}")
-        for name in ("llds_coef", "kl_coef", "entropy_coef"):
+        if self.llds_ma_schedule not in MA_SCHEDULES:
+            raise ConfigError(
+                f"unknown llds_ma_schedule {self.llds_ma_schedule!r}; choose one of {list(MA_SCHEDULES)}"
+            )
+        for name in ("llds_coef", "kl_coef", "entropy_coef", "probe_size"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.llds_ma and self.llds == "none":
@@ -186,9 +253,14 @@ class GRPOConfig(CommonConfig):
         return self.questions_per_step * self.group_size
 
     @property
+    def minibatch_responses(self) -> int:
+        """Responses per optimizer update (``minibatch_size``, default one group)."""
+        return self.minibatch_size if self.minibatch_size is not None else self.group_size
+
+    @property
     def updates_per_step(self) -> int:
         """Optimizer updates per rollout batch."""
-        return self.epochs * (self.batch_size // self.minibatch_size)
+        return self.epochs * (self.batch_size // self.minibatch_responses)
 
     @property
     def llds_enabled(self) -> bool:

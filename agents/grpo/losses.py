@@ -14,6 +14,7 @@ under its own namespace (``train/clip_frac`` …). The maths, in the paper's not
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Literal, get_args
@@ -30,14 +31,21 @@ from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
 from searchgym.protocol import ACTION_PATTERN
 
+from .config import MA_SCHEDULES
+
 __all__ = [
     "GATES",
+    "KL_VALUE_CAP",
+    "MA_SCHEDULES",
+    "PROBE_ACTIONS",
+    "RATIO_CAP",
     "Gate",
     "action_ids",
     "adaptive_answer_weight",
     "answer_span_mask",
     "answer_weights",
     "broadcast_advantages",
+    "displacement_by_advantage",
     "entropy_bonus",
     "entropy_from_logits",
     "group_advantages",
@@ -48,6 +56,8 @@ __all__ = [
     "llds_loss",
     "masked_mean",
     "policy_loss",
+    "probe_masks",
+    "probe_metrics",
 ]
 
 Gate = Literal["action", "response", "token"]
@@ -58,9 +68,15 @@ GATES: tuple[str, ...] = get_args(Gate)
 # Same pattern as the environment's parser, on bytes so that offsets map to tokens exactly.
 _ACTION_PATTERN_BYTES = re.compile(ACTION_PATTERN.pattern.encode(), re.DOTALL)
 
-# exp() of a log-ratio beyond this overflows float32 (e^88); clamping keeps k3 finite when a token's
-# probability collapses, at the price of a bounded (and then irrelevant) penalty for that token.
+# A floor/ceiling on every log-ratio before exp(): far inside float32's range (e^88 overflows), far outside
+# anything the caps below let through. Purely numerical; the caps are the modelling choice.
 _MAX_LOG_RATIO = 20.0
+
+RATIO_CAP = 100.0
+"""Default cap on the importance ratio ``pi_theta / pi_old`` (the reference code's value; see docs/grpo.md)."""
+
+KL_VALUE_CAP = 10.0
+"""Default cap on the per-token k3 value: it is clamped to ``[-cap, cap]`` (the reference code's value)."""
 
 
 # -- aggregation ---------------------------------------------------------------------------------------
@@ -174,11 +190,14 @@ def policy_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     num_tokens: float | None = None,
+    ratio_cap: float = RATIO_CAP,
 ) -> tuple[Tensor, dict[str, float]]:
     """The PPO-clipped surrogate on token ratios ``rho = exp(logp - logp_old)``, token-mean aggregated.
 
-    Per token: ``max(-A * rho, -A * clip(rho, 1 - clip_eps, 1 + clip_eps_high))``; minimising it maximises
-    PPO's pessimistic objective.
+    Per token: ``max(-A * rho, -A * clip(rho, 1 - clip_eps, 1 + clip_eps_high))`` with ``rho`` first capped
+    at ``ratio_cap`` (zero gradient beyond the cap). The cap matters for negative advantages, where the
+    unclipped term is the active one: without it one token whose probability jumped by ``e^k`` weighs
+    ``e^k`` times in the loss and its gradient.
 
     Args:
         logp: ``(B, T)`` log-probabilities of the taken tokens under the policy being trained.
@@ -188,16 +207,22 @@ def policy_loss(
         clip_eps: Lower clip range (and the upper one unless ``clip_eps_high`` is given).
         clip_eps_high: Upper clip range (DAPO's "clip higher"); defaults to ``clip_eps``.
         num_tokens: Token-mean denominator override.
+        ratio_cap: Largest importance ratio that reaches the loss (``inf``: no cap).
 
     Returns:
         ``(loss, metrics)`` with metrics ``pg_loss``, ``clip_frac`` (fraction of policy tokens whose clipped
-        term was the active one) and ``approx_kl`` (token mean of ``(rho - 1) - log rho``, an estimate of
-        ``KL(pi_old || pi_theta)``).
+        term was the active one), ``approx_kl`` (token mean of ``(rho - 1) - log rho``, an estimate of
+        ``KL(pi_old || pi_theta)``), ``max_abs_log_ratio`` (largest ``|log rho|`` before any cap) and
+        ``ratio_cap_frac`` (fraction of policy tokens whose ratio hit the cap).
     """
+    if not ratio_cap > 1.0:
+        raise ConfigError(f"ratio_cap must be > 1, got {ratio_cap}")
     m = _as_bool(loss_mask)
     high = clip_eps if clip_eps_high is None else clip_eps_high
     adv = _token_advantages(advantages, m)
-    log_ratio = torch.where(m, logp - logp_old.detach(), 0.0).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    raw = torch.where(m, logp - logp_old.detach(), 0.0)
+    # clamp() passes no gradient beyond its bounds: a capped token contributes a constant.
+    log_ratio = raw.clamp(-_MAX_LOG_RATIO, min(math.log(ratio_cap), _MAX_LOG_RATIO))
     ratio = log_ratio.exp()
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + high)
@@ -205,31 +230,48 @@ def policy_loss(
     with torch.no_grad():
         clip_frac = masked_mean((clipped > unclipped).float(), m)
         approx_kl = masked_mean((ratio - 1.0) - log_ratio, m)
-    return loss, {"pg_loss": _float(loss), "clip_frac": _float(clip_frac), "approx_kl": _float(approx_kl)}
+        capped = (raw > log_ratio) & m
+        max_abs = float(raw.abs().max()) if bool(m.any()) else 0.0
+    return loss, {
+        "pg_loss": _float(loss),
+        "clip_frac": _float(clip_frac),
+        "approx_kl": _float(approx_kl),
+        "max_abs_log_ratio": max_abs,
+        "ratio_cap_frac": _float(masked_mean(capped.float(), m)),
+    }
 
 
 # -- KL to the reference and entropy -------------------------------------------------------------------
 
 
-def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
+def k3_kl(logp: Tensor, ref_logp: Tensor, value_cap: float = KL_VALUE_CAP) -> Tensor:
     """Per-token k3 ("low-variance") estimate of ``KL(pi_theta || pi_ref)``: ``e^x - x - 1``, x = ref - logp.
 
-    Non-negative, unbiased for tokens sampled from ``pi_theta``; the log-ratio is clamped to ±20 to stay
-    finite.
+    Non-negative, unbiased for tokens sampled from ``pi_theta``. The value is clamped to
+    ``[-value_cap, value_cap]`` with zero gradient beyond (as the reference code does): a token the policy
+    has moved far from the reference adds a bounded, constant penalty instead of a gradient growing like
+    ``e^x``.
 
     Args:
         logp: ``(B, T)`` log-probabilities under the policy.
         ref_logp: ``(B, T)`` log-probabilities under the frozen reference.
+        value_cap: Bound on each token's value (``inf``: no cap).
 
     Returns:
         ``(B, T)`` per-token estimates (defined everywhere; mask them yourself or use :func:`kl_penalty`).
     """
+    if not value_cap > 0:
+        raise ConfigError(f"value_cap must be > 0, got {value_cap}")
     delta = (ref_logp.detach() - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    return delta.exp() - delta - 1.0
+    return (delta.exp() - delta - 1.0).clamp(-value_cap, value_cap)
 
 
 def kl_penalty(
-    logp: Tensor, ref_logp: Tensor, loss_mask: Tensor, num_tokens: float | None = None
+    logp: Tensor,
+    ref_logp: Tensor,
+    loss_mask: Tensor,
+    num_tokens: float | None = None,
+    value_cap: float = KL_VALUE_CAP,
 ) -> tuple[Tensor, dict[str, float]]:
     """Token mean of :func:`k3_kl` over policy tokens (tool tokens never count).
 
@@ -238,15 +280,18 @@ def kl_penalty(
         ref_logp: ``(B, T)`` log-probabilities under the frozen reference.
         loss_mask: ``(B, T)`` 1 on policy tokens.
         num_tokens: Token-mean denominator override.
+        value_cap: Bound on each token's k3 value.
 
     Returns:
-        ``(loss, {"kl_ref": loss})``.
+        ``(loss, {"kl_ref": loss, "kl_cap_frac": fraction of policy tokens at the cap})``.
     """
     m = _as_bool(loss_mask)
     # Zero the inputs outside the mask first: garbage there would give inf * 0 = NaN in the gradient.
-    kl = k3_kl(torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0))
+    kl = k3_kl(torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0), value_cap)
     loss = masked_mean(kl, m, num_tokens)
-    return loss, {"kl_ref": _float(loss)}
+    with torch.no_grad():
+        at_cap = masked_mean((kl >= value_cap).float(), m)
+    return loss, {"kl_ref": _float(loss), "kl_cap_frac": _float(at_cap)}
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
@@ -364,13 +409,23 @@ def answer_span_mask(tokens: Tensor, sources: Tensor, token_bytes: Sequence[byte
     return out.to(tokens.device)
 
 
-def adaptive_answer_weight(mean_valid_searches: float) -> float:
-    """LLDS-MA's adaptive answer weight ``beta = min(mean_valid_searches / 2, 1)`` (at least 0).
+def adaptive_answer_weight(mean_valid_searches: float, schedule: str = "code") -> float:
+    """LLDS-MA's adaptive answer weight ``beta`` from the batch's mean number of valid searches ``V``.
 
-    With few searches per episode (training degenerating to one search or none) the answer tokens are
-    hardly preserved; once episodes search twice on average they weigh as much as any other token.
+    * ``"paper"``: ``beta = min(V / 2, 1)`` — the paper's formula: half weight at one search, full at two.
+    * ``"code"``: ``beta = clip(V - 1, 0, 1)`` — the authors' released code (answer weight
+      ``min(w * max(V - 1, 0), lambda)`` with ``w = lambda``): the answer span is not preserved at all
+      while episodes search once or less, which is the degenerate regime LLDS-MA exists for.
+
+    Raises:
+        ConfigError: ``schedule`` is not one of :data:`MA_SCHEDULES`.
     """
-    return min(max(mean_valid_searches, 0.0) / 2.0, 1.0)
+    v = max(mean_valid_searches, 0.0)
+    if schedule == "paper":
+        return min(v / 2.0, 1.0)
+    if schedule == "code":
+        return min(max(v - 1.0, 0.0), 1.0)
+    raise ConfigError(f"unknown LLDS-MA schedule {schedule!r}; valid schedules: {list(MA_SCHEDULES)}")
 
 
 def answer_weights(answer_mask: Tensor, beta: float) -> Tensor:
@@ -473,12 +528,15 @@ def llds_loss(
 
 
 def likelihood_metrics(logp: Tensor, loss_mask: Tensor, correct: Tensor) -> dict[str, float]:
-    """Log-likelihood of correct and incorrect responses (the LLD diagnostics), summed and per token.
+    """Log-likelihood of correct and incorrect responses under one policy, summed and per token.
+
+    Scored on freshly sampled responses this is *not* LLD (each step's responses are new); the
+    displacement diagnostics are :func:`displacement_by_advantage` and :func:`probe_metrics`.
 
     Args:
-        logp: ``(B, T)`` log-probabilities of the taken tokens under the current policy.
+        logp: ``(B, T)`` log-probabilities of the taken tokens.
         loss_mask: ``(B, T)`` 1 on policy tokens.
-        correct: ``(B,)`` bool, which responses are correct (e.g. reward > 0, or ``A >= 0``).
+        correct: ``(B,)`` bool, which responses are correct (e.g. reward > 0).
 
     Returns:
         ``logp_correct`` / ``logp_incorrect``: mean over responses of the summed log-likelihood;
@@ -494,6 +552,99 @@ def likelihood_metrics(logp: Tensor, loss_mask: Tensor, correct: Tensor) -> dict
                 continue
             out[f"logp_{name}"] = float(per_resp[sel].mean())
             out[f"logp_token_{name}"] = float(masked_mean(logp[sel], m[sel]))
+    return out
+
+
+def displacement_by_advantage(
+    logp_before: Tensor, logp_after: Tensor, advantages: Tensor, loss_mask: Tensor
+) -> dict[str, float]:
+    """Lazy likelihood displacement on the *same* responses: how a step's updates moved their likelihood.
+
+    For each response, the mean over its policy tokens of ``logp_after - logp_before``; then the mean over
+    the responses of each advantage sign. LLD is ``delta_adv_pos <= 0``: responses the step was meant to
+    reinforce did not gain likelihood (or lost it).
+
+    Args:
+        logp_before: ``(B, T)`` log-probabilities under the policy before the step's updates (``pi_old``).
+        logp_after: ``(B, T)`` the same under the policy after them.
+        advantages: ``(B,)`` per-response advantages.
+        loss_mask: ``(B, T)`` 1 on policy tokens.
+
+    Returns:
+        ``delta_adv_pos`` (A > 0), ``delta_adv_zero`` (A = 0), ``delta_adv_neg`` (A < 0), and the responses
+        in each set (``n_adv_pos`` …); a delta is ``nan`` when its set is empty.
+    """
+    m = _as_bool(loss_mask)
+    with torch.no_grad():
+        delta = torch.where(m, logp_after.float() - logp_before.float(), 0.0)
+        tokens = m.sum(dim=1)
+        per_resp = delta.sum(dim=1) / tokens.clamp(min=1)
+        has_tokens = tokens > 0
+        out: dict[str, float] = {}
+        for name, sel in (("pos", advantages > 0), ("zero", advantages == 0), ("neg", advantages < 0)):
+            sel = sel & has_tokens
+            n = int(sel.sum())
+            out[f"delta_adv_{name}"] = float(per_resp[sel].mean()) if n else float("nan")
+            out[f"n_adv_{name}"] = float(n)
+    return out
+
+
+PROBE_ACTIONS: tuple[str, ...] = ("first", "search", "answer")
+"""The action kinds the probe set is scored by: the first action, search actions, the final answer span."""
+
+
+def probe_masks(tokens: Tensor, sources: Tensor, token_bytes: Sequence[bytes]) -> dict[str, Tensor]:
+    """Per-token masks of the probe set's action kinds (see :data:`PROBE_ACTIONS`), policy tokens only.
+
+    * ``first``: the tokens of each response's first action (its first run of policy tokens);
+    * ``search``: the tokens of every action that is a search (``<search>…</search>`` decides the turn);
+    * ``answer``: the final ``<answer>…</answer>`` span, tags included (:func:`answer_span_mask`).
+
+    Args:
+        tokens: ``(B, T)`` token ids of the transcripts.
+        sources: ``(B, T)`` who wrote each token (``Source``).
+        token_bytes: The tokenizer's bytes of every id.
+
+    Returns:
+        ``{"all": policy mask, "first": …, "search": …, "answer": …}``, each ``(B, T)`` bool.
+    """
+    policy = sources == int(Source.POLICY)
+    ids = action_ids(policy)
+    search = torch.zeros_like(policy)
+    tok = tokens.cpu().tolist()
+    for b, row in enumerate(ids.cpu().tolist()):
+        actions: dict[int, list[int]] = {}
+        for t, k in enumerate(row):
+            if k >= 0:
+                actions.setdefault(k, []).append(t)
+        for positions in actions.values():
+            match = _ACTION_PATTERN_BYTES.search(b"".join(token_bytes[tok[b][t]] for t in positions))
+            if match is not None and match.group(1) == b"search":
+                search[b, positions] = True
+    return {
+        "all": policy,
+        "first": ids == 0,
+        "search": search.to(policy.device),
+        "answer": answer_span_mask(tokens, sources, token_bytes),
+    }
+
+
+def probe_metrics(logp: Tensor, masks: dict[str, Tensor]) -> dict[str, float]:
+    """Mean per-token log-likelihood of a fixed probe set, overall and per action kind.
+
+    Args:
+        logp: ``(B, T)`` log-probabilities of the probe transcripts' tokens under the current policy.
+        masks: From :func:`probe_masks`.
+
+    Returns:
+        ``probe_logp`` (all policy tokens) and ``probe_logp_<kind>`` for each kind; ``nan`` for a kind with
+        no tokens.
+    """
+    with torch.no_grad():
+        out = {}
+        for kind, mask in masks.items():
+            name = "probe_logp" if kind == "all" else f"probe_logp_{kind}"
+            out[name] = float(masked_mean(logp, mask)) if bool(mask.any()) else float("nan")
     return out
 
 
@@ -515,11 +666,14 @@ def grpo_llds_loss(
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
     num_tokens: float | None = None,
+    ratio_cap: float = RATIO_CAP,
+    kl_value_cap: float = KL_VALUE_CAP,
 ) -> tuple[Tensor, dict[str, float]]:
     """``L = L_GRPO + llds_coef * L_LLDS + kl_coef * KL(pi || ref) - entropy_coef * H``.
 
-    Defaults are the paper's values (clip 0.2, lambda 0.2, KL 0.001). A term whose coefficient is 0, or
-    whose input (``ref_logp``, ``entropy``) is missing, is skipped.
+    Defaults are the paper's values (clip 0.2, lambda 0.2, KL 0.001) and the reference code's caps (ratio
+    100, k3 value 10). A term whose coefficient is 0, or whose input (``ref_logp``, ``entropy``) is
+    missing, is skipped.
 
     Args:
         logp: ``(B, T)`` log-probabilities of the taken tokens under the policy being trained.
@@ -535,19 +689,32 @@ def grpo_llds_loss(
         entropy: ``(B, T)`` per-token entropies of the policy, or ``None``.
         entropy_coef: Weight of the entropy bonus.
         num_tokens: Token-mean denominator override for every term.
+        ratio_cap: Cap on the importance ratio (:func:`policy_loss`).
+        kl_value_cap: Cap on each token's k3 value (:func:`k3_kl`).
 
     Returns:
-        ``(loss, metrics)``: the metrics of every active term, plus ``loss``.
+        ``(loss, metrics)``: the metrics of every active term, plus ``loss`` and ``cap_frac`` (fraction of
+        policy tokens at the ratio cap or the k3 cap).
     """
-    loss, metrics = policy_loss(logp, logp_old, advantages, loss_mask, clip_eps, num_tokens=num_tokens)
+    loss, metrics = policy_loss(
+        logp, logp_old, advantages, loss_mask, clip_eps, num_tokens=num_tokens, ratio_cap=ratio_cap
+    )
     if llds_coef:
         llds, m = llds_loss(logp, logp_old, advantages, loss_mask, gate, llds_weights, num_tokens)
         loss = loss + llds_coef * llds
         metrics.update(m)
     if kl_coef and ref_logp is not None:
-        kl, m = kl_penalty(logp, ref_logp, loss_mask, num_tokens)
+        kl, m = kl_penalty(logp, ref_logp, loss_mask, num_tokens, kl_value_cap)
         loss = loss + kl_coef * kl
         metrics.update(m)
+        with torch.no_grad():
+            mask = _as_bool(loss_mask)
+            raw = torch.where(mask, logp - logp_old.detach(), 0.0)
+            k3 = k3_kl(torch.where(mask, logp, 0.0), torch.where(mask, ref_logp, 0.0), kl_value_cap)
+            either = ((raw > math.log(ratio_cap)) | (k3 >= kl_value_cap)) & mask
+            metrics["cap_frac"] = _float(masked_mean(either.float(), mask))
+    else:
+        metrics["cap_frac"] = metrics["ratio_cap_frac"]
     if entropy is not None:
         h, m = entropy_bonus(entropy, loss_mask, num_tokens)
         loss = loss - entropy_coef * h

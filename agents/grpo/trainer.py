@@ -1,9 +1,11 @@
 """The GRPO (+LLDS) trainer: rollout → reward → advantage → mini-batch updates → log, one step at a time.
 
 One *step* is one rollout batch: ``questions_per_step`` questions, ``group_size`` responses each, played
-through :class:`SearchQAVectorEnv` turn by turn. The batch is then used for ``epochs`` passes of shuffled
-mini-batch updates, all against the same ``pi_old`` (the policy that generated it): that is where LLDS
-acts, since on the first update ``pi_theta == pi_old`` and the term is exactly zero.
+through :class:`SearchQAVectorEnv` turn by turn. The batch is then used for ``epochs`` passes of
+mini-batch updates (by default one pass, mini-batches of whole groups: :func:`minibatch_plan`), all against
+the same ``pi_old`` (the policy that generated it): that is where LLDS acts, since on the first update
+``pi_theta == pi_old`` and the term is exactly zero. After the updates the step measures what they did to
+the likelihood of its own responses (LLD, split by advantage sign) and of a fixed probe set.
 
 Every numeric step is a pure function of :mod:`searchgym.agents.grpo.losses`; this module only moves
 tensors between them, the model and the environment. Metrics are gathered into one dict per step and
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import math
 import time
 from collections import defaultdict
@@ -26,23 +30,28 @@ import torch
 from torch import Tensor
 
 from searchgym.envs.vector import SearchQAVectorEnv
+from searchgym.errors import ConfigError
 
 from .checkpoint import CheckpointError, get_rng_state, load_checkpoint, save_checkpoint, set_rng_state
 from .config import GRPOConfig
+from .diagnostics import lld_warning
 from .losses import (
     adaptive_answer_weight,
     answer_span_mask,
     answer_weights,
+    displacement_by_advantage,
     group_advantages,
     grpo_llds_loss,
     likelihood_metrics,
     llds_loss,
+    probe_masks,
+    probe_metrics,
 )
-from .rollout import RolloutBatch, collect_rollouts, summarize_episodes
-from .runtime import MetricLogger, build_policy, make_optimizer
+from .rollout import RolloutBatch, collect_rollouts, pad_transcripts, summarize_episodes
+from .runtime import MetricLogger, build_policy, make_optimizer, read_metrics
 from .sft import evaluate_checkpoint_policy
 
-__all__ = ["GRPOTrainer", "train_grpo"]
+__all__ = ["GRPOTrainer", "minibatch_plan", "train_grpo"]
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -53,16 +62,19 @@ def _mean(values: list[float]) -> float:
 
 
 class GRPOTrainer:
-    """Owns the policy, its frozen reference, the optimizer and the envs of one GRPO run.
+    """Owns the policy, its frozen reference, the optimizer, the probe set and the envs of one GRPO run.
 
     Args:
         config: The run's configuration (validated on construction).
 
     Raises:
-        CheckpointError: ``config.resume`` is set and ``RUN_DIR/checkpoint.pt`` is missing or corrupted.
+        CheckpointError: ``config.resume`` is set and ``RUN_DIR/checkpoint.pt`` is missing or corrupted, or
+            the init checkpoint the run started from (the reference model) is gone or changed.
     """
 
     def __init__(self, config: GRPOConfig) -> None:
+        if config.resume:
+            config = _resume_init(config)
         self.config = cfg = config
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -74,20 +86,24 @@ class GRPOTrainer:
         self.model = self.policy.model
         # The reference is the initial policy; skipped entirely (no copy, no forward) when kl_coef == 0.
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-        self.optimizer, self.scheduler = make_optimizer(
-            self.model, cfg, total_updates=cfg.steps * cfg.updates_per_step
-        )
+        # As in verl, the learning rate changes once per rollout step (all of a step's updates share it).
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg, total_updates=cfg.steps)
         self.env = SearchQAVectorEnv(
             cfg.batch_size,
             autoreset_mode="Disabled",
             **{**cfg.env_kwargs(), "tokenizer": self.policy.tokenizer},
         )
+        self.probe = self._build_probe()
         self.step = 0
         if cfg.resume:
             self._restore(self.run_dir / CHECKPOINT)
+        else:
+            _write_run_record(self.run_dir, cfg)
         self.logger = MetricLogger(
             self.run_dir, resume_step=self.step if cfg.resume else None, tensorboard=cfg.tensorboard
         )
+        # The logged history feeds the early-warning rule; a resumed run reads back what it had logged.
+        self.history: list[dict[str, Any]] = read_metrics(self.run_dir) if cfg.resume else []
         self.update_metrics: list[dict[str, float]] = []  # per optimizer update of the last step (tests)
 
     # -- the loop --------------------------------------------------------------------------------------
@@ -99,8 +115,8 @@ class GRPOTrainer:
 
         bar = tqdm(total=cfg.steps, initial=self.step, desc="grpo", disable=not cfg.progress)
         metrics: dict[str, float] = {}
-        if self.step == 0 and cfg.eval_every and cfg.eval_questions:
-            self.logger.log(0, self.evaluate())
+        if self.step == 0 and cfg.eval_questions and (cfg.eval_at_start or cfg.eval_every):
+            self._log(0, self.evaluate() | self.probe_metrics())  # the warm-start, as step 0
         try:
             while self.step < cfg.steps:
                 self.step += 1
@@ -108,10 +124,9 @@ class GRPOTrainer:
                 batch = self.rollout()  # rollout (and reward: the env scores each finished episode)
                 t1 = time.perf_counter()
                 advantages = group_advantages(batch.rewards, cfg.group_size)  # advantage
-                correct = batch.rewards > 0
                 metrics = self.rollout_metrics(batch, advantages)
-                metrics |= self.update(batch, advantages)  # loss and optimizer steps
-                metrics |= self.displacement(batch, correct)
+                metrics |= self.update(batch, advantages)  # loss, optimizer updates, displacement
+                metrics |= self.probe_metrics()
                 t2 = time.perf_counter()
                 if cfg.eval_questions and (
                     self.step == cfg.steps or (cfg.eval_every and self.step % cfg.eval_every == 0)
@@ -122,7 +137,7 @@ class GRPOTrainer:
                     "time/update_s": t2 - t1,
                     "time/step_s": time.perf_counter() - t0,
                 }
-                self.logger.log(self.step, metrics)  # log: the one place metrics are recorded
+                self._log(self.step, metrics)  # log: the one place metrics are recorded
                 if self.step == cfg.steps or (cfg.save_every and self.step % cfg.save_every == 0):
                     self.save()
                 bar.update(1)
@@ -134,6 +149,13 @@ class GRPOTrainer:
             self.logger.close()
             self.env.close()
         return metrics
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        """Adds the early-warning flag (a function of the logged history) and records the step."""
+        if step > 0:
+            self.history.append({"step": step, **metrics})
+            metrics["lld/warning"] = float(lld_warning(self.history, self.config.warning_window))
+        self.logger.log(step, metrics)
 
     # -- rollout ---------------------------------------------------------------------------------------
 
@@ -159,8 +181,9 @@ class GRPOTrainer:
             "rollout/zero_adv_groups": float((groups.std(dim=1) == 0).float().mean()),
             "rollout/adv_abs": float(advantages.abs().mean()),
         }
+        # The sampler's likelihood of fresh responses: context, not LLD (see update() and probe_metrics()).
         lik = likelihood_metrics(batch.logp_old, batch.loss_mask, batch.rewards > 0)
-        return metrics | {f"lld/{k}": v for k, v in lik.items()}
+        return metrics | {f"rollout/{k}": v for k, v in lik.items()}
 
     # -- updates ---------------------------------------------------------------------------------------
 
@@ -170,19 +193,18 @@ class GRPOTrainer:
         if not cfg.llds_ma:
             return None, None
         searches = float(np.mean([i["searches"] for i in batch.infos]))
-        beta = cfg.llds_ma_beta if cfg.llds_ma_beta is not None else adaptive_answer_weight(searches)
+        beta = (
+            cfg.llds_ma_beta
+            if cfg.llds_ma_beta is not None
+            else adaptive_answer_weight(searches, cfg.llds_ma_schedule)
+        )
         span = answer_span_mask(batch.tokens, batch.sources, self.policy.tokenizer.token_bytes)
         return answer_weights(span, beta), beta
 
-    def _minibatches(self, n: int, generator: torch.Generator) -> list[list[Tensor]]:
-        """Shuffled mini-batches of response indices, each split into micro-batches: one list per epoch."""
-        cfg = self.config
-        micro = cfg.micro_batch_size or cfg.minibatch_size
-        epochs = []
-        for _ in range(cfg.epochs):
-            order = torch.randperm(n, generator=generator)
-            epochs.append([order[i : i + cfg.minibatch_size] for i in range(0, n, cfg.minibatch_size)])
-        return [[mb[j : j + micro] for j in range(0, len(mb), micro)] for ep in epochs for mb in ep]
+    def _micro(self, minibatches: list[Tensor]) -> list[list[Tensor]]:
+        """Each mini-batch split into micro-batches (gradient accumulation)."""
+        micro = self.config.micro_batch_size or self.config.minibatch_responses
+        return [[mb[j : j + micro] for j in range(0, len(mb), micro)] for mb in minibatches]
 
     @torch.no_grad()
     def _score(self, model: Any, batch: RolloutBatch, micro_batches: list[Tensor]) -> Tensor:
@@ -195,7 +217,8 @@ class GRPOTrainer:
         return out
 
     def update(self, batch: RolloutBatch, advantages: Tensor) -> dict[str, float]:
-        """``epochs`` × mini-batch optimizer updates on one rollout batch, all against the same ``pi_old``.
+        """``epochs`` × mini-batch optimizer updates on one rollout batch, all against the same ``pi_old``;
+        then the displacement they caused on the batch's own responses.
 
         ``pi_old`` is the policy that generated the batch, re-scored here with the exact shapes the first
         epoch uses: the first update then sees ``pi_theta == pi_old`` bit for bit (ratio 1, LLDS exactly
@@ -203,7 +226,11 @@ class GRPOTrainer:
         """
         cfg = self.config
         generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
-        plan = self._minibatches(len(batch), generator)
+        plan = self._micro(
+            minibatch_plan(
+                len(batch), cfg.group_size, cfg.minibatch_responses, cfg.epochs, cfg.minibatch_plan, generator
+            )
+        )
         first_epoch = [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
         model_mode = self.model.training
         self.model.eval()  # dropout off: pi_old and pi_theta must be the same function of the parameters
@@ -216,18 +243,22 @@ class GRPOTrainer:
             self.update_metrics.append(
                 self._update_minibatch(batch, micro_batches, advantages, logp_old, ref_logp, weights)
             )
-        self.model.train(model_mode)
+        self.scheduler.step()
         per_update: dict[str, list[float]] = defaultdict(list)
         for m in self.update_metrics:
             for k, v in m.items():
                 per_update[k].append(v)
         metrics = {f"train/{k}": _mean(v) for k, v in per_update.items()}
         metrics["train/grad_norm_max"] = max(per_update["grad_norm"], default=float("nan"))
-        metrics["train/lr"] = float(self.scheduler.get_last_lr()[0])
+        metrics["train/max_abs_log_ratio"] = max(per_update["max_abs_log_ratio"], default=float("nan"))
+        metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["train/updates"] = float(len(plan))
         metrics["train/skipped_updates"] = float(sum(per_update["skipped"]))
         metrics["rollout/logp_mismatch"] = float(mismatch.max()) if mismatch.numel() else 0.0
         if beta is not None:
             metrics["train/llds_ma_beta"] = beta
+        metrics |= self.displacement(batch, advantages, logp_old, first_epoch)
+        self.model.train(model_mode)
         return metrics
 
     def _update_minibatch(
@@ -262,13 +293,15 @@ class GRPOTrainer:
             share = float(mb.loss_mask.sum()) / num_tokens  # token-weighted, like the loss itself
             for k, v in m.items():
                 # Terms already divided by num_tokens add up; ratios (fractions, means) are token-weighted.
-                sums[k] += v if k in ("loss", "pg_loss", "llds_loss", "kl", "entropy") else v * share
+                if k == "max_abs_log_ratio":
+                    sums[k] = max(sums[k], v)
+                else:
+                    sums[k] += v if k in ("loss", "pg_loss", "llds_loss", "kl", "entropy") else v * share
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
         finite = finite and bool(torch.isfinite(grad_norm))
         if finite:
             self.optimizer.step()
-            self.scheduler.step()
         else:  # a NaN/Inf loss or gradient: skip this update, keep the weights, and say so in the log
             self.optimizer.zero_grad(set_to_none=True)
         return {**sums, "grad_norm": float(grad_norm), "skipped": float(not finite)}
@@ -302,6 +335,8 @@ class GRPOTrainer:
             entropy=entropy if cfg.entropy_coef else None,
             entropy_coef=cfg.entropy_coef,
             num_tokens=num_tokens,
+            ratio_cap=cfg.ratio_cap,
+            kl_value_cap=cfg.kl_value_cap,
         )
         with torch.no_grad():
             if not cfg.llds_enabled:  # vanilla GRPO still reports what LLDS (action gate) would measure
@@ -318,29 +353,65 @@ class GRPOTrainer:
     # -- diagnostics -------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def displacement(self, batch: RolloutBatch, correct: Tensor) -> dict[str, float]:
-        """How this step's updates moved the likelihood of the batch's own responses (LLD when < 0 on correct ones).
+    def displacement(
+        self, batch: RolloutBatch, advantages: Tensor, logp_before: Tensor, micro_batches: list[Tensor]
+    ) -> dict[str, float]:
+        """LLD on the step's own responses: ``lld/delta_adv_{pos,zero,neg}``, after minus before its updates.
 
-        Returns ``lld/displacement`` (mean over correct responses of the per-token change of log-likelihood,
-        after the updates minus before), its summed form, and the same for incorrect responses.
+        ``logp_before`` is ``pi_old`` as re-scored for the updates; the same responses are scored again
+        now, with the same micro-batch shapes, so an update-free step measures exactly 0.
         """
-        size = self.config.micro_batch_size or self.config.minibatch_size
-        chunks = [torch.arange(i, min(i + size, len(batch))) for i in range(0, len(batch), size)]
+        self.model.eval()
+        after = self._score(self.model, batch, micro_batches)
+        out = displacement_by_advantage(logp_before, after, advantages, batch.loss_mask)
+        return {f"lld/{k}": v for k, v in out.items()}
+
+    def _build_probe(self) -> RolloutBatch | None:
+        """The fixed probe set: ``probe_size`` correct transcripts (demonstrations), padded, with masks."""
+        cfg = self.config
+        if not cfg.probe_size:
+            return None
+        from ..demonstrations import generate_demonstrations, read_demonstrations
+
+        if cfg.probe_demos is not None:
+            demos = [d for d in read_demonstrations(cfg.probe_demos) if d.reward > 0][: cfg.probe_size]
+        else:
+            import gymnasium as gym
+
+            import searchgym  # noqa: F401 - registers the env ids
+
+            env = gym.make("SearchQA-v0", **{**cfg.env_kwargs(), "tokenizer": self.policy.tokenizer})
+            demos = []
+            # Oracle episodes of the first training questions (the oracle fails when retrieval misses).
+            for demo in generate_demonstrations(env, 4 * cfg.probe_size, seed=0):
+                if demo.reward > 0:
+                    demos.append(demo)
+                if len(demos) == cfg.probe_size:
+                    break
+            env.close()
+        if not demos:
+            raise ConfigError("the probe set is empty: no rewarded transcript to score (set --probe-size 0)")
+        tokens, mask, sources = pad_transcripts(
+            [d.tokens for d in demos], [d.sources for d in demos], self.policy.tokenizer.pad_token_id
+        )
+        n = len(demos)
+        self.probe_masks = probe_masks(tokens, sources, self.policy.tokenizer.token_bytes)
+        return RolloutBatch(
+            tokens, mask, sources, torch.zeros(tokens.shape), torch.ones(n), [{} for _ in range(n)]
+        )
+
+    @torch.no_grad()
+    def probe_metrics(self) -> dict[str, float]:
+        """Mean per-token log-likelihood of the probe set, overall and per action kind (``lld/probe_logp*``)."""
+        if self.probe is None:
+            return {}
+        size = self.config.micro_batch_size or self.config.minibatch_responses
+        chunks = [torch.arange(i, min(i + size, len(self.probe))) for i in range(0, len(self.probe), size)]
         mode = self.model.training
         self.model.eval()
-        after = self._score(self.model, batch, chunks)
+        logp = self._score(self.model, self.probe, chunks)
         self.model.train(mode)
-        mask = batch.loss_mask
-        delta = torch.where(mask, after - batch.logp_old, 0.0)
-        per_resp, tokens = delta.sum(dim=1), mask.sum(dim=1).clamp(min=1)
-        out = {}
-        for name, sel in (("", correct), ("_incorrect", ~correct)):
-            if bool(sel.any()):
-                out[f"lld/displacement{name}"] = float((per_resp[sel] / tokens[sel]).mean())
-                out[f"lld/displacement_sum{name}"] = float(per_resp[sel].mean())
-            else:
-                out[f"lld/displacement{name}"] = out[f"lld/displacement_sum{name}"] = float("nan")
-        return out
+        return {f"lld/{k}": v for k, v in probe_metrics(logp, self.probe_masks).items()}
 
     def evaluate(self) -> dict[str, float]:
         """Greedy play on the first ``eval_questions`` questions of the eval split, as ``eval/`` metrics."""
@@ -379,6 +450,106 @@ class GRPOTrainer:
             self.step = int(payload["step"])
         except (KeyError, RuntimeError, ValueError) as e:
             raise CheckpointError(f"cannot resume from {path}: {e}") from None
+
+
+def minibatch_plan(
+    n: int, group_size: int, minibatch_size: int, epochs: int, plan: str, generator: torch.Generator
+) -> list[Tensor]:
+    """The mini-batches of one rollout step: response indices, one tensor per optimizer update.
+
+    * ``"groups"`` (default, the reference recipe with groups kept whole): every epoch shuffles the order of
+      the ``n / group_size`` groups and cuts it into mini-batches of ``minibatch_size / group_size`` whole
+      groups, so each trajectory is used exactly once per epoch and a group's responses — whose advantages
+      are relative to each other — are always updated together.
+    * ``"shuffle"``: every epoch shuffles the responses themselves, across groups.
+
+    Args:
+        n: Responses in the batch (consecutive blocks of ``group_size`` share a question).
+        group_size: G.
+        minibatch_size: Responses per update (a multiple of ``group_size`` for ``"groups"``).
+        epochs: Passes over the batch.
+        plan: ``"groups"`` or ``"shuffle"``.
+        generator: Seeded RNG of the shuffles.
+
+    Returns:
+        ``epochs * n / minibatch_size`` int64 tensors.
+
+    Raises:
+        ConfigError: an unknown plan, or sizes that do not divide.
+    """
+    if n % minibatch_size or (plan == "groups" and (n % group_size or minibatch_size % group_size)):
+        raise ConfigError(
+            f"cannot cut {n} responses in groups of {group_size} into mini-batches of {minibatch_size}"
+        )
+    out: list[Tensor] = []
+    for _ in range(epochs):
+        if plan == "groups":
+            groups = torch.randperm(n // group_size, generator=generator)
+            order = (groups[:, None] * group_size + torch.arange(group_size)).flatten()
+        elif plan == "shuffle":
+            order = torch.randperm(n, generator=generator)
+        else:
+            raise ConfigError(f"unknown minibatch plan {plan!r}; choose one of ['groups', 'shuffle']")
+        out.extend(order[i : i + minibatch_size] for i in range(0, n, minibatch_size))
+    return out
+
+
+RUN_RECORD = "run.json"
+
+
+def _sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_run_record(run_dir: Path, config: GRPOConfig) -> None:
+    """Records what the run started from (``RUN_DIR/run.json``): the init checkpoint and its hash, so a
+    resume rebuilds the same frozen reference."""
+    record: dict[str, Any] = {"init": None, "init_sha256": None, "model": config.model}
+    if config.init is not None:
+        record |= {"init": str(Path(config.init).resolve()), "init_sha256": _sha256(config.init)}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _resume_init(config: GRPOConfig) -> GRPOConfig:
+    """On ``--resume``: the config with the init checkpoint the run recorded (the reference's source).
+
+    Raises:
+        CheckpointError: the recorded init is gone or changed, or ``--init`` names another file.
+    """
+    path = Path(config.run_dir) / RUN_RECORD
+    if not path.is_file():
+        if config.init is None and (Path(config.run_dir) / CHECKPOINT).is_file():
+            raise CheckpointError(
+                f"{path} is missing, so the init checkpoint of this run (its reference model) is unknown; "
+                "pass --init with the checkpoint the run started from"
+            )
+        return config
+    try:
+        record = json.loads(path.read_text())
+        init, digest = record["init"], record["init_sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"cannot read the run record {path}: {e}") from None
+    if init is None:
+        if config.init is not None:
+            raise CheckpointError(f"{config.run_dir} was started without --init; resume it without --init")
+        return config
+    given = config.init if config.init is not None else init
+    if not Path(given).is_file():
+        raise CheckpointError(
+            f"the run was started from {init}, which is gone: the reference model cannot be rebuilt. "
+            "Restore that file, or pass --init with an identical copy"
+        )
+    if _sha256(given) != digest:
+        raise CheckpointError(
+            f"{given} differs from the init checkpoint this run started from ({init}, sha256 {digest[:12]}…): "
+            "the reference model would change; pass --init with the original file"
+        )
+    return dataclasses.replace(config, init=given)
 
 
 def _token_logprobs(

@@ -9,11 +9,13 @@ import torch
 
 from searchgym.agents.grpo.losses import (
     GATES,
+    PROBE_ACTIONS,
     action_ids,
     adaptive_answer_weight,
     answer_span_mask,
     answer_weights,
     broadcast_advantages,
+    displacement_by_advantage,
     entropy_bonus,
     entropy_from_logits,
     group_advantages,
@@ -24,6 +26,8 @@ from searchgym.agents.grpo.losses import (
     llds_loss,
     masked_mean,
     policy_loss,
+    probe_masks,
+    probe_metrics,
 )
 from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
@@ -137,6 +141,51 @@ def test_tool_tokens_never_reach_any_loss() -> None:
 
 
 # -- KL and entropy ------------------------------------------------------------------------------------
+
+
+def test_ratio_cap_values_and_gradients_at_and_beyond_the_cap() -> None:
+    # Negative advantage: the unclipped term -A * rho is the active one, so the cap is what bounds it.
+    logp_old = torch.zeros(1, 3)
+    logp = torch.tensor([[math.log(50.0), math.log(100.0), math.log(400.0)]], requires_grad=True)
+    adv = torch.tensor([-1.0])
+    mask = torch.ones(1, 3)
+    loss, m = policy_loss(logp, logp_old, adv, mask, 0.2, ratio_cap=100.0)
+    # Per token -A * min(rho, 100): 50, 100, 100 -> token mean 250 / 3.
+    assert close(loss, 250.0 / 3, 1e-3)
+    loss.backward()
+    assert logp.grad is not None
+    # d/dlogp of rho/3 is rho/3 below the cap; zero beyond it (400 > 100 is capped to a constant).
+    assert close(logp.grad[0, 0], 50.0 / 3, 1e-3) and close(logp.grad[0, 2], 0.0)
+    assert close(m["max_abs_log_ratio"], math.log(400.0)) and close(m["ratio_cap_frac"], 1 / 3)
+    uncapped, m = policy_loss(logp.detach(), logp_old, adv, mask, 0.2, ratio_cap=math.inf)
+    assert close(uncapped, (50.0 + 100.0 + 400.0) / 3, 1e-3) and m["ratio_cap_frac"] == 0.0
+    with pytest.raises(ConfigError, match="ratio_cap"):
+        policy_loss(logp, logp_old, adv, mask, ratio_cap=1.0)
+
+
+def test_k3_value_cap_values_and_gradients() -> None:
+    # x = ref - logp; k3 = e^x - x - 1. x = 1: 0.718 (inside); x = 3: 16.09 -> 10 (capped, zero gradient).
+    logp = torch.tensor([[0.0, 0.0]], requires_grad=True)
+    ref = torch.tensor([[1.0, 3.0]])
+    kl = k3_kl(logp, ref, value_cap=10.0)
+    assert close(kl[0, 0], math.e - 2) and close(kl[0, 1], 10.0)
+    kl.sum().backward()
+    assert logp.grad is not None
+    # d k3 / d logp = -(e^x - 1): 1 - e inside the cap, 0 beyond it.
+    assert close(logp.grad[0, 0], 1 - math.e) and logp.grad[0, 1] == 0.0
+    assert close(k3_kl(logp.detach(), ref, value_cap=math.inf)[0, 1], math.exp(3) - 4, 1e-4)
+    loss, m = kl_penalty(logp.detach(), ref, torch.ones(1, 2), value_cap=10.0)
+    assert close(loss, (math.e - 2 + 10.0) / 2) and m["kl_cap_frac"] == 0.5
+
+
+def test_cap_frac_counts_tokens_at_either_cap() -> None:
+    logp_old = torch.zeros(1, 4)
+    logp = torch.tensor([[math.log(200.0), 0.0, 0.0, 0.0]])
+    ref = torch.tensor([[0.0, 5.0, 0.0, 0.0]])  # token 1 is beyond the k3 cap; token 0 beyond the ratio cap
+    _, m = grpo_llds_loss(logp, logp_old, torch.tensor([-1.0]), torch.ones(1, 4), llds_coef=0.0, ref_logp=ref)
+    assert m["cap_frac"] == 0.5 and m["ratio_cap_frac"] == 0.25 and m["kl_cap_frac"] == 0.25
+    _, m = grpo_llds_loss(logp, logp_old, torch.tensor([-1.0]), torch.ones(1, 4), llds_coef=0.0)
+    assert m["cap_frac"] == 0.25
 
 
 def test_k3_kl_hand_computed() -> None:
@@ -264,8 +313,14 @@ def test_llds_ma_weights_touch_only_the_answer_span() -> None:
     assert close(loss, 0.5 / 9)
 
 
-def test_adaptive_answer_weight() -> None:
-    assert [adaptive_answer_weight(s) for s in (0.0, 1.0, 2.0, 3.5, -1.0)] == [0.0, 0.5, 1.0, 1.0, 0.0]
+def test_adaptive_answer_weight_schedules() -> None:
+    searches = (0.0, 1.0, 1.5, 2.0, 3.5, -1.0)
+    # paper: min(V / 2, 1); code (the authors' release): clip(V - 1, 0, 1); the default is the code's.
+    assert [adaptive_answer_weight(v, "paper") for v in searches] == [0.0, 0.5, 0.75, 1.0, 1.0, 0.0]
+    assert [adaptive_answer_weight(v, "code") for v in searches] == [0.0, 0.0, 0.5, 1.0, 1.0, 0.0]
+    assert adaptive_answer_weight(1.5) == adaptive_answer_weight(1.5, "code")
+    with pytest.raises(ConfigError, match=r"valid schedules: \['paper', 'code'\]"):
+        adaptive_answer_weight(1.0, "linear")
 
 
 def test_answer_span_mask_finds_the_last_actions_answer() -> None:
@@ -320,6 +375,44 @@ def test_likelihood_metrics() -> None:
         "logp_token_incorrect": -3.0,
     }
     assert math.isnan(likelihood_metrics(logp, mask, torch.tensor([True, True]))["logp_incorrect"])
+
+
+def test_displacement_by_advantage_on_a_hand_built_batch() -> None:
+    before = torch.tensor([[-1.0, -1.0, 0.0], [-2.0, -2.0, -2.0], [-1.0, 0.0, 0.0], [-1.0, -1.0, 0.0]])
+    after = torch.tensor([[-1.5, -0.5, 7.0], [-2.0, -3.0, -2.5], [-0.5, 9.0, 9.0], [-1.2, -1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    adv = torch.tensor([1.2, 1.2, 0.0, -0.8])
+    m = displacement_by_advantage(before, after, adv, mask)
+    # Per response (token mean over its own policy tokens): 0.0, -0.5, +0.5, -0.1; padding is ignored.
+    assert close(m["delta_adv_pos"], -0.25) and m["n_adv_pos"] == 2
+    assert close(m["delta_adv_zero"], 0.5) and close(m["delta_adv_neg"], -0.1)
+    empty = displacement_by_advantage(before, after, torch.tensor([1.0, 1.0, 1.0, 1.0]), mask)
+    assert math.isnan(empty["delta_adv_neg"]) and empty["n_adv_neg"] == 0
+    assert displacement_by_advantage(before, before, adv, mask)["delta_adv_pos"] == 0.0
+
+
+def test_probe_masks_and_metrics_by_action_kind() -> None:
+    tok = builtin_tokenizer()
+    prompt = tok.encode("Question: where?\n")
+    search = tok.encode("<search> city </search>")
+    info = tok.encode("\n\n<information>Doc 1</information>\n\n")
+    answer = tok.encode("<answer> Paris </answer>")
+    parts = [(prompt, PR), (search, P), (info, T), (answer, P)]
+    tokens = torch.tensor([[t for ids, _ in parts for t in ids]])
+    sources = torch.tensor([[src for ids, src in parts for _ in ids]])
+    masks = probe_masks(tokens, sources, tok.token_bytes)
+    a, b = len(prompt), len(prompt) + len(search)
+    c = b + len(info)
+    assert masks["first"][0].nonzero().flatten().tolist() == list(range(a, b))
+    assert torch.equal(masks["search"], masks["first"])
+    assert masks["answer"][0].nonzero().flatten().tolist() == list(range(c, c + len(answer)))
+    assert int(masks["all"].sum()) == len(search) + len(answer)
+    logp = torch.where(masks["search"], -1.0, -3.0)
+    m = probe_metrics(logp, masks)
+    assert m["probe_logp_search"] == -1.0 and m["probe_logp_answer"] == -3.0 and m["probe_logp_first"] == -1.0
+    n_s, n_a = len(search), len(answer)
+    assert close(m["probe_logp"], (-1.0 * n_s - 3.0 * n_a) / (n_s + n_a))
+    assert set(m) == {"probe_logp"} | {f"probe_logp_{k}" for k in PROBE_ACTIONS}
 
 
 def test_grpo_llds_loss_combines_terms() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from searchgym.agents.grpo.checkpoint import CheckpointError, load_checkpoint, s
 from searchgym.agents.grpo.config import GRPOConfig, SFTConfig  # noqa: E402
 from searchgym.agents.grpo.losses import group_advantages  # noqa: E402
 from searchgym.agents.grpo.rollout import RolloutBatch  # noqa: E402
-from searchgym.agents.grpo.trainer import GRPOTrainer  # noqa: E402
+from searchgym.agents.grpo.trainer import GRPOTrainer, minibatch_plan  # noqa: E402
 from searchgym.envs.episode import Source  # noqa: E402
 from searchgym.errors import ConfigError  # noqa: E402
 
@@ -136,10 +137,19 @@ def test_train_logs_the_metric_set_and_checkpoints(tmp_path: Path) -> None:
         "rollout/em",
         "rollout/searches",
         "rollout/response_length",
-        "lld/logp_correct",
-        "lld/logp_incorrect",
-        "lld/logp_token_correct",
-        "lld/displacement",
+        "rollout/logp_correct",
+        "rollout/logp_token_incorrect",
+        "lld/delta_adv_pos",
+        "lld/delta_adv_zero",
+        "lld/delta_adv_neg",
+        "lld/probe_logp",
+        "lld/probe_logp_first",
+        "lld/probe_logp_search",
+        "lld/probe_logp_answer",
+        "lld/warning",
+        "train/max_abs_log_ratio",
+        "train/cap_frac",
+        "train/grad_norm_max",
         "train/entropy",
         "train/grad_norm",
         "train/clip_frac",
@@ -173,7 +183,12 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     ("overrides", "message"),
     [
         ({"group_size": 1}, "group_size must be >= 2"),
-        ({"minibatch_size": 3}, "must divide the rollout batch"),
+        ({"minibatch_size": 3}, "must be >= 1 and divide the rollout batch"),
+        ({"minibatch_size": 1}, "multiple of group_size 2 with --minibatch-plan groups"),
+        ({"minibatch_plan": "random"}, "unknown minibatch_plan"),
+        ({"llds_ma_schedule": "linear"}, "unknown llds_ma_schedule"),
+        ({"ratio_cap": 1.1}, "ratio_cap must be > 1 \\+ clip_eps"),
+        ({"kl_value_cap": 0.0}, "kl_value_cap must be > 0"),
         ({"llds": "gate"}, "unknown llds"),
         ({"llds": "none", "llds_ma": True}, "llds_ma needs an LLDS gate"),
         ({"lr": 0.0}, "lr must be > 0"),
@@ -188,6 +203,16 @@ def test_config_errors_are_actionable(tmp_path: Path, overrides: dict[str, Any],
 def test_sft_config_and_derived_values(tmp_path: Path) -> None:
     cfg = tiny(tmp_path, questions_per_step=4, group_size=5, minibatch_size=10, epochs=3)
     assert cfg.batch_size == 20 and cfg.updates_per_step == 6 and cfg.llds_enabled
+    # The reference recipe by default: one pass, one whole group per update (10 updates for 10 questions).
+    default = GRPOConfig()
+    assert default.epochs == 1 and default.minibatch_plan == "groups"
+    assert default.minibatch_responses == default.group_size and default.updates_per_step == 10
+    assert (default.ratio_cap, default.kl_value_cap, default.entropy_coef, default.weight_decay) == (
+        100.0,
+        10.0,
+        0.001,
+        0.01,
+    )
     with pytest.raises(ConfigError, match="batch_size must be >= 1"):
         SFTConfig(batch_size=0)
 
@@ -211,3 +236,91 @@ def test_linear_lr_schedule_warms_up_then_decays_to_zero() -> None:
     assert constant.param_groups[0]["lr"] == 1.0
     with pytest.raises(ConfigError, match="lr_schedule"):
         SFTConfig(lr_schedule="cosine")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("n", "group", "size", "epochs"), [(20, 5, 5, 1), (20, 5, 10, 2), (12, 4, 12, 3)])
+def test_group_minibatch_plan_uses_every_trajectory_once_per_epoch_and_never_splits_a_group(
+    n: int, group: int, size: int, epochs: int
+) -> None:
+    plan = minibatch_plan(n, group, size, epochs, "groups", torch.Generator().manual_seed(0))
+    per_epoch = n // size
+    assert len(plan) == epochs * per_epoch and all(len(mb) == size for mb in plan)
+    for e in range(epochs):
+        seen = torch.cat(plan[e * per_epoch : (e + 1) * per_epoch]).sort().values
+        assert seen.tolist() == list(range(n))  # each trajectory exactly once per epoch
+    for mb in plan:
+        groups = (mb // group).tolist()
+        for g in set(groups):
+            assert groups.count(g) == group  # a group is either wholly in a mini-batch or absent
+    orders = [torch.cat(plan[e * per_epoch : (e + 1) * per_epoch]).tolist() for e in range(epochs)]
+    if epochs > 1:
+        assert len({tuple(o) for o in orders}) > 1, "each epoch reshuffles the group order"
+
+
+def test_shuffle_plan_crosses_groups_and_bad_sizes_fail() -> None:
+    plan = minibatch_plan(20, 5, 4, 1, "shuffle", torch.Generator().manual_seed(0))
+    assert torch.cat(plan).sort().values.tolist() == list(range(20))
+    assert any(len(set((mb // 5).tolist())) > 1 for mb in plan)
+    with pytest.raises(ConfigError, match="cannot cut"):
+        minibatch_plan(20, 5, 4, 1, "groups", torch.Generator())
+    with pytest.raises(ConfigError, match="unknown minibatch plan"):
+        minibatch_plan(20, 5, 5, 1, "random", torch.Generator())
+
+
+def test_a_step_that_changes_nothing_measures_zero_displacement(tmp_path: Path) -> None:
+    # No gradient (zero advantages, no LLDS/KL/entropy) and no weight decay: the weights stay put, and the
+    # within-step displacement must then be exactly 0 (the same responses, scored with the same shapes).
+    cfg = tiny(tmp_path, kl_coef=0.0, entropy_coef=0.0, weight_decay=0.0, llds="none", minibatch_size=2)
+    trainer = GRPOTrainer(cfg)
+    batch, _ = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
+    metrics = trainer.update(batch, torch.zeros(4))
+    assert metrics["lld/delta_adv_zero"] == 0.0 and metrics["lld/n_adv_zero"] == 4
+    assert math.isnan(metrics["lld/delta_adv_pos"])
+    metrics = trainer.update(batch, group_advantages(batch.rewards, 2))
+    assert metrics["lld/n_adv_pos"] == 2 and metrics["lld/n_adv_neg"] == 2
+    assert metrics["lld/delta_adv_pos"] != 0.0  # a real update moves the likelihood
+
+
+def _init_checkpoint(tmp_path: Path) -> Path:
+    """An SFT-style checkpoint of a tiny model whose weights differ from a fresh seed-0 model."""
+    from searchgym.agents.grpo.runtime import build_policy
+
+    policy, arch = build_policy(SFTConfig(seed=7))
+    path = tmp_path / "init.pt"
+    save_checkpoint(path, {"kind": "sft", "model": policy.model.state_dict(), "arch": arch, "step": 0})
+    return path
+
+
+def test_resume_without_init_restores_the_original_reference(tmp_path: Path) -> None:
+    init = _init_checkpoint(tmp_path)
+    first = GRPOTrainer(tiny(tmp_path, init=str(init), kl_coef=0.01, steps=1))
+    first.train()
+    assert first.ref_model is not None
+    batch = first.rollout()
+    reference = first._score(first.ref_model, batch, [torch.arange(len(batch))])
+    resumed = GRPOTrainer(tiny(tmp_path, kl_coef=0.01, steps=2, resume=True))  # no --init
+    assert resumed.ref_model is not None and resumed.step == 1
+    again = resumed._score(resumed.ref_model, batch, [torch.arange(len(batch))])
+    assert torch.equal(reference, again)  # bit-identical reference log-probs
+    fresh = GRPOTrainer(tiny(tmp_path / "other", kl_coef=0.01))  # what the old code rebuilt
+    assert fresh.ref_model is not None
+    assert not torch.equal(reference, fresh._score(fresh.ref_model, batch, [torch.arange(len(batch))]))
+
+
+def test_resume_whose_init_is_gone_or_changed_is_a_clear_error(tmp_path: Path) -> None:
+    init = _init_checkpoint(tmp_path)
+    GRPOTrainer(tiny(tmp_path, init=str(init), steps=1)).train()
+    with pytest.raises(CheckpointError, match="differs from the init checkpoint"):
+        GRPOTrainer(tiny(tmp_path, init=str(_init_other(tmp_path)), steps=2, resume=True))
+    init.unlink()
+    with pytest.raises(CheckpointError, match="which is gone: the reference model cannot be rebuilt"):
+        GRPOTrainer(tiny(tmp_path, steps=2, resume=True))
+
+
+def _init_other(tmp_path: Path) -> Path:
+    other = tmp_path / "other.pt"
+    other.write_bytes((tmp_path / "init.pt").read_bytes())
+    payload = load_checkpoint(other)
+    payload["step"] = 1
+    save_checkpoint(other, payload)
+    return other
