@@ -10,7 +10,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from searchgym.data.flashrag import iter_jsonl
+from searchgym.data.jsonl import iter_jsonl, replace_on_success
 from searchgym.errors import DataFormatError
 
 from .evaluate import run_episode
@@ -52,13 +52,17 @@ def generate_demonstrations(env: gym.Env[Any, Any], episodes: int, seed: int = 0
 
 
 def write_demonstrations(demos: Iterable[Demonstration], path: str | Path) -> int:
-    """Writes demonstrations as JSONL; returns how many were written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Writes demonstrations as JSONL; returns how many were written.
+
+    The records go to ``PATH.partial`` as they come and the file is renamed to ``path`` once all are
+    written: if generating them fails, an existing ``path`` is left as it was and the finished records
+    stay in ``PATH.partial``.
+    """
     n = 0
-    with path.open("w", encoding="utf-8") as f:
+    with replace_on_success(path) as partial, partial.open("w", encoding="utf-8") as f:
         for demo in demos:
             f.write(json.dumps(asdict(demo)) + "\n")
+            f.flush()
             n += 1
     return n
 

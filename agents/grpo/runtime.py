@@ -1,21 +1,60 @@
-"""What every training entry point shares: building the model, the optimizer, and the metric log."""
+"""What every training entry point shares: the run folder, the model, the optimizer, and the metric log."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from searchgym.errors import ConfigError, DataFormatError
 from searchgym.tokenization import load_tokenizer
 
 from ..llm import LLMPolicy, tiny_causal_lm
-from .checkpoint import CheckpointError, load_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, remove_stale_temp_files
 from .config import CommonConfig
 
-__all__ = ["MetricLogger", "build_policy", "make_optimizer", "read_metrics"]
+__all__ = [
+    "RESUMABLE_OPTIONS",
+    "RUN_FILES",
+    "MetricLogger",
+    "build_policy",
+    "check_resume_config",
+    "make_optimizer",
+    "prepare_run_dir",
+    "read_metrics",
+]
+
+RUN_FILES = ("checkpoint.pt", "metrics.jsonl", "tb")
+"""What a training run writes into its folder: a folder holding any of them holds a run."""
+
+RESUMABLE_OPTIONS = frozenset(
+    {
+        "run_dir",
+        "resume",
+        "overwrite",
+        "steps",
+        "device",
+        "threads",
+        "progress",
+        "tensorboard",
+        "micro_batch_size",
+        "retriever",
+        "eval_split",
+        "eval_questions",
+        "eval_batch",
+        "eval_every",
+        "save_every",
+    }
+)
+"""Options that may differ on ``--resume``: they are applied (and reported). Every other option is part of
+what the run is (model, data, optimisation, algorithm) and must stay as saved."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,6 +80,7 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
         arch, state = dict(payload["arch"]), payload["model"]
         if config.tokenizer is not None:
             arch["tokenizer"] = config.tokenizer
+        _check_arch(arch, str(config.init))
     elif config.model is not None:
         arch = {"kind": "pretrained", "name": config.model, "tokenizer": config.tokenizer or config.model}
     else:
@@ -67,9 +107,33 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
         tf = _import_transformers(f"Loading model {arch['name']!r}")
         model = tf.AutoModelForCausalLM.from_pretrained(arch["name"], dtype=_DTYPES[config.dtype])
     if state is not None:
-        model.load_state_dict(state)
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"{config.init}: the model state does not fit its architecture ({e})"
+            ) from None
     model = model.to(device=config.device, dtype=_DTYPES[config.dtype])
     return LLMPolicy(model, tokenizer, **policy_kwargs), arch
+
+
+def _check_arch(arch: dict[str, Any], path: str) -> None:
+    """Refuses an architecture description a checkpoint could not have been written with."""
+    kind = arch.get("kind")
+    if kind == "tiny":
+        for name in ("layers", "hidden"):
+            value = arch.get(name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 16:
+                raise CheckpointError(
+                    f"{path}: arch {name!r} must be an integer in [1, 65536], got {value!r}"
+                )
+        if arch.get("tokenizer") is not None and not isinstance(arch["tokenizer"], str):
+            raise CheckpointError(f"{path}: arch 'tokenizer' must be a string or null")
+    elif kind == "pretrained":
+        if not isinstance(arch.get("name"), str) or not isinstance(arch.get("tokenizer"), str):
+            raise CheckpointError(f"{path}: arch 'name' and 'tokenizer' must be strings")
+    else:
+        raise CheckpointError(f"{path}: unknown model kind {kind!r} (expected 'tiny' or 'pretrained')")
 
 
 def make_optimizer(
@@ -97,14 +161,132 @@ def make_optimizer(
     return optimizer, scheduler
 
 
+def prepare_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False) -> Path:
+    """Makes ``run_dir`` ready for a run, never silently replacing an earlier one.
+
+    Temporary files that a save killed mid-write left behind are removed first. A new run (``resume``
+    false) in a folder that already holds a run (any of :data:`RUN_FILES`) is refused unless ``overwrite``,
+    which deletes those files. Other files in the folder are left alone. Calling it twice is harmless.
+
+    Args:
+        run_dir: The run folder (created if missing).
+        resume: The run continues the folder's checkpoint.
+        overwrite: Replace the run the folder holds.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ConfigError: both ``resume`` and ``overwrite``; ``run_dir`` is a file; or it holds a run and neither
+            ``resume`` nor ``overwrite`` is set.
+    """
+    root = Path(run_dir)
+    if resume and overwrite:
+        raise ConfigError("--resume continues the run in run_dir and --overwrite replaces it: choose one")
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"run_dir {str(root)!r} is a file, not a folder")
+    remove_stale_temp_files(root)
+    if not resume:
+        existing = [name for name in RUN_FILES if (root / name).exists()]
+        if existing and not overwrite:
+            raise ConfigError(
+                f"run_dir {str(root)!r} already holds a run ({', '.join(existing)}); pass --resume to continue "
+                "it, --overwrite to replace it, or choose another --run-dir"
+            )
+        for name in existing:
+            path = root / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def check_resume_config(saved_config: Mapping[str, Any], new_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Compares the options of a resumed run with those its checkpoint was saved with.
+
+    Options in :data:`RESUMABLE_OPTIONS` may change: the change is applied by the caller (the new config is
+    the one in use and the one the next checkpoint records) and reported here as a ``UserWarning``. Any
+    other change is refused. Options present on one side only (a field added or removed between versions)
+    are not compared.
+
+    Args:
+        saved_config: The checkpoint's ``config`` (``dataclasses.asdict`` of the run's config).
+        new_config: The config of the resuming run, in the same form.
+
+    Returns:
+        The applied changes, ``{option: (saved value, new value)}``.
+
+    Raises:
+        ConfigError: options that cannot change on resume differ; the message lists each with both values.
+    """
+    changed = {
+        k: (saved_config[k], new_config[k])
+        for k in sorted(set(saved_config) & set(new_config))
+        if saved_config[k] != new_config[k]
+    }
+    frozen = {k: v for k, v in changed.items() if k not in RESUMABLE_OPTIONS}
+    if frozen:
+        listed = "; ".join(f"--{k.replace('_', '-')}: saved {a!r}, now {b!r}" for k, (a, b) in frozen.items())
+        raise ConfigError(
+            f"these options cannot change on --resume: {listed}. Resume with the saved values, or start a new "
+            "run from this one's weights with --init RUN_DIR/checkpoint.pt. Options that may change: "
+            f"{', '.join(sorted(RESUMABLE_OPTIONS))}"
+        )
+    applied = {k: v for k, v in changed.items() if k not in ("resume", "overwrite")}
+    if applied:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in applied.items())
+        warnings.warn(f"resuming with changed options (applied): {listed}", UserWarning, stacklevel=2)
+    return applied
+
+
+def _read_metric_records(path: Path, repair: bool) -> list[dict[str, Any]]:
+    """Parses ``metrics.jsonl``: a torn last line (a kill or a full disk mid-write) is dropped with a warning;
+    a bad line anywhere else is an error."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DataFormatError(str(path), None, f"cannot read the metrics log ({e.strerror or e})") from None
+    lines = raw.split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+            if not isinstance(record, dict) or isinstance(record.get("step"), bool):
+                raise ValueError("not a metrics record")
+            if not isinstance(record.get("step", 0), int):
+                raise ValueError("'step' is not an integer")
+        except (UnicodeDecodeError, ValueError) as e:
+            if i == last:
+                action = "dropping it" if repair else "ignoring it"
+                warnings.warn(
+                    f"{path}:{i + 1}: torn last line in the metrics log ({e}); {action}", stacklevel=3
+                )
+                break
+            raise DataFormatError(
+                str(path), i + 1, f"corrupt metrics record ({e}); only a torn last line can be repaired"
+            ) from None
+        records.append(record)
+    return records
+
+
 class MetricLogger:
     """Writes one JSON line per step to ``RUN_DIR/metrics.jsonl`` (and TensorBoard scalars when available).
 
     Args:
         run_dir: The run folder.
         resume_step: When resuming, the checkpoint's step: lines written after it by the interrupted run are
-            dropped, so the log continues from the saved step without duplicates. ``None`` starts a new log.
+            dropped, so the log continues from the saved step without duplicates; a torn last line is
+            dropped with a warning. ``None`` starts a new log (see :func:`prepare_run_dir`, which refuses to
+            replace an existing run's log unasked).
         tensorboard: Also write TensorBoard events if ``torch.utils.tensorboard`` can be imported.
+
+    Raises:
+        DataFormatError: resuming, and a line other than the last one is corrupt.
     """
 
     def __init__(self, run_dir: str | Path, resume_step: int | None = None, tensorboard: bool = True) -> None:
@@ -114,11 +296,15 @@ class MetricLogger:
             self.path.write_text("")
         elif self.path.exists():
             kept = [
-                line
-                for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+                r for r in _read_metric_records(self.path, repair=True) if r.get("step", 0) <= resume_step
             ]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            # Rewritten through a temporary file: a kill during the rewrite must not lose the log.
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.rewrite.tmp")
+            with tmp.open("w", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in kept))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
         self._file = self.path.open("a", encoding="utf-8")
         self._tb: Any = None
         if tensorboard:
@@ -147,8 +333,14 @@ class MetricLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file (or of ``RUN_DIR/metrics.jsonl``)."""
+    """The records of a ``metrics.jsonl`` file (or of ``RUN_DIR/metrics.jsonl``).
+
+    A torn last line (a run being written, or killed mid-write) is skipped with a warning.
+
+    Raises:
+        DataFormatError: the file is unreadable, or a line other than the last is corrupt.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _read_metric_records(path, repair=False)

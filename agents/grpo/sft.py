@@ -22,7 +22,7 @@ from .checkpoint import save_checkpoint
 from .config import SFTConfig
 from .losses import masked_mean
 from .rollout import evaluate_policy, pad_transcripts
-from .runtime import MetricLogger, build_policy, make_optimizer
+from .runtime import MetricLogger, build_policy, make_optimizer, prepare_run_dir
 
 __all__ = ["evaluate_checkpoint_policy", "load_sft_demonstrations", "sft_loss", "train_sft"]
 
@@ -77,7 +77,11 @@ def train_sft(config: SFTConfig) -> dict[str, float]:
 
     Returns:
         The final metrics (``eval/em`` … when ``eval_questions > 0``).
+
+    Raises:
+        ConfigError: ``run_dir`` already holds a run and ``config.overwrite`` is not set.
     """
+    prepare_run_dir(config.run_dir, resume=False, overwrite=getattr(config, "overwrite", False))
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)

@@ -16,7 +16,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--episodes", type=int, default=None, help="demonstrations (default: one per question)"
     )
-    parser.add_argument("--out", required=True, help="output JSONL path")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="output JSONL path (through OUT.partial, renamed when all are written: a failed run leaves OUT as it was)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="base seed")
 
 

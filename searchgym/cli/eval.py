@@ -19,17 +19,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", required=True, help="random | oracle | heuristic | package.module:Class")
     parser.add_argument("--episodes", type=int, default=100, help="episodes (question i for episode i)")
     parser.add_argument("--seed", type=int, default=0, help="base seed")
-    parser.add_argument("--out", default=None, help="write transcripts to this JSONL file")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="write transcripts to this JSONL file (through OUT.partial, renamed when the run completes: "
+        "a failed run leaves OUT as it was)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     from searchgym.agents import evaluate
+    from searchgym.data.jsonl import replace_on_success
 
     env = make_env(args)
     agent = load_agent(args.agent, env, seed=args.seed)
-    summary = evaluate(env, agent, args.episodes, seed=args.seed, out=args.out, progress=not args.no_progress)
+    if args.out is None:
+        summary = evaluate(env, agent, args.episodes, seed=args.seed, progress=not args.no_progress)
+    else:
+        # Episodes stream into OUT.partial (a crash keeps the finished ones there); OUT is replaced only
+        # by a complete run, so a run that fails never destroys an earlier file.
+        with replace_on_success(args.out) as partial:
+            summary = evaluate(
+                env, agent, args.episodes, seed=args.seed, out=partial, progress=not args.no_progress
+            )
     metrics = summary.metrics()
     if args.json:
         print(json.dumps(metrics))

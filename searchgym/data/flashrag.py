@@ -8,40 +8,24 @@ line raises :class:`~searchgym.errors.DataFormatError` naming the file and the l
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from searchgym.data.types import Dataset, Passage, Question
+from searchgym.data.jsonl import iter_jsonl
+from searchgym.data.types import Dataset, LazySplits, Passage, Question
 from searchgym.errors import ConfigError, DataFormatError
 
-__all__ = ["iter_jsonl", "load_flashrag", "parse_contents", "read_corpus", "read_questions"]
+__all__ = [
+    "iter_jsonl",
+    "load_flashrag",
+    "parse_contents",
+    "read_corpus",
+    "read_questions",
+    "supporting_ids",
+]
 
 _SUPPORT_KEYS = ("supporting_passage_ids", "gold_passage_ids")
-
-
-def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yields ``(line_number, object)`` for each non-blank line of a JSONL file.
-
-    Raises:
-        DataFormatError: a line is not valid JSON or not a JSON object.
-    """
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(
-                    str(path), lineno, f"invalid JSON ({e.msg} at column {e.colno})"
-                ) from None
-            if not isinstance(record, dict):
-                raise DataFormatError(
-                    str(path), lineno, f"expected a JSON object, got {type(record).__name__}"
-                )
-            yield lineno, record
 
 
 def _field(record: dict[str, Any], key: str, kind: type, path: Path, lineno: int) -> Any:
@@ -55,6 +39,35 @@ def _field(record: dict[str, Any], key: str, kind: type, path: Path, lineno: int
             str(path), lineno, f"field {key!r} must be {kind.__name__}, got {type(value).__name__}"
         )
     return value
+
+
+def supporting_ids(value: Any, key: str, path: str, line: int) -> tuple[str, ...]:
+    """The gold passage ids of ``metadata[key]``: a list of ids, or a single id.
+
+    Ids are strings or integers (integers become strings, as passage ids are strings); a single id (``"12"``
+    or ``12``) is one id, never split into characters; ``null`` means none.
+
+    Raises:
+        DataFormatError: any other type (the message names file, line and key).
+    """
+    if value is None:
+        return ()
+    if isinstance(value, list | tuple):
+        items = list(value)
+    elif isinstance(value, str | int) and not isinstance(value, bool):
+        items = [value]
+    else:
+        raise DataFormatError(
+            path,
+            line,
+            f"metadata.{key} must be a list of passage ids (or one id), got {type(value).__name__}",
+        )
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, str | int):
+            raise DataFormatError(
+                path, line, f"metadata.{key} must hold passage ids (strings or integers), got {item!r}"
+            )
+    return tuple(str(item) for item in items)
 
 
 def parse_contents(contents: str) -> tuple[str, str]:
@@ -101,17 +114,17 @@ def read_questions(path: Path) -> list[Question]:
         metadata = record.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise DataFormatError(str(path), lineno, "field 'metadata' must be an object")
-        support: list[str] = []
+        support: tuple[str, ...] = ()
         for key in _SUPPORT_KEYS:
             if key in metadata:
-                support = [str(s) for s in metadata[key]]
+                support = supporting_ids(metadata[key], key, str(path), lineno)
                 break
         questions.append(
             Question(
                 id=qid,
                 question=text,
                 golden_answers=tuple(answers),
-                supporting_ids=tuple(support),
+                supporting_ids=support,
                 kind=str(metadata.get("type", "")),
                 hops=len(support),
                 metadata=metadata,
@@ -123,24 +136,34 @@ def read_questions(path: Path) -> list[Question]:
 def load_flashrag(folder: str | Path, splits: tuple[str, ...] | None = None) -> Dataset:
     """Loads a FlashRAG-format folder.
 
+    The corpus and the splits named in ``splits`` are read at once. Discovered splits (``splits=None``) are
+    read when first used, so a stray or malformed ``*.jsonl`` in the folder (a results file, say) breaks
+    nothing but a request for it.
+
     Args:
         folder: Directory holding ``corpus.jsonl`` and one or more ``{split}.jsonl`` files.
-        splits: Which splits to read; by default every ``*.jsonl`` other than the corpus.
+        splits: Which splits to read; by default every ``*.jsonl`` other than the corpus, read on first use.
 
     Raises:
         ConfigError: the folder or a requested split file does not exist.
-        DataFormatError: a malformed record (the message names file and line).
+        DataFormatError: a malformed record (the message names file and line), raised when the corpus is
+            read or when a malformed split is first used.
     """
     root = Path(folder)
     corpus_path = root / "corpus.jsonl"
     if not corpus_path.is_file():
         raise ConfigError(f"{root} is not a FlashRAG folder: {corpus_path} does not exist")
+    discovered = splits is None
     if splits is None:
         splits = tuple(sorted(p.stem for p in root.glob("*.jsonl") if p.name != "corpus.jsonl"))
-    split_data: dict[str, list[Question]] = {}
+    files: dict[str, Path] = {}
     for split in splits:
         split_path = root / f"{split}.jsonl"
         if not split_path.is_file():
             raise ConfigError(f"{root} has no split file {split_path.name}")
-        split_data[split] = read_questions(split_path)
-    return Dataset(name=root.name, passages=read_corpus(corpus_path), splits=split_data)
+        files[split] = split_path
+    passages = read_corpus(corpus_path)
+    split_data = LazySplits({split: partial(read_questions, f) for split, f in files.items()})
+    if not discovered:  # splits named by the caller are read now, so their errors show at once
+        split_data.read_all()
+    return Dataset(name=root.name, passages=passages, splits=split_data)

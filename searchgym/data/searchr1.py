@@ -17,11 +17,12 @@ each start at 0. The passages do not come with these files: pair them with a Fla
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from searchgym.data.flashrag import read_corpus, read_questions
-from searchgym.data.types import Dataset, Passage, Question
+from searchgym.data.flashrag import read_corpus, read_questions, supporting_ids
+from searchgym.data.types import Dataset, LazySplits, Passage, Question
 from searchgym.errors import ConfigError, DataFormatError, MissingDependencyError
 
 __all__ = ["load_searchr1", "parse_row", "read_searchr1"]
@@ -78,10 +79,17 @@ def parse_row(row: dict[str, Any], path: str, row_number: int) -> Question:
     index = extra.get("index", row_number - 1)
     if isinstance(index, bool) or not isinstance(index, int | str):
         raise DataFormatError(*where, "'extra_info.index' must be an integer or a string")
+    support: tuple[str, ...] = ()
+    for key in ("supporting_passage_ids", "gold_passage_ids"):
+        if key in extra:
+            support = supporting_ids(extra[key], key, path, row_number)
+            break
     return Question(
         id=f"{source}_{index}",
         question=_question_text(row.get("prompt"), where),
         golden_answers=_answers(row.get("reward_model"), where),
+        supporting_ids=support,
+        hops=len(support),
         metadata={"data_source": source, **{k: v for k, v in extra.items() if v is not None}},
     )
 
@@ -98,18 +106,34 @@ def read_searchr1(path: str | Path) -> list[Question]:
         import pyarrow.parquet as pq
     except ImportError:
         raise MissingDependencyError("pyarrow", "parquet", "Reading Search-R1 parquet files") from None
+    import pyarrow as pa
+
     path = Path(path)
     try:
         table = pq.read_table(path)
-    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise DataFormatError(str(path), None, f"not a readable parquet file ({e})") from None
-    missing = [c for c in _COLUMNS if c not in table.column_names]
-    if missing:
-        raise DataFormatError(str(path), None, f"missing column(s) {missing}; found {table.column_names}")
-    columns = [c for c in (*_COLUMNS, "extra_info") if c in table.column_names]
+        missing = [c for c in _COLUMNS if c not in table.column_names]
+        if missing:
+            raise DataFormatError(str(path), None, f"missing column(s) {missing}; found {table.column_names}")
+        columns = [c for c in (*_COLUMNS, "extra_info") if c in table.column_names]
+        rows = table.select(columns).to_pylist()
+    except (
+        OSError,
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+        NotImplementedError,
+        pa.ArrowException,
+    ) as e:
+        if isinstance(e, DataFormatError):
+            raise
+        # pyarrow raises its own classes (ArrowInvalid is a ValueError; others are not): all mean a bad file.
+        raise DataFormatError(
+            str(path), None, f"not a readable parquet file ({type(e).__name__}: {e})"
+        ) from None
     questions: list[Question] = []
     seen: set[str] = set()
-    for number, row in enumerate(table.select(columns).to_pylist(), start=1):
+    for number, row in enumerate(rows, start=1):
         question = parse_row(row, str(path), number)
         if question.id in seen:
             raise DataFormatError(str(path), number, f"duplicate question id {question.id!r}")
@@ -127,7 +151,8 @@ def load_searchr1(
         path: A folder holding ``{split}.parquet`` files (FlashRAG ``{split}.jsonl`` question files there
             are read too), or one ``.parquet`` file (its stem names the split).
         corpus: The FlashRAG ``corpus.jsonl``; by default the one in ``path``'s folder.
-        splits: Splits to read (folder only); by default every ``*.parquet`` and non-corpus ``*.jsonl``.
+        splits: Splits to read (folder only); by default every ``*.parquet`` and non-corpus ``*.jsonl``,
+            each read when first used.
 
     Raises:
         ConfigError: the path, the corpus or a split does not exist, or a split is in both formats.
@@ -161,8 +186,15 @@ def load_searchr1(
             f"no corpus for {root}: {corpus_path} does not exist (Search-R1 files hold only questions; "
             "put a FlashRAG corpus.jsonl next to them or pass corpus=)"
         )
-    split_data = {
-        split: read_searchr1(f) if f.suffix == ".parquet" else read_questions(f) for split, f in files.items()
-    }
     passages: list[Passage] = read_corpus(corpus_path)
+    split_data = LazySplits(
+        {
+            split: partial(read_searchr1 if f.suffix == ".parquet" else read_questions, f)
+            for split, f in files.items()
+        }
+    )
+    # Files the caller named are read now; discovered ones on first use, so a stray or malformed file
+    # in the folder breaks only a request for it.
+    if root.is_file() or splits is not None:
+        split_data.read_all()
     return Dataset(name=folder.name, passages=passages, splits=split_data)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from searchgym.errors import ConfigError, UnknownQuestionError
 
-__all__ = ["Dataset", "Passage", "Question"]
+__all__ = ["Dataset", "LazySplits", "Passage", "Question"]
 
 
 @dataclass(frozen=True)
@@ -55,13 +55,48 @@ class Question:
     metadata: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
+class LazySplits(Mapping[str, list["Question"]]):
+    """Named splits whose questions are read on first access (then kept).
+
+    A dataset folder may hold files that are not splits, or splits the user never asks for; reading only
+    the requested one keeps a malformed neighbour from breaking it.
+
+    Args:
+        readers: For each split name, a function that reads its questions.
+    """
+
+    def __init__(self, readers: Mapping[str, Callable[[], list[Question]]]) -> None:
+        self._readers = dict(readers)
+        self._loaded: dict[str, list[Question]] = {}
+
+    def __getitem__(self, split: str) -> list[Question]:
+        if split not in self._loaded:
+            read = self._readers[split]  # KeyError for an unknown split, as a dict
+            self._loaded[split] = read()
+        return self._loaded[split]
+
+    def read_all(self) -> None:
+        """Reads every split now (so that their errors show at once)."""
+        for split in self._readers:
+            self[split]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._readers)
+
+    def __len__(self) -> int:
+        return len(self._readers)
+
+    def __repr__(self) -> str:
+        return f"LazySplits({sorted(self._readers)}, loaded={sorted(self._loaded)})"
+
+
 @dataclass
 class Dataset:
     """A corpus of passages and named splits of questions over it."""
 
     name: str
     passages: list[Passage]
-    splits: dict[str, list[Question]]
+    splits: Mapping[str, list[Question]]
     _question_indexes: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
     retrievers: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """Named retrievers built over this corpus, shared by every env on the dataset (see ``shared_retriever``)."""

@@ -441,7 +441,7 @@ class BM25Retriever(Retriever):
             raise ConfigError(f"{root} holds no BM25 index (expected {_META_FILE} and {_ARRAYS_FILE})")
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, OSError) as e:
             raise DataFormatError(str(meta_path), None, f"corrupt index metadata ({e})") from None
         if not isinstance(meta, dict) or meta.get("format") != INDEX_FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else None
@@ -457,20 +457,115 @@ class BM25Retriever(Retriever):
                 f"({len(passages)} passages, hash {expected[:12]}…); delete the folder or rebuild the index"
             )
         try:
-            with np.load(arrays_path, allow_pickle=False) as arrays:
-                shape = tuple(int(s) for s in meta["shape"])
-                weights = sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]), shape=shape)
-            vocab = {str(t): i for i, t in enumerate(meta["vocab"])}
+            shape = tuple(int(s) for s in meta["shape"])
+            vocab_list = meta["vocab"]
+            if not isinstance(vocab_list, list) or not all(isinstance(t, str) for t in vocab_list):
+                raise TypeError("'vocab' must be a list of strings")
+            vocab = {t: i for i, t in enumerate(vocab_list)}
+            if not isinstance(meta["params"], dict):
+                raise TypeError("'params' must be an object")
             params = BM25Params(**meta["params"])
             analyzer = Analyzer.from_dict(meta["analyzer"])
-        except (OSError, KeyError, TypeError, ValueError) as e:
-            raise DataFormatError(str(root), None, f"corrupt BM25 index ({e})") from None
-        if weights.shape[1] != len(passages) or len(vocab) > weights.shape[0]:
+        except (KeyError, TypeError, ValueError, OverflowError, ConfigError) as e:
+            raise DataFormatError(str(meta_path), None, f"corrupt BM25 index metadata ({e})") from None
+        if len(shape) != 2 or shape[1] != len(passages) or shape[0] != max(len(vocab_list), 1):
             raise DataFormatError(
-                str(root), None, "corrupt BM25 index: matrix shape does not match the corpus"
+                str(meta_path),
+                None,
+                f"corrupt BM25 index: shape {shape} does not match the corpus and vocabulary",
             )
+        if len(vocab) != len(vocab_list):
+            raise DataFormatError(str(meta_path), None, "corrupt BM25 index: the vocabulary repeats a term")
+        data, indices, indptr = _read_arrays(arrays_path)
+        _check_csr(arrays_path, data, indices, indptr, shape)
+        weights = sp.csr_matrix((data, indices, indptr), shape=shape)
+        weights.has_sorted_indices = True  # checked above
         self = cls.__new__(cls)
         self.params, self.analyzer, self.passages = params, analyzer, passages
         self.corpus_hash, self.vocab, self.weights = expected, vocab, weights
         self._prepare()
         return self
+
+
+#: The dtypes :meth:`BM25Retriever.save` writes (any byte order is accepted).
+_ARRAY_DTYPES = {
+    "data": (np.dtype(np.float64),),
+    "indices": (np.dtype(np.int32), np.dtype(np.int64)),
+    "indptr": (np.dtype(np.int32), np.dtype(np.int64)),
+}
+
+
+def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three CSR arrays of ``bm25.npz``, each checked before it is read: stored uncompressed, a 1-D
+    array of the right kind whose header agrees with the member's size (so a crafted header cannot make
+    NumPy allocate more than the file holds), and the member's CRC-32 (checked by :mod:`zipfile` on read).
+
+    Raises:
+        DataFormatError: anything else, naming the file.
+    """
+    import zipfile
+
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for name, dtypes in _ARRAY_DTYPES.items():
+                info = archive.getinfo(f"{name}.npy")
+                if info.compress_type != zipfile.ZIP_STORED:
+                    raise ValueError(f"{name} is compressed; the index is written uncompressed")
+                with archive.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                    elif version == (2, 0):
+                        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                    else:
+                        raise ValueError(f"{name}: unsupported .npy version {version}")
+                    if dtype.newbyteorder("=") not in dtypes or len(shape) != 1 or fortran:
+                        expected = " or ".join(str(d) for d in dtypes)
+                        raise ValueError(
+                            f"{name} is a {dtype} array of shape {shape}, not a 1-D {expected} array"
+                        )
+                    header_size = f.tell()
+                    if header_size + shape[0] * dtype.itemsize != info.file_size:
+                        raise ValueError(f"{name}: the header's shape {shape} does not match the stored size")
+                    payload = f.read()  # reading to the end checks the member's CRC-32
+                arrays[name] = np.frombuffer(payload, dtype=dtype, count=shape[0]).astype(
+                    dtype.newbyteorder("="), copy=True
+                )
+    except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError, TypeError, OverflowError) as e:
+        raise DataFormatError(
+            str(path), None, f"corrupt BM25 index arrays ({type(e).__name__}: {e})"
+        ) from None
+    return arrays["data"], arrays["indices"], arrays["indptr"]
+
+
+def _check_csr(
+    path: Path, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape: tuple[int, ...]
+) -> None:
+    """Checks everything sparse products trust without checking: sizes, ranges, order, finiteness.
+
+    Raises:
+        DataFormatError: the first violation, naming the file.
+    """
+
+    def bad(message: str) -> DataFormatError:
+        return DataFormatError(str(path), None, f"corrupt BM25 index: {message}")
+
+    rows, cols = shape
+    if len(indptr) != rows + 1:
+        raise bad(f"indptr has {len(indptr)} entries for {rows} terms")
+    if len(data) != len(indices):
+        raise bad(f"{len(data)} weights for {len(indices)} indices")
+    if indptr[0] != 0 or int(indptr[-1]) != len(indices) or (np.diff(indptr) < 0).any():
+        raise bad("indptr is not a non-decreasing sequence from 0 to the number of entries")
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= cols):
+        raise bad(f"a passage index lies outside [0, {cols})")
+    if not np.isfinite(data).all():
+        raise bad("a weight is not finite")
+    if len(indices) > 1:
+        rising = np.diff(indices.astype(np.int64)) > 0
+        starts = indptr[1:-1].astype(np.int64)
+        starts = starts[(starts > 0) & (starts < len(indices))]
+        rising[starts - 1] = True  # a new row may start anywhere
+        if not rising.all():
+            raise bad("a posting list is not sorted by passage, or repeats one")

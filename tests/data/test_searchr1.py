@@ -104,7 +104,7 @@ def test_malformed_rows_name_file_and_row(tmp_path: Path, mutate: Any, message: 
     path = write(tmp_path / "test.parquet", [row("first?", ["a"]), bad])
     (tmp_path / "corpus.jsonl").write_text(json.dumps({"id": "0", "contents": '"T"\nx'}) + "\n")
     with pytest.raises(DataFormatError, match=message) as info:
-        load_searchr1(tmp_path)
+        load_searchr1(tmp_path).questions("test")
     assert info.value.path == str(path) and info.value.line == 2
     assert f"{path}:2:" in str(info.value)
 

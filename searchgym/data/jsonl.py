@@ -1,0 +1,93 @@
+"""JSONL files, read and written safely.
+
+Reading: every line is decoded as strict UTF-8 and parsed with :mod:`json` (nothing in a data file is
+executed); a line that is not valid UTF-8, not JSON, not an object, or that holds a lone UTF-16 surrogate
+(``"\\ud800"``, which Python's JSON parser accepts but no UTF-8 consumer does) is a
+:class:`~searchgym.errors.DataFormatError` naming the file and the line.
+
+Writing: :func:`replace_on_success` writes beside the destination and renames onto it only when the
+writing succeeded, so an earlier file is never truncated by a run that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from searchgym.errors import DataFormatError
+
+__all__ = ["PARTIAL_SUFFIX", "iter_jsonl", "replace_on_success"]
+
+PARTIAL_SUFFIX = ".partial"
+"""Suffix of the file being written: ``OUT.partial`` until it is renamed to ``OUT``."""
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yields ``(line_number, object)`` for each non-blank line of a JSONL file.
+
+    A UTF-8 byte-order mark at the start of the file is skipped.
+
+    Raises:
+        DataFormatError: the file cannot be read, or a line is not UTF-8, not valid JSON, not a JSON object,
+            or holds a lone surrogate.
+    """
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise DataFormatError(str(path), None, f"cannot read the file ({e.strerror or e})") from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DataFormatError(
+                    str(path), lineno, f"not valid UTF-8 (byte {e.start + 1} of the line: {e.reason})"
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataFormatError(
+                    str(path), lineno, f"invalid JSON ({e.msg} at column {e.colno})"
+                ) from None
+            except RecursionError:
+                raise DataFormatError(str(path), lineno, "invalid JSON (nested too deeply)") from None
+            if not isinstance(record, dict):
+                raise DataFormatError(
+                    str(path), lineno, f"expected a JSON object, got {type(record).__name__}"
+                )
+            # Lone surrogates can only come from \u escapes (the bytes were strict UTF-8): check those lines.
+            if "\\u" in line:
+                try:
+                    json.dumps(record, ensure_ascii=False).encode("utf-8")
+                except UnicodeEncodeError:
+                    raise DataFormatError(
+                        str(path), lineno, "holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape)"
+                    ) from None
+            yield lineno, record
+
+
+@contextmanager
+def replace_on_success(path: str | Path) -> Iterator[Path]:
+    """Yields ``PATH.partial`` to write to; renames it onto ``path`` when the block exits normally.
+
+    If the block raises (or the process is killed), ``path`` keeps its earlier content and what was written
+    stays in ``PATH.partial``, so finished work is not lost either.
+
+    Args:
+        path: The destination; its folder is created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + PARTIAL_SUFFIX)
+    yield partial
+    if not partial.exists():  # the block wrote nothing: an empty result
+        partial.touch()
+    with partial.open("rb+") as f:
+        os.fsync(f.fileno())  # on disk before the rename makes it the file
+    os.replace(partial, path)
