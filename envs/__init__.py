@@ -1,7 +1,7 @@
 """Gymnasium environments of searchgym. Registration happens in :mod:`searchgym` (string entry points)."""
 
 from searchgym.envs.episode import Episode, EpisodeConfig, Event, Source
-from searchgym.envs.search_qa import SearchQAEnv
+from searchgym.envs.search_qa import SearchQAEnv, searchr1_options
 from searchgym.envs.vector import SearchQAVectorEnv, SegmentStep
 from searchgym.envs.wrappers import TurnLevelWrapper
 
@@ -14,4 +14,5 @@ __all__ = [
     "SegmentStep",
     "Source",
     "TurnLevelWrapper",
+    "searchr1_options",
 ]

@@ -22,7 +22,7 @@ from searchgym.errors import ConfigError, InvalidActionError, SearchGymError
 from searchgym.protocol import (
     INVALID_TURN_MESSAGE,
     StopScanner,
-    format_information,
+    format_documents,
     format_prompt,
     parse_action,
 )
@@ -90,6 +90,10 @@ class Event(enum.IntEnum):
     DONE = 3  # the episode ended (terminated or truncated)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
 @dataclass(frozen=True)
 class EpisodeConfig:
     """Episode dynamics (see :class:`searchgym.envs.search_qa.SearchQAEnv` for each argument)."""
@@ -101,18 +105,26 @@ class EpisodeConfig:
     max_passage_words: int | None = None
     reward: str = "em"
     prompt_style: str = "base"
+    max_obs_tokens: int | None = None
+    append_question_mark: bool = True
 
     def __post_init__(self) -> None:
-        if self.topk < 1:
-            raise ConfigError(f"topk must be >= 1, got {self.topk}")
-        if self.max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1, got {self.max_turns}")
-        if self.max_turn_tokens < 1:
-            raise ConfigError(f"max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
-        if self.max_context_tokens < 16:
-            raise ConfigError(f"max_context_tokens must be >= 16, got {self.max_context_tokens}")
-        if self.max_passage_words is not None and self.max_passage_words < 1:
-            raise ConfigError(f"max_passage_words must be >= 1 or None, got {self.max_passage_words}")
+        minimum = {"topk": 1, "max_turns": 1, "max_turn_tokens": 1, "max_context_tokens": 16}
+        optional = {"max_passage_words": 1, "max_obs_tokens": 1}
+        for name, low in (*minimum.items(), *optional.items()):
+            value = getattr(self, name)
+            if value is None and name in optional:
+                continue
+            none = " or None" if name in optional else ""
+            if not _is_int(value):
+                raise ConfigError(f"{name} must be an integer >= {low}{none}, got {value!r}")
+            if value < low:
+                raise ConfigError(f"{name} must be >= {low}{none}, got {value}")
+            object.__setattr__(self, name, int(value))  # NumPy integers become plain ints
+        if not isinstance(self.append_question_mark, bool):
+            raise ConfigError(
+                f"append_question_mark must be True or False, got {self.append_question_mark!r}"
+            )
         if self.prompt_style not in ("base", "chat"):
             raise ConfigError(f"prompt_style must be 'base' or 'chat', got {self.prompt_style!r}")
         get_metric(self.reward)  # fails early, listing the valid names
@@ -166,10 +178,11 @@ class Episode:
 
     def start(self, question: Question) -> None:
         """Begins a new episode on ``question``: the transcript becomes the prompt."""
+        text = format_prompt(question.question, self.config.append_question_mark)
         if self.config.prompt_style == "chat":
-            prompt = self.tokenizer.chat_prompt_ids(format_prompt(question.question))
+            prompt = self.tokenizer.chat_prompt_ids(text)
         else:
-            prompt = self.tokenizer.encode(format_prompt(question.question))
+            prompt = self.tokenizer.encode(text)
         if len(prompt) >= self.config.max_context_tokens:
             raise ConfigError(
                 f"the prompt of question {question.id!r} has {len(prompt)} tokens, which does not fit "
@@ -187,6 +200,7 @@ class Episode:
         self.answer: str | None = None
         self.pending_query: str | None = None
         self.end_reason: str | None = None
+        self.cut_observations = 0
         self.truncated = False
         self.reward = 0.0
         self.done = False
@@ -208,6 +222,10 @@ class Episode:
         return Event.DONE
 
     def _append_tool(self, ids: Sequence[int] | np.ndarray) -> Event:
+        limit = self.config.max_obs_tokens
+        if limit is not None and len(ids) > limit:  # Search-R1 keeps the first tokens and goes on
+            ids = ids[:limit]
+            self.cut_observations += 1
         # At least one policy token must fit after tool output, or the episode could not go on.
         if self.length + len(ids) >= self.config.max_context_tokens:
             return self._finish("context_limit")
@@ -269,7 +287,7 @@ class Episode:
     def deliver(self, hits: Sequence[Hit]) -> Event:
         """Appends the ``<information>`` block for the pending search and starts the next turn."""
         self._take_pending([h.passage_id for h in hits])
-        text = format_information([(h.title, h.text) for h in hits], self.config.max_passage_words)
+        text = format_documents([h.contents for h in hits], self.config.max_passage_words)
         return self._append_tool(self.tokenizer.encode(text))
 
     def deliver_failure(self, message: str) -> Event:
@@ -327,6 +345,8 @@ class Episode:
             "f1": f1_score(answer, gold) if answer is not None else 0.0,
             "gold_retrieved": bool(support & retrieved) if support else None,
             "gold_recall": len(support & retrieved) / len(support) if support else None,
+            "gold_all_retrieved": support <= retrieved if support else None,
+            "cut_observations": self.cut_observations,
             "policy_tokens": int(np.count_nonzero(self.sources[: self.length] == Source.POLICY)),
             "length": self.length,
             "end_reason": self.end_reason,

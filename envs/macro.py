@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from searchgym.rewards import normalize_answer
 from searchgym.tokenization import Tokenizer
 
 from .episode import Episode, EpisodeConfig
-from .search_qa import SearchQAEnv, shared_retriever
+from .search_qa import SearchQAEnv, acquire_retriever, release_retriever
 
 __all__ = [
     "CANDIDATE_FEATURES",
@@ -231,7 +232,7 @@ class _RecordingRetriever(Retriever):
         return results
 
     def close(self) -> None:
-        self.inner.close()
+        """Nothing to release: the wrapped retriever belongs to the macro env, which releases it."""
 
 
 class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
@@ -322,7 +323,9 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
             raise ConfigError(f"n_queries and n_answers must be >= 1, got {n_queries} and {n_answers}")
         data = load_dataset(dataset, world_seed=world_seed)
         # The recorder keeps the scored hits of each search; the token env executes the search itself.
-        self._recorder = _RecordingRetriever(shared_retriever(data, retriever))
+        inner, owned = acquire_retriever(data, retriever)
+        self._recorder = _RecordingRetriever(inner)
+        self._release = weakref.finalize(self, release_retriever, data, retriever) if owned else None
         self.core = SearchQAEnv(
             dataset=data, split=split, tokenizer=tokenizer, retriever=self._recorder,
             render_mode=render_mode, **token_env_kwargs,
@@ -410,7 +413,10 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
         return self.core.render()
 
     def close(self) -> None:
+        """Closes the token-level env and releases the shared retriever this env holds; idempotent."""
         self.core.close()
+        if self._release is not None:
+            self._release()
 
     # -- actions and candidates --------------------------------------------------------------------------
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,22 +19,88 @@ from searchgym.tokenization import Tokenizer, load_tokenizer
 
 from .episode import Episode, EpisodeConfig, Event, Source, check_token
 
-__all__ = ["SearchQAEnv", "shared_retriever"]
+__all__ = ["SearchQAEnv", "acquire_retriever", "release_retriever", "searchr1_options"]
 
-_RETRIEVERS: dict[tuple[int, str], tuple[Dataset, Retriever]] = {}
+_LEASES_LOCK = threading.Lock()
 
 
-def shared_retriever(dataset: Dataset, spec: Any) -> Retriever:
-    """The retriever for ``dataset``; named backends are built once per process and dataset."""
+@dataclass
+class _Lease:
+    """A named retriever shared by the environments on one dataset, and how many of them hold it."""
+
+    retriever: Retriever
+    users: int = 0
+
+
+def _lease_key(spec: str | None) -> str:
+    return "bm25" if spec is None else spec
+
+
+def acquire_retriever(dataset: Dataset, spec: Any) -> tuple[Retriever, bool]:
+    """The retriever for ``spec`` over ``dataset``, and whether the caller must release it.
+
+    A named backend or URL (a ``str`` or ``None``) is built once and shared by every environment on the
+    dataset that holds it: it is stored on the dataset (so it never outlives it) with a count of holders,
+    and :func:`release_retriever` by the last holder closes and drops it. A :class:`Retriever` object is
+    returned as is and stays the caller's (``False``: nothing to release).
+    """
     if not isinstance(spec, str | None):
-        return make_retriever(spec, dataset.passages)
-    key = (id(dataset), str(spec))
-    if key not in _RETRIEVERS:
-        _RETRIEVERS[key] = (
-            dataset,
-            make_retriever(spec, dataset.passages),
-        )  # keep dataset alive: id stays valid
-    return _RETRIEVERS[key][1]
+        return make_retriever(spec, dataset.passages), False
+    key = _lease_key(spec)
+    with _LEASES_LOCK:
+        lease = dataset.retrievers.get(key)
+        if not isinstance(lease, _Lease):
+            lease = dataset.retrievers[key] = _Lease(make_retriever(spec, dataset.passages))
+        lease.users += 1
+        return lease.retriever, True
+
+
+def release_retriever(dataset: Dataset, spec: str | None) -> None:
+    """Gives back a retriever taken with :func:`acquire_retriever`; the last holder closes and drops it."""
+    key = _lease_key(spec)
+    with _LEASES_LOCK:
+        lease = dataset.retrievers.get(key)
+        if not isinstance(lease, _Lease):
+            return
+        lease.users -= 1
+        if lease.users > 0:
+            return
+        del dataset.retrievers[key]
+    lease.retriever.close()
+
+
+def searchr1_options(
+    max_turns: int = 2,
+    max_obs_length: int | None = 500,
+    topk: int = 3,
+    max_response_length: int = 500,
+) -> dict[str, Any]:
+    """SearchQA-v0 keyword arguments that reproduce a Search-R1 run's episode settings.
+
+    ``gym.make("SearchQA-v0", **searchr1_options(max_turns=4))`` gives the episodes of Search-R1's
+    ``max_turns=4``. The arguments carry Search-R1's names and defaults (its training scripts):
+
+    * ``max_turns``: Search-R1 runs up to ``max_turns`` turns in which a search is executed, then one more
+      turn in which it is not (the final answer turn). SearchQA-v0's ``max_turns`` counts every turn,
+      the final one included, so it is Search-R1's plus one.
+    * ``max_obs_length``: each tool observation is cut to this many tokens and the episode goes on
+      (``max_obs_tokens``); ``None``: no cut.
+    * ``topk``: passages per search (``retriever.topk``).
+    * ``max_response_length``: tokens generated per turn (``max_turn_tokens``).
+
+    Raises:
+        ConfigError: a value is not a positive integer.
+    """
+    checks = (("max_turns", max_turns, 0), ("topk", topk, 1), ("max_response_length", max_response_length, 1))
+    for name, value, low in checks:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    return {
+        "max_turns": max_turns + 1,
+        "max_obs_tokens": max_obs_length,
+        "topk": topk,
+        "max_turn_tokens": max_response_length,
+    }
 
 
 class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
@@ -45,7 +114,9 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
     with the text after it, is found exactly where it completes), at EOS, or at ``max_turn_tokens``. A turn
     holding ``<search> q </search>`` runs the retriever and appends ``<information>Doc 1(Title: …) …
     </information>`` as tool tokens; a turn holding ``<answer> a </answer>`` ends the episode; any other turn
-    gets Search-R1's corrective message. The last of ``max_turns`` turns must answer.
+    gets Search-R1's corrective message. The last of ``max_turns`` turns must answer: ``max_turns`` counts
+    every turn, so Search-R1's ``max_turns=N`` (N search turns, then a final answer turn) is ``N + 1`` here
+    (:func:`searchr1_options` maps all of Search-R1's episode settings).
 
     ## Action Space
 
@@ -75,14 +146,18 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
 
     Terminated when a turn answers, or when the last turn ends without an answer (``end_reason``
     ``"answered"`` / ``"turn_budget"``). Truncated when the transcript would exceed ``max_context_tokens``
-    (``"context_limit"``). Stepping a finished episode raises :class:`~searchgym.errors.EpisodeFinishedError`.
+    (``"context_limit"``); with ``max_obs_tokens`` set, a long tool observation is cut to that many tokens
+    instead and the episode goes on (Search-R1's behaviour). Stepping a finished episode, or stepping before
+    the first ``reset()``, raises :class:`~searchgym.errors.EpisodeFinishedError`.
 
     ## Info
 
     Every step: ``turn``, ``searches``, ``length``. When a turn ends and at reset, and at the end: also
     ``question_id``, ``question``, ``golden_answers``, ``queries``, ``retrieved_ids``, ``invalid_turns``,
-    ``answer``, ``em``, ``subem``, ``f1``, ``gold_retrieved`` (``None`` when the dataset has no gold
-    passages), ``policy_tokens``, ``end_reason``, and ``turn_end`` (True at those steps).
+    ``answer``, ``em``, ``subem``, ``f1``, ``gold_retrieved`` (any supporting passage retrieved),
+    ``gold_recall`` (the fraction retrieved) and ``gold_all_retrieved`` (every one retrieved) — the three
+    are ``None`` when the dataset has no gold passages —, ``cut_observations`` (tool observations cut to
+    ``max_obs_tokens``), ``policy_tokens``, ``end_reason``, and ``turn_end`` (True at those steps).
 
     ## Arguments
 
@@ -90,15 +165,23 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
       :class:`~searchgym.data.Dataset`.
     * ``split``: question split, ``"train"`` by default.
     * ``tokenizer``: ``"builtin"`` (default), a local path or model name, or a tokenizer object.
-    * ``retriever``: ``"bm25"`` (default) or a :class:`~searchgym.retrieval.Retriever`.
+    * ``retriever``: ``"bm25"`` (default), ``"rank_bm25"``, an ``http(s)://`` URL of a ``/retrieve``
+      server, or a :class:`~searchgym.retrieval.Retriever`. A name or URL is built once and shared by the
+      envs on the same dataset until the last of them is closed; a Retriever object stays the caller's
+      (``close()`` does not close it).
     * ``topk``: passages per search (3).
-    * ``max_turns``: turns per episode (4); the last must answer.
+    * ``max_turns``: turns per episode (4), the final answer turn included; the last must answer.
     * ``max_turn_tokens``: policy tokens per turn (512).
     * ``max_context_tokens``: size of the transcript (2048).
+    * ``max_obs_tokens``: cut each tool observation to its first this many tokens and go on, as Search-R1's
+      ``max_obs_length`` (500 in its scripts); ``None`` (default): no cut, an observation that does not fit
+      the context ends the episode.
     * ``max_passage_words``: cut each shown passage to this many words (``None``: no cut).
     * ``reward``: ``"em"``, ``"subem"`` or ``"f1"``.
     * ``prompt_style``: ``"base"`` (Search-R1's base prompt) or ``"chat"`` (the prompt as a user message
       through the tokenizer's chat template).
+    * ``append_question_mark``: add ``"?"`` to a question that lacks one, as Search-R1's data preparation
+      does (True, default), so prompts are byte-identical to Search-R1's.
     * ``on_retrieval_error``: ``"raise"`` (default) re-raises :class:`~searchgym.errors.RetrieverError`;
       ``"observe"`` appends ``<information>Search failed: …</information>`` as tool tokens and goes on.
     * ``world_seed``: seed of the generated world (0).
@@ -107,7 +190,11 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
 
     ## Version History
 
-    * v0: initial version (generated world v1, built-in tokenizer v1).
+    * v0: initial version (generated world v1, built-in tokenizer v1). Revised, with the generated world's
+      episodes unchanged: a ``"?"`` is added to questions that lack one, the ``<information>`` block shows a
+      document's title line as the corpus stores it and drops the last document's trailing white space
+      (both as Search-R1), ``max_obs_tokens`` and ``append_question_mark`` were added, and F1 applies the
+      yes/no/noanswer rule.
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}  # noqa: RUF012 - Gymnasium's convention
@@ -128,6 +215,8 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         on_retrieval_error: Literal["raise", "observe"] = "raise",
         world_seed: int = 0,
         render_mode: str | None = None,
+        max_obs_tokens: int | None = None,
+        append_question_mark: bool = True,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             # Tools such as SB3's make_vec_env pass "rgb_array" by default: warn and render nothing.
@@ -146,6 +235,8 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
             max_passage_words=max_passage_words,
             reward=reward,
             prompt_style=prompt_style,
+            max_obs_tokens=max_obs_tokens,
+            append_question_mark=append_question_mark,
         )
         self.dataset = load_dataset(dataset, world_seed=world_seed)
         self.split = split
@@ -153,7 +244,9 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         if not self.questions:
             raise ConfigError(f"split {split!r} of {self.dataset.name!r} has no questions")
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
-        self.retriever = shared_retriever(self.dataset, retriever)
+        self.retriever, owned = acquire_retriever(self.dataset, retriever)
+        # Released by close(), or when the env is garbage-collected without one.
+        self._release = weakref.finalize(self, release_retriever, self.dataset, retriever) if owned else None
         self.on_retrieval_error = on_retrieval_error
         self.render_mode = render_mode
         self.episode = Episode(self.tokenizer, self.config)
@@ -178,8 +271,10 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         return self.episode.observation(), {**self.episode.info(), "turn_end": False}
 
     def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        token = check_token(action, self.tokenizer.vocab_size)
         ep = self.episode
+        if ep.question is None:
+            raise EpisodeFinishedError("step() called before reset(): call reset() to start an episode")
+        token = check_token(action, self.tokenizer.vocab_size)
         if ep.done:
             raise EpisodeFinishedError(
                 "step() called on a finished episode "
@@ -196,6 +291,13 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
             self.render()
         terminated = ep.done and not ep.truncated
         return ep.observation(), ep.reward if ep.done else 0.0, terminated, ep.truncated, info
+
+    def close(self) -> None:
+        """Releases the shared retriever this env holds (the last holder closes it); idempotent."""
+        release = getattr(self, "_release", None)  # absent when __init__ failed
+        if release is not None:
+            release()
+        super().close()
 
     def render(self) -> str | None:
         if self.episode.question is None:

@@ -2,8 +2,10 @@
 
 The constants reproduce Search-R1's so that results compare with that line of work: the base prompt, the
 ``<search>`` / ``<answer>`` / ``<information>`` tags, ``Doc i(Title: …) text`` passage lines, and the
-corrective message after an invalid turn. One deliberate difference: answers are parsed from the policy's
-own text only, never from the prompt (whose example answer Search-R1 ends up scoring).
+corrective message after an invalid turn. The prompt and the ``<information>`` block are byte-identical to
+the ones Search-R1's data preparation and generation loop build for the same question and documents. One
+deliberate difference: answers are parsed from the policy's own text only, never from the prompt (whose
+example answer Search-R1 ends up scoring).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ __all__ = [
     "STOP_TAGS",
     "ParsedAction",
     "StopScanner",
+    "format_documents",
     "format_information",
     "format_prompt",
     "parse_action",
+    "split_contents",
 ]
 
 BASE_PROMPT = (
@@ -84,30 +88,64 @@ def parse_action(turn_text: str) -> ParsedAction:
     return ParsedAction("answer", content)
 
 
-def format_prompt(question: str) -> str:
-    """The base prompt for ``question``."""
-    return BASE_PROMPT.format(question=question.strip())
-
-
-def format_information(passages: Sequence[tuple[str, str]], max_passage_words: int | None = None) -> str:
-    """Formats retrieved passages as Search-R1 does.
+def format_prompt(question: str, append_question_mark: bool = True) -> str:
+    """The base prompt for ``question``, as Search-R1's data preparation writes it.
 
     Args:
-        passages: ``(title, text)`` pairs in rank order.
-        max_passage_words: Cut each passage text to this many white-space separated words (``None``: no cut).
+        question: The question; surrounding white space is removed.
+        append_question_mark: Add ``"?"`` to a question that does not end with one, as Search-R1 does (its
+            NQ questions have none). ``False`` keeps the question as given.
 
-    Returns:
-        ``"\\n\\n<information>Doc 1(Title: "t") text\\nDoc 2…</information>\\n\\n"``. Titles are quoted,
-        as Search-R1 shows FlashRAG's ``contents`` title line verbatim.
+    >>> format_prompt("who wrote hamlet").endswith("Question: who wrote hamlet?\n")
+    True
     """
-    lines = []
-    for i, (title, text) in enumerate(passages, start=1):
+    question = question.strip()
+    if append_question_mark and question and not question.endswith("?"):
+        question += "?"
+    return BASE_PROMPT.format(question=question)
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """Splits a FlashRAG ``contents`` string the way Search-R1 shows it: the first line verbatim, the rest.
+
+    Unlike :func:`searchgym.data.flashrag.parse_contents`, the title line keeps its quotes (Search-R1 prints
+    it as stored), so ``'"Paris"\\ntext'`` gives ``('"Paris"', 'text')`` and ``'Paris\\ntext'`` gives
+    ``('Paris', 'text')``.
+    """
+    title, _, text = contents.partition("\n")
+    return title, text
+
+
+def format_documents(contents: Sequence[str], max_passage_words: int | None = None) -> str:
+    """The ``<information>`` block for retrieved documents, byte-identical to Search-R1's.
+
+    Each document is ``Doc i(Title: <first line of contents>) <rest of contents>`` followed by a newline;
+    the joined documents lose their surrounding white space (so a trailing newline or space of the last
+    document is dropped) and are wrapped as ``"\\n\\n<information>…</information>\\n\\n"``.
+
+    Args:
+        contents: FlashRAG ``contents`` strings (``"Title"\\ntext``) in rank order.
+        max_passage_words: Cut each document's text to this many white-space separated words (``None``, the
+            default and Search-R1's behaviour: no cut).
+    """
+    docs = []
+    for i, document in enumerate(contents, start=1):
+        title, text = split_contents(document)
         if max_passage_words is not None:
             words = text.split()
             if len(words) > max_passage_words:
                 text = " ".join(words[:max_passage_words])
-        lines.append(f'Doc {i}(Title: "{title}") {text}')
-    return "\n\n<information>" + "\n".join(lines) + "</information>\n\n"
+        docs.append(f"Doc {i}(Title: {title}) {text}\n")
+    return "\n\n<information>" + "".join(docs).strip() + "</information>\n\n"
+
+
+def format_information(passages: Sequence[tuple[str, str]], max_passage_words: int | None = None) -> str:
+    """The ``<information>`` block for ``(title, text)`` pairs.
+
+    :func:`format_documents` over the FlashRAG contents ``'"title"\\ntext'`` of each pair, so titles show
+    quoted, as Search-R1 shows a FlashRAG corpus.
+    """
+    return format_documents([f'"{title}"\n{text}' for title, text in passages], max_passage_words)
 
 
 class StopScanner:

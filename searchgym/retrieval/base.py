@@ -184,16 +184,25 @@ class Hit:
         title: Passage title (no quotes).
         text: Passage text.
         score: Retrieval score (higher is better; scale depends on the backend).
+        raw_contents: The document's FlashRAG ``contents`` exactly as stored (e.g. as a server returned it),
+            or ``None`` when only the title and text are known.
     """
 
     passage_id: str
     title: str
     text: str
     score: float
+    raw_contents: str | None = None
+
+    @property
+    def contents(self) -> str:
+        """The FlashRAG ``contents``: :attr:`raw_contents` when known, else ``'"title"\\ntext'``."""
+        return self.raw_contents if self.raw_contents is not None else f'"{self.title}"\n{self.text}'
 
     @classmethod
     def of(cls, passage: Passage, score: float) -> Hit:
-        return cls(passage.id, passage.title, passage.text, float(score))
+        """The hit for a corpus passage (its ``contents`` as the passage gives them)."""
+        return cls(passage.id, passage.title, passage.text, float(score), passage.contents)
 
 
 class Retriever(ABC):

@@ -6,15 +6,19 @@ Wire format (Search-R1's ``retrieval_server.py``, also spoken by ``searchgym ser
     200             {"result": [[{"document": {"id": "12", "contents": "\\"Title\\"\\ntext"}, "score": 7.1}, ...], ...]}
 
 With ``return_scores`` false, Search-R1 answers each list with the bare documents; the client reads both
-shapes. Failures are never returned as text: after bounded retries the client raises
-:class:`~searchgym.errors.RetrieverError` with the reason.
+shapes, and documents without an ``id``. Failures are never returned as text: after bounded retries, each
+within a total deadline, the client raises :class:`~searchgym.errors.RetrieverError` with the reason.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,11 +26,29 @@ from searchgym.data.flashrag import parse_contents
 from searchgym.errors import ConfigError, MissingDependencyError, RetrieverError
 from searchgym.retrieval.base import Hit, Retriever
 
-__all__ = ["RETRY_STATUSES", "HttpRetriever"]
+__all__ = ["RETRY_STATUSES", "HttpRetriever", "derived_id"]
 
 #: HTTP statuses worth retrying: overload and gateway trouble are transient, and a retrieval request is
 #: idempotent. Other 4xx/5xx answers are final (the request itself is wrong, or the server is broken).
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class _Abandoned(Exception):
+    """Raised inside an attempt the caller has given up on (its deadline passed)."""
+
+
+class _TooLarge(Exception):
+    """The response body grew past ``max_response_bytes``."""
+
+
+@dataclass
+class _Outcome:
+    """What one attempt's worker thread produced: a status and body, or the exception it raised."""
+
+    status: int = 0
+    body: bytes = b""
+    reason: str = ""
+    error: BaseException | None = None
 
 
 class HttpRetriever(Retriever):
@@ -35,17 +57,26 @@ class HttpRetriever(Retriever):
     One ``httpx.Client`` is kept open, so consecutive calls reuse the connection. A failed attempt (no
     connection, a timeout, a dropped connection, or a status in :data:`RETRY_STATUSES`) is retried up to
     ``retries`` times, sleeping ``backoff * 2**attempt`` seconds (capped at ``max_backoff``) in between.
-    Every attempt is bounded by ``timeout``, so a call returns or raises within :attr:`time_budget`
-    seconds (plus the time to read a response that keeps arriving).
+
+    ``timeout`` is a **total deadline** for each attempt — connecting, sending and reading the whole answer
+    — not a per-read timeout, so a server that drips its answer a byte at a time cannot hold a call
+    longer than :attr:`time_budget`. Every failure (unreachable, timed out, an HTTP error status, a body
+    that is not the wire format, an oversized body) raises :class:`~searchgym.errors.RetrieverError`, which
+    is what the environments' ``on_retrieval_error`` option acts on.
+
+    Documents without an ``id`` (a Search-R1 server over a corpus that has none) get a stable id derived
+    from their contents: ``"sha1-"`` and the first 16 hex digits of the SHA-1 of the UTF-8 contents. The
+    env's gold-retrieval figures then mean nothing, but episodes run.
 
     Args:
         url: The endpoint, e.g. ``"http://127.0.0.1:8000/retrieve"``; a URL without a path gets
             ``/retrieve``.
-        timeout: Seconds allowed for each phase of one attempt (connect, send, each read).
+        timeout: Seconds allowed for one attempt, from connecting to the last byte of the answer.
         retries: Extra attempts after the first (``0``: fail at once).
         backoff: First pause between attempts, in seconds; doubles at each retry.
         max_backoff: Longest pause between attempts.
         max_batch: Most queries per request; larger batches are split (servers cap their payloads).
+        max_response_bytes: Largest answer body read; a larger one is an error (and is not read further).
 
     Raises:
         ConfigError: the URL or a number is invalid.
@@ -62,6 +93,7 @@ class HttpRetriever(Retriever):
         backoff: float = 0.25,
         max_backoff: float = 4.0,
         max_batch: int = 256,
+        max_response_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         try:
             import httpx
@@ -72,26 +104,32 @@ class HttpRetriever(Retriever):
             raise ConfigError(f"retriever URL must be http(s)://host[:port]/path, got {url!r}")
         if parts.path in ("", "/"):
             parts = parts._replace(path="/retrieve")
-        if not (timeout > 0 and math.isfinite(timeout)):
+        if not (isinstance(timeout, int | float) and timeout > 0 and math.isfinite(timeout)):
             raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if not (isinstance(retries, int) and retries >= 0):
+        if not (isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0):
             raise ConfigError(f"retries must be an integer >= 0, got {retries!r}")
         if not (backoff >= 0 and max_backoff >= 0):
             raise ConfigError(f"backoff and max_backoff must be >= 0, got {backoff!r}, {max_backoff!r}")
-        if not (isinstance(max_batch, int) and max_batch >= 1):
-            raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        for name, value in (("max_batch", max_batch), ("max_response_bytes", max_response_bytes)):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         self.url = urlunsplit(parts)
         self.timeout = float(timeout)
         self.retries = retries
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         self.max_batch = max_batch
+        self.max_response_bytes = max_response_bytes
         self._httpx = httpx
-        self._client = httpx.Client(timeout=httpx.Timeout(self.timeout))
+        self._lock = threading.Lock()
+        self._client = self._new_client()
+
+    def _new_client(self) -> Any:
+        return self._httpx.Client(timeout=self._httpx.Timeout(self.timeout))
 
     @property
     def time_budget(self) -> float:
-        """Upper bound, in seconds, of one request's attempts and pauses (each attempt's phases bounded)."""
+        """Upper bound, in seconds, of one request: every attempt's deadline plus the pauses between them."""
         pauses = sum(self._pause(attempt) for attempt in range(self.retries))
         return (self.retries + 1) * self.timeout + pauses
 
@@ -107,7 +145,8 @@ class HttpRetriever(Retriever):
         return results
 
     def close(self) -> None:
-        self._client.close()
+        with self._lock:
+            self._client.close()
 
     def __enter__(self) -> HttpRetriever:
         return self
@@ -118,41 +157,91 @@ class HttpRetriever(Retriever):
     # -- one request -------------------------------------------------------------------------------------
 
     def _search_batch(self, queries: list[str], k: int) -> list[list[Hit]]:
-        payload = {"queries": queries, "topk": k, "return_scores": True}
+        if not queries:  # nothing to ask (a Search-R1 server answers {"result": []} anyway)
+            return []
+        payload = json.dumps({"queries": queries, "topk": k, "return_scores": True}).encode()
         body = self._post(payload)
         return self._parse(body, len(queries), k)
 
-    def _post(self, payload: dict[str, Any]) -> Any:
+    def _post(self, payload: bytes) -> Any:
         """POSTs ``payload`` with retries; returns the decoded JSON body of a 200 answer."""
-        httpx = self._httpx
         attempts = self.retries + 1
         last = ""
         for attempt in range(attempts):
             if attempt:
                 time.sleep(self._pause(attempt - 1))
-            try:
-                response = self._client.post(self.url, json=payload)
-            except httpx.TransportError as e:  # refused, reset, timed out, protocol error
-                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            outcome = self._attempt(payload)
+            if outcome.error is not None:
+                last = _describe(outcome.error)
+                if isinstance(outcome.error, self._httpx.TransportError | TimeoutError):
+                    continue  # refused, reset, timed out: transient
+                raise RetrieverError(f"retrieval server {self.url}: {last}") from outcome.error
+            if outcome.status in RETRY_STATUSES:
+                last = f"HTTP {outcome.status}: {_detail(outcome)}"
                 continue
-            except httpx.HTTPError as e:  # not transient (e.g. a body that cannot be decoded)
-                raise RetrieverError(f"retrieval server {self.url}: {type(e).__name__}: {e}") from None
-            if response.status_code in RETRY_STATUSES:
-                last = f"HTTP {response.status_code}: {_detail(response)}"
-                continue
-            if response.status_code != 200:
+            if outcome.status != 200:
                 raise RetrieverError(
-                    f"retrieval server {self.url} rejected the request: HTTP {response.status_code}: "
-                    f"{_detail(response)}"
+                    f"retrieval server {self.url} rejected the request: HTTP {outcome.status}: "
+                    f"{_detail(outcome)}"
                 )
             try:
-                return response.json()
-            except ValueError:
+                return json.loads(outcome.body)
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, absurdly nested
                 raise RetrieverError(f"retrieval server {self.url} answered with invalid JSON") from None
         raise RetrieverError(
             f"retrieval server {self.url} failed after {attempts} attempt{'s' * (attempts > 1)} "
-            f"(timeout {self.timeout:g}s each); last error: {last}"
+            f"(deadline {self.timeout:g}s each); last error: {last}"
         )
+
+    def _attempt(self, payload: bytes) -> _Outcome:
+        """One request, bounded by a total deadline of ``timeout`` seconds.
+
+        The request runs in a worker thread; the caller waits at most ``timeout``. A worker that is still
+        reading then is abandoned: it stops at its next chunk (or its next per-read timeout), closes its
+        connection pool, and the retriever continues with a fresh one, so no stuck connection is reused.
+        """
+        with self._lock:
+            client = self._client
+        outcome = _Outcome()
+        abandoned = threading.Event()
+        deadline = time.monotonic() + self.timeout
+
+        def run() -> None:
+            try:
+                self._exchange(client, payload, deadline, abandoned, outcome)
+            except BaseException as e:  # handed to the caller, which raises it typed
+                outcome.error = e
+            finally:
+                if abandoned.is_set():
+                    client.close()
+
+        worker = threading.Thread(target=run, name="searchgym-http", daemon=True)
+        worker.start()
+        worker.join(self.timeout)
+        if worker.is_alive():
+            abandoned.set()
+            with self._lock:
+                if self._client is client:
+                    self._client = self._new_client()
+            return _Outcome(error=TimeoutError(f"no complete answer within the {self.timeout:g}s deadline"))
+        return outcome
+
+    def _exchange(
+        self, client: Any, payload: bytes, deadline: float, abandoned: threading.Event, outcome: _Outcome
+    ) -> None:
+        headers = {"content-type": "application/json"}
+        with client.stream("POST", self.url, content=payload, headers=headers) as response:
+            chunks, size = [], 0
+            for chunk in response.iter_raw():
+                if abandoned.is_set() or time.monotonic() > deadline:
+                    raise _Abandoned
+                size += len(chunk)
+                if size > self.max_response_bytes:
+                    raise _TooLarge(f"answer body over {self.max_response_bytes} bytes")
+                chunks.append(chunk)
+            outcome.status = response.status_code
+            outcome.reason = response.reason_phrase
+            outcome.body = b"".join(chunks)
 
     def _parse(self, body: Any, n_queries: int, k: int) -> list[list[Hit]]:
         """Reads the ``result`` lists of a response; any deviation from the wire format is an error."""
@@ -175,10 +264,12 @@ class HttpRetriever(Retriever):
             document, score = entry["document"], entry.get("score", math.nan)
         else:
             document, score = entry, math.nan
-        if not isinstance(document, dict) or "id" not in document:
-            raise RetrieverError(f"retrieval server {self.url}: result {i} holds a document without an 'id'")
+        if not isinstance(document, dict):
+            raise RetrieverError(f"retrieval server {self.url}: result {i} holds a non-object document")
+        raw: str | None = None
         if isinstance(document.get("contents"), str):
-            title, text = parse_contents(document["contents"])
+            raw = document["contents"]
+            title, text = parse_contents(raw)
         elif isinstance(document.get("title"), str) and isinstance(document.get("text"), str):
             title, text = document["title"], document["text"]  # corpora stored as title/text columns
         else:
@@ -187,15 +278,32 @@ class HttpRetriever(Retriever):
             )
         if not isinstance(score, int | float) or isinstance(score, bool):
             raise RetrieverError(f"retrieval server {self.url}: result {i} holds a non-numeric score")
-        return Hit(str(document["id"]), title, text, float(score))
+        pid = document.get("id")
+        if pid is None:
+            pid = derived_id(raw if raw is not None else f'"{title}"\n{text}')
+        elif not isinstance(pid, str | int) or isinstance(pid, bool):
+            raise RetrieverError(f"retrieval server {self.url}: result {i} holds an id that is not a string")
+        return Hit(str(pid), title, text, float(score), raw)
 
 
-def _detail(response: Any) -> str:
+def derived_id(contents: str) -> str:
+    """The stable id given to a document that comes without one: ``"sha1-"`` + 16 hex digits of its SHA-1."""
+    return "sha1-" + hashlib.sha1(contents.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, _Abandoned | TimeoutError):
+        return "TimeoutError: no complete answer within the deadline"
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def _detail(outcome: _Outcome) -> str:
     """The server's error message: FastAPI's ``detail`` when present, else the start of the body."""
     try:
-        body = response.json()
-    except ValueError:
-        return response.text[:200] or response.reason_phrase
+        body = json.loads(outcome.body)
+    except (ValueError, RecursionError):
+        return outcome.body[:200].decode("utf-8", "replace") or outcome.reason
     if isinstance(body, dict) and "detail" in body:
         return str(body["detail"])[:500]
     return str(body)[:200]
