@@ -7,17 +7,29 @@ from pathlib import Path
 from typing import Any
 
 COMMAND = ("plot",)
-HELP = "plot reward/EM, likelihood of correct responses, gradient norm, entropy and searches of runs"
+HELP = "plot the three-phase view of runs: reward/EM, probe likelihood, LLD by advantage sign, grad norm"
 
-# (title, metric keys drawn in the panel: the first solid, the second dashed)
-PANELS: list[tuple[str, tuple[str, ...]]] = [
-    ("reward (solid) / test EM (dots)", ("rollout/reward", "eval/em")),
-    ("log-lik. of correct responses / token", ("lld/logp_token_correct",)),
-    ("displacement of correct responses / token", ("lld/displacement",)),
-    ("gradient norm", ("train/grad_norm",)),
-    ("entropy", ("train/entropy",)),
-    ("searches per episode", ("rollout/searches",)),
+# (title, metric keys drawn in the panel, one line style each; legend names of the keys; log scale)
+PANELS: list[tuple[str, tuple[str, ...], tuple[str, ...], bool]] = [
+    ("rollout reward; test EM (dots); warm-start EM (line)", ("rollout/reward", "eval/em"), (), False),
+    (
+        "probe set: log-lik. per token, by action",
+        ("lld/probe_logp", "lld/probe_logp_first", "lld/probe_logp_search", "lld/probe_logp_answer"),
+        ("all", "first", "search", "answer"),
+        False,
+    ),
+    (
+        "LLD: Δ log π of the step's own responses",
+        ("lld/delta_adv_pos", "lld/delta_adv_zero", "lld/delta_adv_neg"),
+        ("A > 0", "A = 0", "A < 0"),
+        False,
+    ),
+    ("gradient norm: max (solid) / mean per update", ("train/grad_norm_max", "train/grad_norm"), (), True),
+    ("entropy", ("train/entropy",), (), False),
+    ("searches per episode", ("rollout/searches",), (), False),
 ]
+STYLES = ("-", "--", ":", "-.")
+"""Line style of a panel's 1st, 2nd, … metric."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
+    from searchgym.agents.grpo.runtime import read_metrics
     from searchgym.errors import ConfigError
 
     labels = args.labels or [Path(r).name for r in args.runs]
@@ -66,32 +81,55 @@ def run(args: argparse.Namespace) -> int:
         metrics = Path(path) / "metrics.jsonl"
         if not metrics.is_file():
             raise ConfigError(f"{path} has no metrics.jsonl; is it a run folder?")
-        from searchgym.agents.grpo.runtime import read_metrics
-
         runs.append(read_metrics(metrics))
     colours = {label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(labels))}
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
-    for ax, (title, keys) in zip(axes.flat, PANELS, strict=True):
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    for ax, (title, keys, names, log) in zip(axes.flat, PANELS, strict=True):
         seen: set[str] = set()
         for records, label in zip(runs, labels, strict=True):
+            colour = colours[label]
             for j, key in enumerate(keys):
                 x, y = _series(records, key)
                 if not x:
                     continue
                 legend = label if (label not in seen and j == 0) else None
                 if key.startswith("eval/"):  # evaluated rarely: points, not a line
-                    ax.plot(x, y, "o", color=colours[label], markersize=4, label=legend)
+                    ax.plot(x, y, "o", color=colour, markersize=4, label=legend)
+                    if x[0] == 0:  # the initial policy (the warm-start), evaluated as step 0
+                        ax.axhline(y[0], color=colour, ls="--", lw=0.8, alpha=0.6)
                 else:
-                    ax.plot(x, _smooth(y, args.smooth), color=colours[label], lw=1.0, alpha=0.8, label=legend)
+                    ys = _smooth(y, args.smooth)
+                    marker = "o" if len(x) <= 12 else None  # single or few points stay visible
+                    ax.plot(
+                        x,
+                        ys,
+                        STYLES[j % len(STYLES)],
+                        color=colour,
+                        lw=1.0,
+                        alpha=0.8,
+                        label=legend,
+                        marker=marker,
+                        markersize=3,
+                    )
                 if legend:
                     seen.add(label)
+        if names:  # which line style is which metric
+            proxies = [Line2D([], [], color="0.3", ls=STYLES[j], lw=1) for j in range(len(names))]
+            ax.legend(proxies, names, fontsize=7, loc="best", framealpha=0.6)
+        if keys[0].startswith("lld/delta"):
+            ax.axhline(0.0, color="k", lw=0.6)
+        if log and ax.has_data():
+            ax.set_yscale("log")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    handles, names = axes.flat[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6), fontsize=8)
+    handles, _ = axes.flat[0].get_legend_handles_labels()
+    for label in colours:  # one legend entry per label, even when its runs miss the first panel's keys
+        if label not in {h.get_label() for h in handles}:
+            handles.append(Line2D([], [], color=colours[label], label=label))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8)
     if args.title:
         fig.suptitle(args.title, fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
