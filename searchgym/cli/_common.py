@@ -61,10 +61,12 @@ def make_env(args: argparse.Namespace, **overrides: Any) -> Any:
 
 
 def load_agent(name: str, env: Any, seed: int = 0) -> Any:
-    """Builds an agent by name (``random``, ``oracle``, ``heuristic``), ``sb3:PATH`` or ``package.module:Class``.
+    """Builds an agent by name (``random``, ``oracle``, ``heuristic``), ``checkpoint:PATH``, ``sb3:PATH`` or
+    ``package.module:Class``.
 
     ``random`` draws uniformly from the env's ``Discrete`` actions (token ids, or macro actions); ``oracle``
-    is the macro oracle on ``SearchQAMacro-v0``; ``sb3:PATH`` plays a stable-baselines3 model saved at PATH.
+    is the macro oracle on ``SearchQAMacro-v0``; ``checkpoint:PATH`` plays a trained LLM greedily (a trainer's
+    ``checkpoint.pt`` or a Hugging Face folder); ``sb3:PATH`` plays a stable-baselines3 model saved at PATH.
     A user class is called as ``Class(env)``: it receives the (wrapped) env and reads what it needs.
     """
     from searchgym.agents import MacroOracleAgent, OracleAgent, RandomAgent
@@ -76,6 +78,8 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
         if hasattr(base, "action_for"):
             return MacroOracleAgent(env)
         return OracleAgent(base.dataset, base.split, base.tokenizer, base.config.max_turns)
+    if name.startswith("checkpoint:"):
+        return _checkpoint_agent(name[len("checkpoint:") :], base)
     if name.startswith("sb3:"):
         from searchgym.agents.sb3 import SB3Agent
 
@@ -92,8 +96,22 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
             raise ConfigError(f"cannot load agent {name!r}: {e}") from e
         return cls(env)
     raise ConfigError(
-        f"unknown agent {name!r}; choose one of {list(BUILTIN_AGENTS)}, sb3:PATH, or package.module:Class"
+        f"unknown agent {name!r}; choose one of {list(BUILTIN_AGENTS)}, checkpoint:PATH, sb3:PATH, or "
+        "package.module:Class"
     )
+
+
+def _checkpoint_agent(path: str, base: Any) -> Any:
+    """A trained LLM (``checkpoint.pt`` or a Hugging Face folder) playing greedily in ``base``'s tokenizer."""
+    from searchgym.agents.grpo.export import load_policy
+
+    policy = load_policy(path, max_turn_tokens=base.config.max_turn_tokens)
+    if policy.tokenizer.token_bytes != base.tokenizer.token_bytes:
+        raise ConfigError(
+            f"{path} was trained with tokenizer {policy.tokenizer.name!r} but the env uses "
+            f"{base.tokenizer.name!r}; pass --tokenizer {policy.tokenizer.name} to the env"
+        )
+    return policy
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:

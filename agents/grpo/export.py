@@ -1,0 +1,95 @@
+"""Trained models out of searchgym: load one as a policy, or write it as a standard Hugging Face folder.
+
+A searchgym checkpoint (``RUN_DIR/checkpoint.pt`` of ``train sft`` / ``train grpo``) holds the model's
+weights and the architecture needed to rebuild it. :func:`export_pretrained` turns it into a folder that
+``transformers.AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load with no
+searchgym import (``save_pretrained`` of the model and of its tokenizer, plus a provenance note).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from searchgym.errors import CheckpointError, ConfigError
+
+from ..llm import LLMPolicy
+from .config import CommonConfig
+from .runtime import build_policy
+
+__all__ = ["export_pretrained", "load_policy"]
+
+
+def load_policy(
+    path: str | Path,
+    *,
+    tokenizer: Any = None,
+    device: str = "cpu",
+    greedy: bool = True,
+    max_turn_tokens: int = 48,
+    temperature: float = 1.0,
+) -> LLMPolicy:
+    """A trained model as a policy: a searchgym checkpoint file or a saved Hugging Face folder.
+
+    Args:
+        path: ``checkpoint.pt`` written by a searchgym trainer, or a folder holding ``config.json`` (e.g. from
+            :func:`export_pretrained` or any ``save_pretrained``).
+        tokenizer: Override the tokenizer (default: the checkpoint's, or the folder's own).
+        device: Torch device of the model.
+        greedy: Take the most likely token (evaluation) instead of sampling.
+        max_turn_tokens: The env's per-turn token cap.
+        temperature: Sampling temperature when not greedy.
+
+    Raises:
+        CheckpointError: the file is not a readable searchgym checkpoint.
+        ConfigError: the path is neither a file nor a Hugging Face folder.
+    """
+    p = Path(path)
+    kwargs: dict[str, Any] = {
+        "greedy": greedy,
+        "max_turn_tokens": max_turn_tokens,
+        "temperature": temperature,
+    }
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ConfigError(f"{p} is a folder without config.json: not a Hugging Face model folder")
+        return LLMPolicy.from_pretrained(str(p), tokenizer, device=device, **kwargs)
+    if not p.is_file():
+        raise CheckpointError(f"no checkpoint at {p}")
+    config = CommonConfig(init=str(p), device=device, tokenizer=tokenizer, max_turn_tokens=max_turn_tokens)
+    policy, _ = build_policy(config, **kwargs)
+    policy.model.eval()
+    return policy
+
+
+def export_pretrained(checkpoint: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """Writes a searchgym checkpoint as a Hugging Face folder: model, tokenizer, provenance.
+
+    Args:
+        checkpoint: A ``checkpoint.pt`` written by ``train sft`` or ``train grpo``.
+        out_dir: Destination folder (created).
+        overwrite: Replace the model files of an existing, non-empty folder.
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        ConfigError: ``out_dir`` is not empty and ``overwrite`` is not set.
+    """
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{out} exists and is not empty; choose another folder or pass --overwrite")
+    policy = load_policy(checkpoint)
+    out.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(out)
+    policy.tokenizer.to_transformers().save_pretrained(out)
+    digest = hashlib.sha256(Path(checkpoint).read_bytes()).hexdigest()
+    note = {
+        "exported_from": str(Path(checkpoint).resolve()),
+        "sha256": digest,
+        "tokenizer": policy.tokenizer.name,
+    }
+    (out / "searchgym_export.json").write_text(json.dumps(note, indent=1) + "\n")
+    return out

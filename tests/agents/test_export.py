@@ -1,0 +1,84 @@
+"""Trained models out of searchgym: `eval --agent checkpoint:…` and the Hugging Face export round trip."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from searchgym.agents.grpo.checkpoint import save_checkpoint  # noqa: E402
+from searchgym.agents.grpo.config import SFTConfig  # noqa: E402
+from searchgym.agents.grpo.export import export_pretrained, load_policy  # noqa: E402
+from searchgym.agents.grpo.runtime import build_policy  # noqa: E402
+from searchgym.cli import main  # noqa: E402
+from searchgym.errors import CheckpointError, ConfigError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    policy, arch = build_policy(SFTConfig(seed=3, tiny_layers=1, tiny_hidden=32))
+    path = tmp_path_factory.mktemp("ckpt") / "checkpoint.pt"
+    save_checkpoint(path, {"kind": "sft", "model": policy.model.state_dict(), "arch": arch, "step": 0})
+    return path
+
+
+def eval_json(agent: str, capsys: pytest.CaptureFixture[str]) -> dict[str, float]:
+    argv = ["eval", "--agent", agent, "--episodes", "3", "--max-turns", "2", "--max-turn-tokens", "6"]
+    assert main([*argv, "--json", "--no-progress"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_eval_plays_a_checkpoint_and_its_export_identically(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from_checkpoint = eval_json(f"checkpoint:{checkpoint}", capsys)
+    assert from_checkpoint["episodes"] == 3 and "em" in from_checkpoint
+    out = export_pretrained(checkpoint, tmp_path / "hf")
+    from_folder = eval_json(f"checkpoint:{out}", capsys)
+    drop = {"episodes_per_s", "seconds", "tokens_per_s"}
+    assert {k: v for k, v in from_folder.items() if k not in drop} == {
+        k: v for k, v in from_checkpoint.items() if k not in drop
+    }
+
+
+def test_export_loads_with_plain_transformers_and_gives_the_same_logits(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    out = export_pretrained(checkpoint, tmp_path / "hf")
+    policy = load_policy(checkpoint)
+    ids = policy.tokenizer.encode("Question: who founded Varnholt? <search> Varnholt </search>")
+    with torch.no_grad():
+        expected = policy.model(input_ids=torch.tensor([ids])).logits[0, :, : policy.vocab_size]
+    np_path = tmp_path / "logits.pt"
+    script = f"""
+import sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained({str(out)!r})
+tok = AutoTokenizer.from_pretrained({str(out)!r})
+ids = tok.encode("Question: who founded Varnholt? <search> Varnholt </search>", add_special_tokens=False)
+assert ids == {ids!r}, ids
+with torch.no_grad():
+    torch.save(model(input_ids=torch.tensor([ids])).logits[0], {str(np_path)!r})
+assert not any(m.startswith("searchgym") for m in sys.modules), "the export must not need searchgym"
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path, timeout=300)
+    got = torch.load(np_path)[:, : policy.vocab_size]
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_export_and_load_errors(checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not empty"):
+        export_pretrained(checkpoint, tmp_path / "busy")
+    assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
+    with pytest.raises(ConfigError, match=r"without config\.json"):
+        load_policy(tmp_path / "busy")
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_policy(tmp_path / "missing.pt")
