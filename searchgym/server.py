@@ -5,26 +5,39 @@ Wire format, as Search-R1's ``retrieval_server.py`` (so Search-R1, verl and sear
     POST /retrieve  {"queries": ["q1", ...], "topk": 3, "return_scores": true}
     200             {"result": [[{"document": {"id": "12", "contents": "\\"Title\\"\\ntext"}, "score": 7.1}, ...], ...]}
 
+* ``queries`` may be empty: the answer is ``{"result": []}``.
 * ``topk`` may be omitted or ``null`` (the server's ``default_topk``); otherwise an integer in
   ``[1, topk_max]``.
 * ``return_scores`` defaults to false, as in Search-R1; then each result list holds the bare documents
   (``[[{"id": ..., "contents": ...}, ...]]``), exactly Search-R1's answer. Unknown keys are ignored.
+* ``contents`` is the corpus record's string, byte for byte (when the server is given the raw records, as
+  ``searchgym serve`` does).
+* A long query is not refused: it is cut to its first ``max_query_tokens`` words and ``max_query_chars``
+  characters (the retriever's query budget) and answered; the ``X-Searchgym-Truncated-Queries`` header
+  counts the queries cut.
 * An invalid request gets a 4xx answer ``{"detail": "<what is wrong>"}``, never a 500: 413 for a body over
-  ``max_body_bytes`` or more than ``max_queries`` queries, 400 for a body that is not a JSON object, 422 for
-  a field of the wrong type or out of bounds (empty query list, query over ``max_query_chars``, ``topk``
-  outside ``[1, topk_max]``). A retriever failure (:class:`~searchgym.errors.RetrieverError`, e.g. of a
-  proxied upstream) is a 502.
+  ``max_body_bytes``, more than ``max_queries`` queries, or an answer that would exceed
+  ``max_response_bytes``; 400 for a body that is not a JSON object; 422 for a field of the wrong type or
+  out of bounds (``topk`` outside ``[1, topk_max]``). A retriever failure
+  (:class:`~searchgym.errors.RetrieverError`, e.g. of a proxied upstream) is a 502.
+
+Scoring and rendering run in worker threads, at most ``max_concurrent`` requests at a time, and documents
+are rendered from JSON fragments encoded once at start-up, so a large answer neither blocks the event loop
+(``/health`` stays responsive) nor builds millions of Python objects.
 
 FastAPI and uvicorn come with the ``server`` extra and are imported only when a server is built.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
+import re
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,29 +45,60 @@ from searchgym.data.types import Passage
 from searchgym.errors import ConfigError, MissingDependencyError, RetrieverError
 from searchgym.retrieval.base import Hit, Retriever
 
-__all__ = ["RequestError", "RetrieveRequest", "ServerLimits", "ServerThread", "create_app", "parse_request"]
+__all__ = [
+    "RequestError",
+    "RetrieveRequest",
+    "ServerLimits",
+    "ServerThread",
+    "bind_socket",
+    "create_app",
+    "parse_request",
+    "run_server",
+    "truncate_query",
+]
+
+_WORD = re.compile(r"\w+")
 
 
 @dataclass(frozen=True)
 class ServerLimits:
     """What one request may ask; validated once.
 
+    The defaults carry a full default Search-R1 step (512 prompts x 5 responses = 2,560 queries in one
+    request, top 3) with room to spare.
+
     Attributes:
         default_topk: ``topk`` of a request that gives none.
         topk_max: Largest ``topk`` accepted.
         max_queries: Most queries in one request.
-        max_query_chars: Longest query, in characters.
+        max_query_tokens: A query is cut to its first this many words (``\\w+`` tokens) before retrieval.
+        max_query_chars: A query is cut to at most this many characters before retrieval.
         max_body_bytes: Largest request body, in bytes.
+        max_response_bytes: Largest answer body, in bytes; a request whose answer would be larger gets 413
+            (it asks too many queries times ``topk`` for the corpus's passage size).
+        max_concurrent: Requests scored and rendered at the same time; others wait their turn.
     """
 
     default_topk: int = 3
     topk_max: int = 100
-    max_queries: int = 1024
+    max_queries: int = 4096
+    max_query_tokens: int = 256
     max_query_chars: int = 4096
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_response_bytes: int = 64 * 1024 * 1024
+    max_concurrent: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("default_topk", "topk_max", "max_queries", "max_query_chars", "max_body_bytes"):
+        for name in (
+            "default_topk",
+            "topk_max",
+            "max_queries",
+            "max_query_tokens",
+            "max_query_chars",
+            "max_body_bytes",
+            "max_response_bytes",
+            "max_concurrent",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -64,11 +108,12 @@ class ServerLimits:
 
 @dataclass(frozen=True)
 class RetrieveRequest:
-    """A validated ``/retrieve`` request."""
+    """A validated ``/retrieve`` request (queries already cut to the query budget)."""
 
     queries: list[str]
     topk: int
     return_scores: bool
+    truncated: int = 0
 
 
 class RequestError(Exception):
@@ -78,6 +123,19 @@ class RequestError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def truncate_query(query: str, max_tokens: int, max_chars: int) -> str:
+    """``query`` cut to its first ``max_tokens`` words (``\\w+`` tokens) and at most ``max_chars`` characters.
+
+    >>> truncate_query("one two three", 2, 100)
+    'one two'
+    """
+    query = query[:max_chars]
+    for n, match in enumerate(_WORD.finditer(query), start=1):
+        if n == max_tokens:
+            return query[: match.end()]
+    return query
 
 
 def parse_request(body: bytes, limits: ServerLimits) -> RetrieveRequest:
@@ -97,15 +155,13 @@ def parse_request(body: bytes, limits: ServerLimits) -> RetrieveRequest:
     queries = data.get("queries")
     if not isinstance(queries, list):
         raise RequestError(422, "'queries' must be a list of strings")
-    if not queries:
-        raise RequestError(422, "'queries' must hold at least one query")
     if len(queries) > limits.max_queries:
         raise RequestError(413, f"too many queries: {len(queries)} > {limits.max_queries} per request")
+    cut: list[str] = []
     for i, query in enumerate(queries):
         if not isinstance(query, str):
             raise RequestError(422, f"'queries'[{i}] must be a string, got {type(query).__name__}")
-        if len(query) > limits.max_query_chars:
-            raise RequestError(422, f"'queries'[{i}] is over {limits.max_query_chars} characters")
+        cut.append(truncate_query(query, limits.max_query_tokens, limits.max_query_chars))
     topk = data.get("topk")
     if topk is None:
         topk = limits.default_topk
@@ -116,25 +172,76 @@ def parse_request(body: bytes, limits: ServerLimits) -> RetrieveRequest:
     return_scores = data.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise RequestError(422, f"'return_scores' must be true or false, got {type(return_scores).__name__}")
-    return RetrieveRequest(queries=queries, topk=topk, return_scores=return_scores)
+    truncated = sum(len(a) != len(b) for a, b in zip(queries, cut, strict=True))
+    return RetrieveRequest(queries=cut, topk=topk, return_scores=return_scores, truncated=truncated)
 
 
-def _document(hit: Hit, passages: dict[str, Passage]) -> dict[str, str]:
-    # The corpus record itself when known, so contents round-trip exactly as FlashRAG stores them.
-    passage = passages.get(hit.passage_id)
-    contents = passage.contents if passage is not None else f'"{hit.title}"\n{hit.text}'
-    return {"id": hit.passage_id, "contents": contents}
+class _Documents:
+    """Every passage's ``{"id": ..., "contents": ...}`` JSON, encoded once; renders answers from them."""
+
+    def __init__(self, passages: Sequence[Passage], contents: Mapping[str, str] | None) -> None:
+        self.fragments: dict[str, bytes] = {}
+        for p in passages:
+            raw = contents.get(p.id) if contents is not None else None
+            self.fragments[p.id] = _fragment(p.id, raw if raw is not None else p.contents)
+        sizes = [len(f) for f in self.fragments.values()]
+        self.mean_bytes = sum(sizes) / len(sizes) if sizes else 0.0
+
+    def fragment(self, hit: Hit) -> bytes:
+        known = self.fragments.get(hit.passage_id)
+        return known if known is not None else _fragment(hit.passage_id, hit.contents)
+
+    def render(self, results: list[list[Hit]], return_scores: bool, max_bytes: int) -> bytes:
+        """The JSON answer; raises :class:`RequestError` (413) when it would exceed ``max_bytes``."""
+        parts: list[bytes] = [b'{"result": [']
+        size = 0
+        for i, hits in enumerate(results):
+            items = []
+            for hit in hits:
+                doc = self.fragment(hit)
+                items.append(
+                    b'{"document": ' + doc + b', "score": ' + _number(hit.score) + b"}"
+                    if return_scores
+                    else doc
+                )
+            chunk = (b", [" if i else b"[") + b", ".join(items) + b"]"
+            size += len(chunk)
+            if size > max_bytes:
+                raise RequestError(
+                    413, f"the answer would exceed {max_bytes} bytes; ask fewer queries or a smaller topk"
+                )
+            parts.append(chunk)
+        parts.append(b"]}")
+        return b"".join(parts)
 
 
-def create_app(retriever: Retriever, passages: Sequence[Passage], limits: ServerLimits | None = None) -> Any:
+def _fragment(pid: str, contents: str) -> bytes:
+    try:
+        return json.dumps({"id": pid, "contents": contents}, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON's \u escapes carry it
+        return json.dumps({"id": pid, "contents": contents}).encode("ascii")
+
+
+def _number(score: float) -> bytes:
+    return (repr(float(score)) if math.isfinite(score) else json.dumps(score)).encode()
+
+
+def create_app(
+    retriever: Retriever,
+    passages: Sequence[Passage],
+    limits: ServerLimits | None = None,
+    contents: Mapping[str, str] | None = None,
+) -> Any:
     """The FastAPI application serving ``retriever`` over ``passages``.
 
     Args:
-        retriever: Answers the searches; called from a worker thread, so it must be thread-safe for
+        retriever: Answers the searches; called from worker threads, so it must be thread-safe for
             reading (the BM25 backends are).
         passages: The corpus behind ``retriever`` (documents are rendered from it; ``/health`` reports its
             size).
         limits: Request limits (defaults: :class:`ServerLimits`).
+        contents: The corpus's ``contents`` strings by passage id, exactly as stored; documents are served
+            with them byte for byte. Without it, a passage's contents are ``'"title"\\ntext'``.
 
     Raises:
         MissingDependencyError: FastAPI is not installed (extra ``server``).
@@ -147,8 +254,10 @@ def create_app(retriever: Retriever, passages: Sequence[Passage], limits: Server
         raise MissingDependencyError("fastapi", "server", "The retrieval server") from None
 
     limits = limits or ServerLimits()
-    by_id = {p.id: p for p in passages}
+    documents = _Documents(passages, contents)
     app = FastAPI(title="searchgym retrieval server", docs_url=None, redoc_url=None)
+    # Created lazily: the semaphore must belong to the event loop that serves the app.
+    gate: list[asyncio.Semaphore] = []
 
     def error(status: int, message: str) -> Response:
         return JSONResponse({"detail": message}, status_code=status)
@@ -166,30 +275,41 @@ def create_app(retriever: Retriever, passages: Sequence[Passage], limits: Server
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def answer(req: RetrieveRequest) -> bytes:
+        """Scores and renders one request (a worker thread: CPU work kept off the event loop)."""
+        results = retriever.search(req.queries, req.topk)
+        return documents.render(results, req.return_scores, limits.max_response_bytes)
+
     async def retrieve(request: Request) -> Response:
         try:
             req = parse_request(await read_body(request), limits)
+            if not req.queries:
+                return Response(b'{"result": []}', media_type="application/json")
+            estimate = len(req.queries) * req.topk * documents.mean_bytes
+            if estimate > limits.max_response_bytes:  # refused before any scoring
+                raise RequestError(
+                    413,
+                    f"{len(req.queries)} queries x topk {req.topk} would make an answer of about "
+                    f"{estimate / 2**20:.0f} MiB, over the {limits.max_response_bytes / 2**20:.0f} MiB "
+                    "limit; ask fewer queries or a smaller topk",
+                )
+            if not gate:
+                gate.append(asyncio.Semaphore(limits.max_concurrent))
+            async with gate[0]:
+                body = await run_in_threadpool(answer, req)
         except RequestError as e:
             return error(e.status, e.message)
-        try:
-            # A worker thread: scoring is CPU work that must not block the event loop's other requests.
-            results = await run_in_threadpool(retriever.search, req.queries, req.topk)
         except RetrieverError as e:
             return error(502, f"retrieval failed: {e}")
-        if req.return_scores:
-            payload: list[list[Any]] = [
-                [{"document": _document(h, by_id), "score": h.score} for h in hits] for hits in results
-            ]
-        else:
-            payload = [[_document(h, by_id) for h in hits] for hits in results]
-        return Response(json.dumps({"result": payload}), media_type="application/json")
+        headers = {"X-Searchgym-Truncated-Queries": str(req.truncated)} if req.truncated else None
+        return Response(body, media_type="application/json", headers=headers)
 
     async def health(request: Request) -> Response:
         return JSONResponse(
             {
                 "status": "ok",
                 "retriever": retriever.name,
-                "passages": len(by_id),
+                "passages": len(documents.fragments),
                 "default_topk": limits.default_topk,
                 "topk_max": limits.topk_max,
                 "max_queries": limits.max_queries,
@@ -211,9 +331,48 @@ def _uvicorn() -> Any:
     return uvicorn
 
 
-def run_server(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Serves ``app`` with uvicorn until interrupted (Ctrl-C)."""
-    _uvicorn().run(app, host=host, port=port, log_level=log_level)
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (``SO_REUSEADDR``; port 0 picks a free one).
+
+    Raises:
+        ConfigError: the address cannot be bound (in use, not local, no permission).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def run_server(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serves ``app`` with uvicorn until interrupted (Ctrl-C).
+
+    The socket is bound first, so ``on_ready`` (called with the base URL) runs only once the address is
+    really held; a bind failure raises before it.
+
+    Raises:
+        ConfigError: the address cannot be bound.
+    """
+    uvicorn = _uvicorn()
+    sock = bind_socket(host, port)
+    bound = sock.getsockname()[1]
+    if on_ready is not None:
+        on_ready(f"http://{f'[{host}]' if ':' in host else host}:{bound}")
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level=log_level)).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 class ServerThread:
@@ -256,10 +415,7 @@ class ServerThread:
             RetrieverError: the server did not come up within ``startup_timeout``.
         """
         uvicorn = _uvicorn()
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._socket = sock
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")

@@ -21,7 +21,9 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, str, int]]:
     """Captures what ``searchgym serve`` would serve instead of blocking."""
     calls: list[tuple[Any, str, int]] = []
     monkeypatch.setattr(
-        server_module, "run_server", lambda app, host, port, log_level: calls.append((app, host, port))
+        server_module,
+        "run_server",
+        lambda app, host, port, log_level, on_ready: calls.append((app, host, port)),
     )
     return calls
 

@@ -23,24 +23,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--default-topk", type=int, default=3, help="topk of requests that give none")
     parser.add_argument("--topk-max", type=int, default=100, help="largest topk a request may ask")
-    parser.add_argument("--max-queries", type=int, default=1024, help="most queries per request")
+    parser.add_argument(
+        "--max-queries",
+        type=int,
+        default=4096,
+        help="most queries per request (a Search-R1 step sends 2,560)",
+    )
+    parser.add_argument(
+        "--max-query-tokens", type=int, default=256, help="longer queries are cut to this many words"
+    )
+    parser.add_argument(
+        "--max-response-mb", type=int, default=64, help="largest answer in MiB; larger requests get 413"
+    )
+    parser.add_argument(
+        "--max-concurrent", type=int, default=2, help="requests scored at the same time (others wait)"
+    )
     parser.add_argument("--log-level", default="info", help="uvicorn log level")
 
 
 def run(args: argparse.Namespace) -> int:
     from searchgym.data.flashrag import read_corpus
+    from searchgym.data.jsonl import iter_jsonl
     from searchgym.errors import ConfigError
     from searchgym.retrieval import BM25Retriever, Retriever, make_retriever
     from searchgym.server import ServerLimits, create_app, run_server
 
     limits = ServerLimits(
-        default_topk=args.default_topk, topk_max=args.topk_max, max_queries=args.max_queries
+        default_topk=args.default_topk,
+        topk_max=args.topk_max,
+        max_queries=args.max_queries,
+        max_query_tokens=args.max_query_tokens,
+        max_response_bytes=args.max_response_mb * 2**20,
+        max_concurrent=args.max_concurrent,
     )
     path = Path(args.corpus).expanduser()
     corpus_path = path / "corpus.jsonl" if path.is_dir() else path
     if not corpus_path.is_file():
         raise ConfigError(f"no corpus at {corpus_path} (give a FlashRAG folder or a corpus.jsonl)")
     passages = read_corpus(corpus_path)
+    # The records' contents as stored, served byte for byte (read_corpus normalises the title line).
+    contents = {str(rec["id"]): rec["contents"] for _, rec in iter_jsonl(corpus_path)}
     if args.index is not None and args.retriever != "bm25":
         raise ConfigError("--index applies to the bm25 retriever only")
     retriever: Retriever
@@ -52,9 +74,10 @@ def run(args: argparse.Namespace) -> int:
         if args.index is not None and isinstance(retriever, BM25Retriever):
             retriever.save(args.index)
             print(f"saved the BM25 index to {args.index}")
-    app = create_app(retriever, passages, limits)
-    print(
-        f"serving {len(passages)} passages with {retriever.name} on http://{args.host}:{args.port}/retrieve"
-    )
-    run_server(app, host=args.host, port=args.port, log_level=args.log_level)
+    app = create_app(retriever, passages, limits, contents=contents)
+
+    def ready(url: str) -> None:  # called once the port is bound
+        print(f"serving {len(passages)} passages with {retriever.name} on {url}/retrieve", flush=True)
+
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level, on_ready=ready)
     return 0
