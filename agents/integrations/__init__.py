@@ -1,0 +1,14 @@
+"""searchgym inside the engines researchers scale out on: TRL and verl.
+
+* :mod:`searchgym.agents.integrations.trl` (extra ``searchgym[trl]``): a ``rollout_func`` for TRL's
+  ``GRPOTrainer`` that plays SearchQA episodes token-exactly (tool tokens masked out of the loss by
+  ``env_mask``), an LLDS-enabled ``GRPOTrainer`` subclass, and the LLD early-warning callback.
+* :mod:`searchgym.agents.integrations.verl` (extra ``searchgym[verl]``): the LLDS policy losses registered
+  with verl, a token-level SearchQA agent loop, and the ``verl.plugins`` entry point that loads both.
+* :mod:`searchgym.agents.integrations.trajectories`: episodes as the rows TRL and verl consume
+  (``searchgym export-trajectories``, ``searchgym verl prepare``).
+
+Both engines import inward only: nothing in searchgym's core, envs or agents imports this package. The
+maths is not copied here: every loss and diagnostic comes from :mod:`searchgym.agents.grpo.losses` and
+:mod:`searchgym.agents.grpo.diagnostics`. See ``docs/scale.md``.
+"""
