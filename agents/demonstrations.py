@@ -67,6 +67,15 @@ def write_demonstrations(demos: Iterable[Demonstration], path: str | Path) -> in
     return n
 
 
+def _ints(values: Any, key: str) -> list[int]:
+    """``values`` as a list of ints; floats, strings and booleans are refused rather than converted."""
+    if not isinstance(values, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in values
+    ):
+        raise ValueError(f"{key!r} must be a list of integers")
+    return values
+
+
 def read_demonstrations(path: str | Path) -> list[Demonstration]:
     """Reads demonstrations written by :func:`write_demonstrations`.
 
@@ -79,8 +88,8 @@ def read_demonstrations(path: str | Path) -> list[Demonstration]:
         try:
             demo = Demonstration(
                 question_id=str(record["question_id"]),
-                tokens=[int(t) for t in record["tokens"]],
-                sources=[int(s) for s in record["sources"]],
+                tokens=_ints(record["tokens"], "tokens"),
+                sources=_ints(record["sources"], "sources"),
                 reward=float(record["reward"]),
             )
         except (KeyError, TypeError, ValueError) as e:

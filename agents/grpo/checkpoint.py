@@ -309,7 +309,7 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
             torch.cuda.set_rng_state_all(state["cuda"])
         if generator is not None and "generator" in state:
             generator.set_state(state["generator"])
-    except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as e:
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, OverflowError) as e:
         raise CheckpointError(f"malformed RNG state in the checkpoint ({type(e).__name__}: {e})") from None
 
 
