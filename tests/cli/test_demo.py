@@ -1,0 +1,53 @@
+"""``searchgym demo``: its confidence intervals, its verdict sentences, and a small-budget run end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from searchgym.cli.demo import verdict, wilson
+
+
+def test_wilson_interval_hand_computed() -> None:
+    lo, hi = wilson(0.5, 100)
+    assert lo == pytest.approx(0.4038, abs=1e-4) and hi == pytest.approx(0.5962, abs=1e-4)
+    lo, hi = wilson(0.0, 200)
+    assert lo == 0.0 and hi == pytest.approx(0.0188, abs=1e-4)  # never a zero-width interval at 0
+    assert wilson(0.3, 0) == (0.0, 1.0)
+
+
+def row(name: str, em: float, n: int = 200) -> dict[str, object]:
+    return {"model": name, "test_em": em, "ci": wilson(em, n), "n": n}
+
+
+def test_verdict_says_when_the_budget_cannot_separate_runs() -> None:
+    lines = verdict([row("SFT", 0.035), row("GRPO", 0.015), row("GRPO+LLDS", 0.60)])
+    assert "GRPO: test EM -0.020" in lines[0] and "cannot tell them apart" in lines[0]
+    assert "GRPO+LLDS: test EM +0.565" in lines[1] and "higher, beyond the 95% intervals" in lines[1]
+
+
+def test_demo_runs_end_to_end_on_a_small_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    from searchgym.cli import main
+
+    args = [
+        "demo",
+        "--run-dir",
+        str(tmp_path),
+        "--threads",
+        "1",
+        "--extra-worlds",
+        "0",
+        "--demos-per-world",
+        "12",
+    ]
+    args += ["--sft-epochs", "1", "--layers", "1", "--grpo-steps", "1", "--questions-per-step", "2"]
+    assert main([*args, "--eval-questions", "4", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "em_95ci" in out and "GRPO+LLDS (action)" in out and "docs/experiments/lld.md" in out
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    assert (tmp_path / "grpo" / "metrics.jsonl").is_file() and (
+        tmp_path / "grpo_llds" / "checkpoint.pt"
+    ).is_file()
