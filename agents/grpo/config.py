@@ -44,6 +44,10 @@ class CommonConfig:
     """Fields shared by every training entry point: the run folder, the model, the environment."""
 
     run_dir: str = _opt("runs/run", "folder for metrics.jsonl, checkpoints and TensorBoard events")
+    overwrite: bool = _opt(
+        False,
+        "replace the run RUN_DIR already holds (checkpoint, metrics, events); without it that is refused",
+    )
     model: str | None = _opt(
         None, "Hugging Face model name or path (default: the tiny offline model built from a config)"
     )

@@ -48,7 +48,14 @@ from .losses import (
     probe_metrics,
 )
 from .rollout import RolloutBatch, collect_rollouts, pad_transcripts, summarize_episodes
-from .runtime import MetricLogger, build_policy, make_optimizer, read_metrics
+from .runtime import (
+    MetricLogger,
+    build_policy,
+    check_resume_config,
+    make_optimizer,
+    prepare_run_dir,
+    read_metrics,
+)
 from .sft import evaluate_checkpoint_policy
 
 __all__ = ["GRPOTrainer", "minibatch_plan", "train_grpo"]
@@ -76,6 +83,7 @@ class GRPOTrainer:
         if config.resume:
             config = _resume_init(config)
         self.config = cfg = config
+        prepare_run_dir(cfg.run_dir, cfg.resume, cfg.overwrite)  # never silently replaces an earlier run
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
@@ -442,6 +450,11 @@ class GRPOTrainer:
             raise CheckpointError(
                 f"{path} is a {payload.get('kind')!r} checkpoint, not a GRPO run's; use --init to start from it"
             )
+        # The init checkpoint was already checked by hash (_resume_init); how its path is spelled may differ.
+        check_resume_config(
+            {k: v for k, v in payload.get("config", {}).items() if k != "init"},
+            {k: v for k, v in dataclasses.asdict(self.config).items() if k != "init"},
+        )
         try:
             self.model.load_state_dict(payload["model"])
             self.optimizer.load_state_dict(payload["optimizer"])

@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         demos=str(root / "demos.jsonl"),
         epochs=args.sft_epochs,
         tiny_layers=args.layers,
+        overwrite=True,
         **common,
     )
     sft_metrics = train_sft(sft)
@@ -93,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
             questions_per_step=args.questions_per_step,
             lr=args.lr,
             save_every=0,
-            eval_at_start=False,  # the warm-start is the SFT row, evaluated on the same questions
+            eval_at_start=False,
+            overwrite=True,  # a new demo replaces the previous one's runs  # the warm-start is the SFT row, evaluated on the same questions
             **common,
         )
         metrics = train_grpo(cfg)
