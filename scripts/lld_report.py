@@ -18,6 +18,10 @@ from typing import Any
 from searchgym.agents.grpo.diagnostics import collapse_step, warning_steps
 from searchgym.agents.grpo.runtime import read_metrics
 
+PROBE_DROP = 0.3
+"""Exploratory (not pre-registered): the step at which the probe set's mean log-likelihood per token is
+more than this many nats below its step-0 value (column ``probe_drop*``)."""
+
 
 def run_summary(run: Path) -> dict[str, Any]:
     history = read_metrics(run)
@@ -27,7 +31,21 @@ def run_summary(run: Path) -> dict[str, Any]:
     warnings = warning_steps(steps, window=3)
     first_warning = warnings[0] if warnings else None
     later = {s: em for s, em in evals.items() if s > 0}
-    wall = run / "wall_s"
+    probe0 = next((r.get("lld/probe_logp") for r in history if r["step"] == 0), None)
+    probe_drop = next(
+        (
+            r["step"]
+            for r in steps
+            if probe0 is not None and (r.get("lld/probe_logp") or 0.0) < probe0 - PROBE_DROP
+        ),
+        None,
+    )
+    searches = [r.get("rollout/searches") or 0.0 for r in steps]
+    degenerate = next(
+        (steps[j]["step"] for j in range(4, len(steps)) if sum(searches[j - 4 : j + 1]) / 5 < 0.5), None
+    )
+    wall = run / "wall_s"  # written by /usr/bin/time when the run ends
+    done = wall.is_file() and wall.read_text().strip()
     return {
         "run": run.parent.name + "/" + run.name,
         "steps": len(steps),
@@ -37,8 +55,10 @@ def run_summary(run: Path) -> dict[str, Any]:
         "lead": (collapse - first_warning) if collapse and first_warning else None,
         "peak_em": max(later.values()) if later else None,
         "final_em": later[max(later)] if later else None,
+        "probe_drop*": probe_drop,
+        "no_search*": degenerate,
         "max_grad": max((r.get("train/grad_norm_max") or 0.0) for r in steps) if steps else None,
-        "wall_min": float(wall.read_text()) / 60 if wall.is_file() else None,
+        "wall_min": float(wall.read_text()) / 60 if done else None,
     }
 
 
@@ -98,6 +118,11 @@ def main() -> None:
     if not by_arm:
         raise SystemExit(f"no runs under {args.runs_dir}")
     print(table([r for rows in by_arm.values() for r in rows]))
+    print(
+        "\n(* exploratory, not pre-registered: probe_drop* = first step with the probe log-likelihood more than "
+        f"{PROBE_DROP} nats/token below step 0; no_search* = first step whose 5-step mean of searches per "
+        "episode is below 0.5)"
+    )
     lrs = sorted({m.group(1) for arm in by_arm if (m := re.search(r"_lr(.+)$", arm))})
     for lr in lrs:
         print(f"\nverdict at lr {lr}:")
@@ -109,6 +134,16 @@ def main() -> None:
             arms = [a for a in runs if a.endswith(f"_lr{lr}")]
             paths = [str(p) for a in arms for p in runs[a]]
             labels = [a.split("_lr")[0] for a in arms for _ in runs[a]]
+            for arm in arms:  # one figure per arm, seeds in their own colours
+                plot.run(
+                    argparse.Namespace(
+                        runs=[str(p) for p in runs[arm]],
+                        labels=[p.name for p in runs[arm]],
+                        smooth=3,
+                        out=str(args.plots / f"lld_{arm}.png"),
+                        title=f"{arm}: seeds (3-step moving average)",
+                    )
+                )
             plot.run(
                 argparse.Namespace(
                     runs=paths,
