@@ -37,7 +37,15 @@ class EpisodeRecord:
 
 @dataclass
 class EvalSummary:
-    """Averages over evaluated episodes (keys as printed by ``searchgym eval --json``)."""
+    """Averages over evaluated episodes (keys as printed by ``searchgym eval --json``).
+
+    Retrieval figures count the passages returned by any search of the episode, over the episodes whose
+    question has supporting passages (``None`` when none has):
+
+    * ``retrieval_recall``: the share of episodes that retrieved *at least one* supporting passage;
+    * ``retrieval_recall_all``: the share that retrieved *every* supporting passage (all-hop recall, what
+      a multi-hop question needs).
+    """
 
     em: float
     subem: float
@@ -45,6 +53,7 @@ class EvalSummary:
     valid_format: float
     searches: float
     retrieval_recall: float | None
+    retrieval_recall_all: float | None
     tokens: float
     episodes: int
     episodes_per_s: float
@@ -56,6 +65,11 @@ class EvalSummary:
             return float(np.mean(values)) if values else 0.0
 
         recall = [float(r.info["gold_retrieved"]) for r in records if r.info["gold_retrieved"] is not None]
+        recall_all = [
+            float(r.info["gold_all_retrieved"])
+            for r in records
+            if r.info.get("gold_all_retrieved") is not None
+        ]
         return cls(
             em=mean([r.info["em"] for r in records]),
             subem=mean([r.info["subem"] for r in records]),
@@ -63,6 +77,7 @@ class EvalSummary:
             valid_format=mean([float(r.valid_format) for r in records]),
             searches=mean([r.info["searches"] for r in records]),
             retrieval_recall=mean(recall) if recall else None,
+            retrieval_recall_all=mean(recall_all) if recall_all else None,
             tokens=mean([r.info["policy_tokens"] for r in records]),
             episodes=len(records),
             episodes_per_s=len(records) / seconds if seconds > 0 else float("inf"),

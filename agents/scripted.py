@@ -7,14 +7,15 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from searchgym.data import Dataset
+from searchgym.data import Dataset, Passage
 from searchgym.errors import ConfigError
+from searchgym.retrieval import Retriever
 from searchgym.rewards import normalize_answer
 from searchgym.tokenization import Tokenizer
 
 from .base import Agent, Observation
 
-__all__ = ["MacroOracleAgent", "OracleAgent", "RandomAgent", "oracle_turns"]
+__all__ = ["PIN_WORDS", "MacroOracleAgent", "OracleAgent", "RandomAgent", "oracle_turns", "pin_query"]
 
 
 class RandomAgent(Agent):
@@ -39,46 +40,106 @@ class RandomAgent(Agent):
         return int(self.rng.integers(self.vocab_size))
 
 
-def oracle_turns(dataset: Dataset, question_id: str, split: str, max_turns: int) -> list[str]:
-    """The oracle's turns for a question: one search per supporting passage title, then a golden answer.
+#: Words of passage text added to a title, in turn, until the query retrieves the passage (0: the title).
+PIN_WORDS = (0, 16, 32, 64)
 
-    At most ``max_turns - 1`` searches are made, so the answer always fits the turn budget.
+
+def pin_query(passage: Passage, words: int) -> str:
+    """A query for ``passage``: its title, followed by the first ``words`` words of its text."""
+    return " ".join([passage.title, *passage.text.split()[:words]]).strip()
+
+
+def oracle_turns(
+    dataset: Dataset,
+    question_id: str,
+    split: str,
+    max_turns: int,
+    retriever: Retriever | None = None,
+    topk: int = 3,
+) -> list[str]:
+    """The oracle's turns for a question: searches that retrieve every supporting passage, then an answer.
+
+    Without a retriever, each search is a supporting passage's title. With one, each query is the shortest
+    of :func:`pin_query`'s forms (title; title plus 16, 32, 64 words) that puts the passage in the top
+    ``topk`` — titles shared by several passages, or that BM25 ranks below another passage, get words of
+    the passage's text. When the question has more supporting passages than the ``max_turns - 1`` search
+    turns, several passages share one query (at most ``topk`` each, their pinning queries joined). The
+    answer always fits the turn budget.
     """
     question = dataset.find_question(split, question_id)
-    titles = [
-        dataset.passage_index[pid].title for pid in question.supporting_ids if pid in dataset.passage_index
-    ]
-    turns = [f"<search> {title} </search>" for title in titles[: max(0, max_turns - 1)]]
+    passages = [dataset.passage_index[pid] for pid in question.supporting_ids if pid in dataset.passage_index]
+    searches = max(0, max_turns - 1)
+    if searches and len(passages) > searches:
+        size = min(topk, -(-len(passages) // searches))  # ceil, bounded by what one search returns
+        groups = [passages[i : i + size] for i in range(0, len(passages), size)][:searches]
+    else:
+        groups = [[p] for p in passages][:searches]
+    turns = [f"<search> {_group_query(group, retriever, topk)} </search>" for group in groups]
     answer = question.golden_answers[0] if question.golden_answers else ""
     turns.append(f"<answer> {answer} </answer>")
     return turns
 
 
+def _group_query(group: list[Passage], retriever: Retriever | None, topk: int) -> str:
+    if retriever is None:
+        return " ".join(p.title for p in group)
+    for words in PIN_WORDS:
+        query = " ".join(pin_query(p, words) for p in group)
+        found = {h.passage_id for h in retriever.search([query], topk)[0]}
+        if all(p.id in found for p in group):
+            return query
+    return query  # the longest form: the best this retriever allows
+
+
 class OracleAgent(Agent):
-    """Searches the titles of the gold supporting passages, then answers the first golden answer.
+    """Searches for the gold supporting passages, then answers the first golden answer.
 
     The upper bound of every table, and the source of token-level demonstrations for supervised
     warm-start. It reads the question's gold data from the dataset, so it needs the env's dataset and split.
+    Given the env's retriever (:meth:`from_env` does that), its queries are checked to retrieve the
+    passages (see :func:`oracle_turns`); without one it searches the bare titles.
 
     Args:
         dataset: The env's dataset (``env.unwrapped.dataset``).
         split: The env's split.
         tokenizer: The env's tokenizer.
         max_turns: The env's turn budget.
+        retriever: The env's retriever, to pin each supporting passage with its query (optional).
+        topk: The env's passages per search.
     """
 
     name = "oracle"
 
-    def __init__(self, dataset: Dataset, split: str, tokenizer: Tokenizer, max_turns: int = 4) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        split: str,
+        tokenizer: Tokenizer,
+        max_turns: int = 4,
+        retriever: Retriever | None = None,
+        topk: int = 3,
+    ) -> None:
         self.dataset = dataset
         self.split = split
         self.tokenizer = tokenizer
         self.max_turns = max_turns
+        self.retriever = retriever
+        self.topk = topk
         self._turns: list[list[int]] = []
         self._pos = 0
 
+    @classmethod
+    def from_env(cls, env: gym.Env[Any, Any]) -> OracleAgent:
+        """The oracle for a SearchQA env (wrapped or not), with its retriever, turn budget and top-k."""
+        base: Any = env.unwrapped
+        return cls(
+            base.dataset, base.split, base.tokenizer, base.config.max_turns, base.retriever, base.config.topk
+        )
+
     def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
-        texts = oracle_turns(self.dataset, info["question_id"], self.split, self.max_turns)
+        texts = oracle_turns(
+            self.dataset, info["question_id"], self.split, self.max_turns, self.retriever, self.topk
+        )
         self._turns = [self.tokenizer.encode(t) for t in texts]
         self._pos = 0
 
