@@ -69,9 +69,9 @@ def run_server_benchmark(
 
         idle = []
         for _ in range(20):
-            t = time.perf_counter()
+            t_idle = time.perf_counter()
             c.get(url + "/health")
-            idle.append(time.perf_counter() - t)
+            idle.append(time.perf_counter() - t_idle)
 
         # The largest request the limits accept: as many queries at this topk as fit the answer bound.
         per_query = len(json.dumps(r.json()["result"][0])) / 3 * topk
