@@ -26,6 +26,7 @@ __all__ = [
     "SFTConfig",
     "add_config_arguments",
     "config_from_args",
+    "option",
 ]
 
 LLDS_CHOICES: tuple[str, ...] = ("none", "token", "response", "action")
@@ -34,8 +35,9 @@ MA_SCHEDULES: tuple[str, ...] = ("paper", "code")
 """``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
 
 
-def _opt(default: Any, help: str, *flags: str) -> Any:
-    """A dataclass field with its CLI help (and optional extra flags, e.g. ``--lambda``)."""
+def option(default: Any, help: str, *flags: str) -> Any:
+    """A config field with its CLI help (and optional extra flags, e.g. ``--lambda``): every entry point's
+    dataclass (here, and the engine integrations) declares its fields with it, so ``--help`` is written once."""
     return field(default=default, metadata={"help": help, "flags": flags})
 
 
@@ -43,44 +45,44 @@ def _opt(default: Any, help: str, *flags: str) -> Any:
 class CommonConfig:
     """Fields shared by every training entry point: the run folder, the model, the environment."""
 
-    run_dir: str = _opt("runs/run", "folder for metrics.jsonl, checkpoints and TensorBoard events")
-    overwrite: bool = _opt(
+    run_dir: str = option("runs/run", "folder for metrics.jsonl, checkpoints and TensorBoard events")
+    overwrite: bool = option(
         False,
         "replace the run RUN_DIR already holds (checkpoint, metrics, events); without it that is refused",
     )
-    model: str | None = _opt(
+    model: str | None = option(
         None, "Hugging Face model name or path (default: the tiny offline model built from a config)"
     )
-    tokenizer: str | None = _opt(None, "tokenizer name or path (default: the model's, else built-in)")
-    init: str | None = _opt(None, "checkpoint to start from (e.g. the SFT model's checkpoint.pt)")
-    device: str = _opt("cpu", "torch device: cpu, cuda, cuda:1, mps")
-    dtype: Literal["float32", "bfloat16", "float16"] = _opt("float32", "model parameter dtype")
-    tiny_layers: int = _opt(2, "layers of the tiny model (ignored with --model or --init)")
-    tiny_hidden: int = _opt(128, "hidden size of the tiny model (ignored with --model or --init)")
-    dataset: str | None = _opt(None, "FlashRAG folder (default: the generated world)")
-    world_seed: int = _opt(0, "seed of the generated world (ignored with --dataset)")
-    split: str = _opt("train", "training split")
-    eval_split: str = _opt("test", "evaluation split")
-    retriever: str = _opt("bm25", "retriever backend name or URL")
-    topk: int = _opt(3, "passages per search")
-    max_turns: int = _opt(4, "turn budget per episode")
-    max_turn_tokens: int = _opt(
+    tokenizer: str | None = option(None, "tokenizer name or path (default: the model's, else built-in)")
+    init: str | None = option(None, "checkpoint to start from (e.g. the SFT model's checkpoint.pt)")
+    device: str = option("cpu", "torch device: cpu, cuda, cuda:1, mps")
+    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "model parameter dtype")
+    tiny_layers: int = option(2, "layers of the tiny model (ignored with --model or --init)")
+    tiny_hidden: int = option(128, "hidden size of the tiny model (ignored with --model or --init)")
+    dataset: str | None = option(None, "FlashRAG folder (default: the generated world)")
+    world_seed: int = option(0, "seed of the generated world (ignored with --dataset)")
+    split: str = option("train", "training split")
+    eval_split: str = option("test", "evaluation split")
+    retriever: str = option("bm25", "retriever backend name or URL")
+    topk: int = option(3, "passages per search")
+    max_turns: int = option(4, "turn budget per episode")
+    max_turn_tokens: int = option(
         48, "token cap per turn (the tiny model's turns are < 20 tokens; Search-R1 uses 500 for a real LM)"
     )
-    max_context_tokens: int = _opt(1024, "context size (transcript cap; ~4096 for a real LM)")
-    lr: float = _opt(3e-4, "learning rate (use ~1e-6 for a 3B model)")
-    warmup_steps: int = _opt(0, "linear learning-rate warm-up, in optimizer updates")
-    lr_schedule: Literal["constant", "linear"] = _opt(
+    max_context_tokens: int = option(1024, "context size (transcript cap; ~4096 for a real LM)")
+    lr: float = option(3e-4, "learning rate (use ~1e-6 for a 3B model)")
+    warmup_steps: int = option(0, "linear learning-rate warm-up, in optimizer updates")
+    lr_schedule: Literal["constant", "linear"] = option(
         "constant", "after the warm-up: constant, or linear decay to zero at the last update"
     )
-    weight_decay: float = _opt(0.0, "AdamW weight decay")
-    max_grad_norm: float = _opt(1.0, "gradient-norm clipping threshold (0 disables clipping)")
-    eval_questions: int = _opt(200, "questions of the eval split scored greedily at the end (0: none)")
-    eval_batch: int = _opt(64, "episodes generated together during evaluation")
-    seed: int = _opt(0, "seed of sampling, shuffling and question order")
-    threads: int | None = _opt(None, "torch CPU threads (default: torch's choice)")
-    progress: bool = _opt(True, "show a tqdm progress bar")
-    tensorboard: bool = _opt(True, "also write TensorBoard events when tensorboard is installed")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    max_grad_norm: float = option(1.0, "gradient-norm clipping threshold (0 disables clipping)")
+    eval_questions: int = option(200, "questions of the eval split scored greedily at the end (0: none)")
+    eval_batch: int = option(64, "episodes generated together during evaluation")
+    seed: int = option(0, "seed of sampling, shuffling and question order")
+    threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
+    progress: bool = option(True, "show a tqdm progress bar")
+    tensorboard: bool = option(True, "also write TensorBoard events when tensorboard is installed")
 
     def __post_init__(self) -> None:
         for name in ("tiny_layers", "tiny_hidden", "topk", "max_turns", "max_turn_tokens", "eval_batch"):
@@ -133,71 +135,71 @@ class GRPOConfig(CommonConfig):
     0.01, lambda 0.2 with the action gate. Departures are named in each option's help and in docs/grpo.md.
     """
 
-    run_dir: str = _opt("runs/grpo", "folder for metrics.jsonl, checkpoints and TensorBoard events")
-    resume: bool = _opt(
+    run_dir: str = option("runs/grpo", "folder for metrics.jsonl, checkpoints and TensorBoard events")
+    resume: bool = option(
         False,
         "continue from RUN_DIR/checkpoint.pt (model, optimizer, RNG, step); the reference model comes back "
         "from the init checkpoint the run recorded",
     )
-    steps: int = _opt(100, "rollout batches to train on")
-    questions_per_step: int = _opt(10, "questions per rollout batch")
-    group_size: int = _opt(5, "responses per question (G)")
-    temperature: float = _opt(1.0, "sampling temperature of the rollouts")
-    epochs: int = _opt(1, "passes over each rollout batch (reference: 1, each trajectory used once)")
-    minibatch_size: int | None = _opt(
+    steps: int = option(100, "rollout batches to train on")
+    questions_per_step: int = option(10, "questions per rollout batch")
+    group_size: int = option(5, "responses per question (G)")
+    temperature: float = option(1.0, "sampling temperature of the rollouts")
+    epochs: int = option(1, "passes over each rollout batch (reference: 1, each trajectory used once)")
+    minibatch_size: int | None = option(
         None,
         "responses per optimizer update (default: one group, G; the reference makes ~10 updates per batch)",
     )
-    minibatch_plan: Literal["groups", "shuffle"] = _opt(
+    minibatch_plan: Literal["groups", "shuffle"] = option(
         "groups",
         "groups: mini-batches of whole groups in a shuffled group order (every trajectory once per epoch); "
         "shuffle: responses shuffled across groups (the earlier behaviour)",
     )
-    micro_batch_size: int | None = _opt(
+    micro_batch_size: int | None = option(
         None, "responses per forward/backward (gradient accumulation; default: the whole mini-batch)"
     )
-    clip_eps: float = _opt(0.2, "PPO clip range")
-    ratio_cap: float = _opt(
+    clip_eps: float = option(0.2, "PPO clip range")
+    ratio_cap: float = option(
         100.0, "cap on the importance ratio pi/pi_old, zero gradient beyond (reference: 100; inf: none)"
     )
-    kl_value_cap: float = _opt(
+    kl_value_cap: float = option(
         10.0, "clamp of each token's k3 KL value to [-cap, cap], zero gradient beyond (reference: 10)"
     )
-    llds: Literal["none", "token", "response", "action"] = _opt(
+    llds: Literal["none", "token", "response", "action"] = option(
         "action", "LLDS gate, or none for vanilla GRPO"
     )
-    llds_coef: float = _opt(0.2, "LLDS weight lambda", "--lambda")
-    llds_ma: bool = _opt(False, "LLDS-MA: down-weight the final answer span in LLDS")
-    llds_ma_beta: float | None = _opt(
+    llds_coef: float = option(0.2, "LLDS weight lambda", "--lambda")
+    llds_ma: bool = option(False, "LLDS-MA: down-weight the final answer span in LLDS")
+    llds_ma_beta: float | None = option(
         None, "LLDS-MA answer weight (default: adaptive, from the batch's mean valid searches)"
     )
-    llds_ma_schedule: Literal["paper", "code"] = _opt(
+    llds_ma_schedule: Literal["paper", "code"] = option(
         "code",
         "LLDS-MA's adaptive beta from the mean valid searches V: code = clip(V-1, 0, 1) (the authors' "
         "released code), paper = min(V/2, 1)",
     )
-    kl_coef: float = _opt(0.001, "weight of the k3 KL to the frozen initial policy (0: no reference model)")
-    entropy_coef: float = _opt(0.001, "entropy bonus weight (reference: 0.001)")
-    weight_decay: float = _opt(0.01, "AdamW weight decay (reference: 0.01)")
-    warmup_steps: int = _opt(
+    kl_coef: float = option(0.001, "weight of the k3 KL to the frozen initial policy (0: no reference model)")
+    entropy_coef: float = option(0.001, "entropy bonus weight (reference: 0.001)")
+    weight_decay: float = option(0.01, "AdamW weight decay (reference: 0.01)")
+    warmup_steps: int = option(
         0,
         "linear learning-rate warm-up, in rollout steps (the rate changes once per step, as in verl; the "
         "reference warms up over 28.5%% of training, default off here so a run's rate is the one you set)",
     )
-    probe_size: int = _opt(
+    probe_size: int = option(
         64, "correct transcripts in the fixed probe set scored every step (lld/probe_logp*; 0: none)"
     )
-    probe_demos: str | None = _opt(
+    probe_demos: str | None = option(
         None, "demonstrations JSONL for the probe set (default: oracle episodes of the training split)"
     )
-    warning_window: int = _opt(
+    warning_window: int = option(
         3, "early-warning rule: lld/warning is 1 after this many consecutive steps with delta_adv_pos <= 0"
     )
-    eval_at_start: bool = _opt(
+    eval_at_start: bool = option(
         True, "evaluate the initial policy as step 0 (the warm-start line in plots; needs eval_questions)"
     )
-    eval_every: int = _opt(0, "evaluate greedily on eval_questions every N steps (0: only at the end)")
-    save_every: int = _opt(10, "write RUN_DIR/checkpoint.pt every N steps (0: only at the end)")
+    eval_every: int = option(0, "evaluate greedily on eval_questions every N steps (0: only at the end)")
+    save_every: int = option(10, "write RUN_DIR/checkpoint.pt every N steps (0: only at the end)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -276,14 +278,16 @@ class GRPOConfig(CommonConfig):
 class SFTConfig(CommonConfig):
     """Supervised warm-start on oracle demonstrations: cross-entropy on the policy's tokens only."""
 
-    run_dir: str = _opt("runs/sft", "folder for metrics.jsonl, checkpoints and TensorBoard events")
-    demos: str | None = _opt(None, "demonstrations JSONL (default: generate them from the training split)")
-    demo_episodes: int | None = _opt(None, "demonstrations to generate (default: one per training question)")
-    epochs: int = _opt(4, "passes over the demonstrations")
-    batch_size: int = _opt(16, "demonstrations per optimizer update")
-    lr: float = _opt(2e-3, "learning rate")
-    warmup_steps: int = _opt(20, "linear learning-rate warm-up, in optimizer updates")
-    lr_schedule: Literal["constant", "linear"] = _opt(
+    run_dir: str = option("runs/sft", "folder for metrics.jsonl, checkpoints and TensorBoard events")
+    demos: str | None = option(None, "demonstrations JSONL (default: generate them from the training split)")
+    demo_episodes: int | None = option(
+        None, "demonstrations to generate (default: one per training question)"
+    )
+    epochs: int = option(4, "passes over the demonstrations")
+    batch_size: int = option(16, "demonstrations per optimizer update")
+    lr: float = option(2e-3, "learning rate")
+    warmup_steps: int = option(20, "linear learning-rate warm-up, in optimizer updates")
+    lr_schedule: Literal["constant", "linear"] = option(
         "linear", "after the warm-up: constant, or linear decay to zero at the last update"
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from searchgym.agents.grpo.config import LLDS_CHOICES, MA_SCHEDULES, CommonConfig, _opt
+from searchgym.agents.grpo.config import LLDS_CHOICES, MA_SCHEDULES, CommonConfig, option
 from searchgym.errors import ConfigError
 
 __all__ = ["TRL_LOSS_TYPES", "TRLConfig"]
@@ -29,40 +29,40 @@ class TRLConfig(CommonConfig):
     every update and the term is identically zero (the trainer warns).
     """
 
-    run_dir: str = _opt("runs/trl", "folder for TRL's output, metrics.jsonl and the final model")
-    steps: int = _opt(20, "optimizer updates (TRL's max_steps)")
-    questions_per_step: int = _opt(2, "questions per rollout batch")
-    group_size: int = _opt(4, "responses per question (G, TRL's num_generations)")
-    minibatch_size: int | None = _opt(
+    run_dir: str = option("runs/trl", "folder for TRL's output, metrics.jsonl and the final model")
+    steps: int = option(20, "optimizer updates (TRL's max_steps)")
+    questions_per_step: int = option(2, "questions per rollout batch")
+    group_size: int = option(4, "responses per question (G, TRL's num_generations)")
+    minibatch_size: int | None = option(
         None, "responses per optimizer update (default: one group, G); must divide the rollout batch"
     )
-    num_iterations: int = _opt(1, "passes over each rollout batch (TRL's num_iterations, mu)")
-    temperature: float = _opt(1.0, "sampling temperature of the rollouts")
-    loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo"] = _opt(
+    num_iterations: int = option(1, "passes over each rollout batch (TRL's num_iterations, mu)")
+    temperature: float = option(1.0, "sampling temperature of the rollouts")
+    loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo"] = option(
         "dapo", "TRL's loss aggregation (dapo: token mean over the update, as train grpo)"
     )
-    clip_eps: float = _opt(0.2, "PPO clip range (TRL's epsilon)")
-    kl_coef: float = _opt(0.001, "weight of the k3 KL to the initial model (TRL's beta; 0: no reference)")
-    entropy_coef: float = _opt(0.0, "entropy bonus weight (TRL's entropy_coef)")
-    weight_decay: float = _opt(0.01, "AdamW weight decay (reference: 0.01)")
-    llds: Literal["none", "token", "response", "action"] = _opt(
+    clip_eps: float = option(0.2, "PPO clip range (TRL's epsilon)")
+    kl_coef: float = option(0.001, "weight of the k3 KL to the initial model (TRL's beta; 0: no reference)")
+    entropy_coef: float = option(0.0, "entropy bonus weight (TRL's entropy_coef)")
+    weight_decay: float = option(0.01, "AdamW weight decay (reference: 0.01)")
+    llds: Literal["none", "token", "response", "action"] = option(
         "action", "LLDS gate, or none for TRL's plain GRPO loss"
     )
-    llds_coef: float = _opt(0.2, "LLDS weight lambda", "--lambda")
-    llds_ma: bool = _opt(False, "LLDS-MA: down-weight the final answer span in LLDS")
-    llds_ma_beta: float | None = _opt(
+    llds_coef: float = option(0.2, "LLDS weight lambda", "--lambda")
+    llds_ma: bool = option(False, "LLDS-MA: down-weight the final answer span in LLDS")
+    llds_ma_beta: float | None = option(
         None, "LLDS-MA answer weight (default: adaptive, from the rollout batch's mean valid searches)"
     )
-    llds_ma_schedule: Literal["paper", "code"] = _opt(
+    llds_ma_schedule: Literal["paper", "code"] = option(
         "code", "LLDS-MA's adaptive beta: code = clip(V-1, 0, 1), paper = min(V/2, 1)"
     )
-    warning_window: int = _opt(
+    warning_window: int = option(
         3, "early-warning rule: lld/warning is 1 after this many consecutive logs with delta_adv_pos <= 0"
     )
-    use_vllm: bool = _opt(False, "generate each turn with TRL's vLLM backend (GPU; needs vllm installed)")
-    vllm_mode: Literal["colocate", "server"] = _opt("colocate", "TRL's vllm_mode")
-    save_model: bool = _opt(True, "save the final model and tokenizer to RUN_DIR/model (save_pretrained)")
-    overwrite: bool = _opt(False, "replace an existing run in RUN_DIR")
+    use_vllm: bool = option(False, "generate each turn with TRL's vLLM backend (GPU; needs vllm installed)")
+    vllm_mode: Literal["colocate", "server"] = option("colocate", "TRL's vllm_mode")
+    save_model: bool = option(True, "save the final model and tokenizer to RUN_DIR/model (save_pretrained)")
+    overwrite: bool = option(False, "replace an existing run in RUN_DIR")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -30,6 +30,16 @@ def _command_modules() -> list[ModuleType]:
     return modules
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless the help already says what its default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower():
+            return text
+        return super()._get_help_string(action) or text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with one sub-parser per discovered command."""
     parser = argparse.ArgumentParser(
@@ -51,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
             path[-1],
             help=module.HELP,
             description=module.HELP,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=_DefaultsFormatter,
         )
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)

@@ -65,3 +65,12 @@ def test_env_size_options_reach_the_env(capsys: pytest.CaptureFixture[str]) -> N
             "--max-context-tokens", "400"]  # fmt: skip
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] <= 4 * 8
+
+
+def test_help_states_each_default_once(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in (["demos"], ["train", "grpo"], ["eval"]):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "(default:" in text
+        assert ") (default:" not in text, f"searchgym {' '.join(command)} --help repeats a default"
