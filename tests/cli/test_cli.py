@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -73,4 +74,5 @@ def test_help_states_each_default_once(capsys: pytest.CaptureFixture[str]) -> No
             main([*command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "(default:" in text
-        assert ") (default:" not in text, f"searchgym {' '.join(command)} --help repeats a default"
+        repeated = re.findall(r"\(default:[^)]*\) \(default:[^)]*\)", text)
+        assert not repeated, f"searchgym {' '.join(command)} --help repeats a default: {repeated}"
