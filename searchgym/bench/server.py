@@ -10,8 +10,8 @@ process (:class:`~searchgym.server.ServerThread`) and measures:
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -129,21 +129,10 @@ def run_server_benchmark(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry: prints the figures (a table, or JSON with ``--json``)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--corpus", default=None, help="FlashRAG folder (default: the generated world)")
-    parser.add_argument("--clients", type=int, default=4, help="clients sending large requests")
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of the load")
-    parser.add_argument("--topk", type=int, default=100, help="topk of the load requests")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    args = parser.parse_args(argv)
-    result = run_server_benchmark(args.corpus, args.clients, args.seconds, args.topk)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        for key, value in result.items():
-            print(f"{key:28s} {value}")
-    return 0
+    """``python -m searchgym.bench.server``: the same as ``searchgym bench server``."""
+    from searchgym.cli import main as cli_main
+
+    return cli_main(["bench", "server", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
     if name == "oracle":
         if hasattr(base, "action_for"):
             return MacroOracleAgent(env)
-        return OracleAgent(base.dataset, base.split, base.tokenizer, base.config.max_turns)
+        return OracleAgent.from_env(env)  # queries checked against the env's retriever: a true upper bound
     if name.startswith("checkpoint:"):
         return _checkpoint_agent(name[len("checkpoint:") :], base)
     if name.startswith("sb3:"):
