@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="cap the demonstrations per world and split (default: all)",
     )
-    parser.add_argument("--sft-epochs", type=int, default=2, help="passes over the demonstrations")
+    parser.add_argument("--sft-epochs", type=int, default=1, help="passes over the demonstrations")
     parser.add_argument("--layers", type=int, default=3, help="layers of the tiny model")
     parser.add_argument("--grpo-steps", type=int, default=12, help="rollout batches per GRPO variant")
     parser.add_argument("--lr", type=float, default=1e-4, help="GRPO learning rate")
@@ -78,8 +78,12 @@ def run(args: argparse.Namespace) -> int:
         overwrite=True,
         **common,
     )
+    untrained = _evaluate_untrained(sft)
     sft_metrics = train_sft(sft)
-    rows = [_row("SFT warm-start", sft_metrics, time.perf_counter() - start)]
+    rows = [
+        _row("untrained tiny model", untrained, 0.0),
+        _row("SFT warm-start", sft_metrics, time.perf_counter() - start),
+    ]
     print(f"      test EM {sft_metrics.get('eval/em', float('nan')):.3f}")
 
     runs = []
@@ -114,7 +118,13 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(format_table(rows, ["model", "test_em", "em_95ci", "test_f1", "searches", "answered", "minutes"]))
     print()
-    for line in verdict(rows):
+    before, after = rows[0], rows[1]
+    print(
+        f"SFT taught the protocol: episodes ending with an answer {before['answered'] or 0:.0%} -> "
+        f"{after['answered'] or 0:.0%}, searches per episode {before['searches'] or 0:.2f} -> "
+        f"{after['searches'] or 0:.2f}, test EM {before['test_em'] or 0:.3f} -> {after['test_em'] or 0:.3f}."
+    )
+    for line in verdict(rows[1:]):
         print(line)
     print(
         f"\ntotal {(time.perf_counter() - start) / 60:.1f} min. Runs, metrics.jsonl and checkpoints are under {root}/."
@@ -135,6 +145,17 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _evaluate_untrained(config: Any) -> dict[str, float]:
+    """Greedy play of the freshly initialised tiny model (the SFT run's starting point) on the eval questions."""
+    from searchgym.agents.grpo.runtime import build_policy
+    from searchgym.agents.grpo.sft import evaluate_checkpoint_policy
+
+    policy, _ = build_policy(config, max_turn_tokens=config.max_turn_tokens, seed=config.seed)
+    return {
+        f"eval/{k}": v for k, v in evaluate_checkpoint_policy(policy, config, config.eval_questions).items()
+    }
 
 
 def verdict(rows: list[dict[str, Any]]) -> list[str]:

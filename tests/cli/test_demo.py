@@ -46,7 +46,13 @@ def test_demo_runs_end_to_end_on_a_small_budget(tmp_path: Path, capsys: pytest.C
     args += ["--sft-epochs", "1", "--layers", "1", "--grpo-steps", "1", "--questions-per-step", "2"]
     assert main([*args, "--eval-questions", "4", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "em_95ci" in out and "GRPO+LLDS (action)" in out and "docs/experiments/lld.md" in out
+    assert (
+        "em_95ci" in out
+        and "SFT taught the protocol" in out
+        and "untrained tiny model" in out
+        and "GRPO+LLDS (action)" in out
+        and "docs/experiments/lld.md" in out
+    )
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     assert (tmp_path / "grpo" / "metrics.jsonl").is_file() and (
         tmp_path / "grpo_llds" / "checkpoint.pt"
