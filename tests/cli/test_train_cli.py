@@ -88,9 +88,6 @@ def test_sft_then_grpo_from_it_then_plot(tmp_path: Path, capsys: pytest.CaptureF
     assert out.stat().st_size > 1000
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs GRPOTrainer to call check_resume_config (issue 12 item 8; the lead wires it)"
-)
 def test_a_changed_lr_on_resume_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     assert main(["train", "grpo", "--run-dir", str(run), *TINY, "--steps", "1"]) == 0
