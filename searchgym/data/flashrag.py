@@ -90,7 +90,7 @@ def read_corpus(path: Path) -> list[Passage]:
             raise DataFormatError(str(path), lineno, f"duplicate passage id {pid!r}")
         seen.add(pid)
         title, text = parse_contents(contents)
-        passages.append(Passage(pid, title, text))
+        passages.append(Passage(pid, title, text, raw=contents))
     if not passages:
         raise DataFormatError(str(path), None, "the corpus holds no passages")
     return passages

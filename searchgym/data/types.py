@@ -20,16 +20,19 @@ class Passage:
         id: Corpus-unique id (a string, as in FlashRAG).
         title: The title, without the surrounding quotes that FlashRAG's ``contents`` field carries.
         text: The passage body.
+        raw: The corpus line's ``contents`` exactly as stored, when the passage was read from a file (an
+            unquoted title stays unquoted, as Search-R1 shows it); ``None`` for generated passages.
     """
 
     id: str
     title: str
     text: str
+    raw: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def contents(self) -> str:
-        """The FlashRAG ``contents`` string: the quoted title, a newline, the text."""
-        return f'"{self.title}"\n{self.text}'
+        """The FlashRAG ``contents`` string: the stored line when known, else the quoted title, a newline, the text."""
+        return self.raw if self.raw is not None else f'"{self.title}"\n{self.text}'
 
 
 @dataclass(frozen=True)

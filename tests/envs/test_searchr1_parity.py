@@ -212,3 +212,19 @@ def test_defaults_leave_the_generated_world_prompt_unchanged(world: Any) -> None
         text = base.tokenizer.decode(base.episode.tokens[: base.episode.length])
         assert text == TEMPLATE + base.questions[i].question.strip() + "\n"
     env.close()
+
+
+def test_local_bm25_on_an_unquoted_title_corpus_shows_titles_as_stored(tmp_path: Path) -> None:
+    # FlashRAG's own quick-start corpus has 121 lines whose title is not quoted: Search-R1 shows them bare.
+    lines = ['"Quoted Zorbland"\nZorbland is a quoted place.', "Bare Zorbland\nZorbland is a bare place.  "]
+    (tmp_path / "corpus.jsonl").write_text(
+        "".join(json.dumps({"id": str(i), "contents": c}) + "\n" for i, c in enumerate(lines))
+    )
+    question = {"id": "q0", "question": "where is Zorbland", "golden_answers": ["here"]}
+    (tmp_path / "test.jsonl").write_text(json.dumps(question) + "\n")
+    env = gym.make("SearchQA-v0", dataset=str(tmp_path), split="test", topk=2)
+    env.reset(options={"question_index": 0})
+    text, _ = play(env, ["<search> Zorbland </search>"])
+    assert "(Title: Bare Zorbland) Zorbland is a bare place." in text
+    assert '(Title: "Quoted Zorbland") Zorbland is a quoted place.' in text
+    env.close()
