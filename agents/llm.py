@@ -42,7 +42,7 @@ from searchgym.tokenization import Tokenizer, load_tokenizer
 
 from .base import Observation, SegmentAgent
 
-__all__ = ["LLMPolicy", "Segment", "tiny_causal_lm", "token_logprobs"]
+__all__ = ["LLMPolicy", "Segment", "sample_tokens", "tiny_causal_lm", "token_logprobs"]
 
 
 # -- models --------------------------------------------------------------------------------------------
@@ -145,6 +145,57 @@ def _log_probs(logits: Tensor, vocab_size: int, temperature: float) -> Tensor:
     return torch.log_softmax(logits[..., :vocab_size].float() / temperature, dim=-1)
 
 
+def sample_tokens(
+    logits: Tensor,
+    vocab_size: int,
+    *,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Draws one id per row of ``logits``: greedy, tempered, and nucleus (top-p) sampling in one place.
+
+    Sampling inverts the cumulative distribution: one uniform draw per row, located with ``searchsorted`` in
+    the row's cumulative probabilities. That is the same categorical distribution ``torch.multinomial``
+    samples, at a fraction of its cost (it needs one random number per row, not a pass that normalises and
+    draws over the whole vocabulary). An id of probability 0 is never drawn: the search returns the first
+    index whose cumulative sum exceeds the draw, and a zero-probability id never raises the sum.
+
+    Args:
+        logits: ``(B, V_model)`` next-token logits (any float dtype).
+        vocab_size: Only ids below it are ever drawn (the tokenizer's real vocabulary).
+        temperature: Logits are divided by it (> 0).
+        greedy: Take the most likely id (``temperature`` and ``top_p`` then play no part in the choice).
+        top_p: Nucleus sampling: draw from the smallest set of most likely ids whose probability reaches
+            ``top_p`` (1.0: the whole distribution).
+        generator: The random generator (on ``logits``' device); default torch's global one.
+
+    Returns:
+        ``(ids, logp)``: ``(B,)`` int64 ids and ``(B,)`` float32 ``log p(id)`` under the tempered distribution
+        over the whole vocabulary, the quantity :func:`token_logprobs` recomputes (with ``top_p < 1`` the
+        draw comes from the truncated distribution, so these are not the behaviour policy's exact
+        probabilities).
+    """
+    logp = _log_probs(logits, vocab_size, temperature)
+    if greedy:
+        ids = logp.argmax(dim=-1)
+    else:
+        probs = logp.exp()
+        order: Tensor | None = None
+        if top_p < 1.0:
+            probs, order = probs.sort(dim=-1, descending=True)
+            # Keep an id when the mass before it is below top_p (the most likely id is always kept).
+            before = probs.cumsum(dim=-1) - probs
+            probs = torch.where(before < top_p, probs, 0.0)
+        cdf = probs.cumsum(dim=-1)
+        u = torch.rand((logp.shape[0], 1), generator=generator, device=logp.device) * cdf[:, -1:]
+        ids = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
+        if order is not None:
+            ids = order.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return ids, logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
 def token_logprobs(
     model: Any,
     input_ids: Tensor,
@@ -239,6 +290,35 @@ def _selected_logprobs(
 
 
 @dataclass
+class _Session:
+    """A KV cache kept between turns: row ``r`` holds ``tokens[r]`` in the columns where ``mask[r]`` is 1."""
+
+    cache: Any
+    mask: Tensor
+    tokens: list[list[int]]
+    version: tuple[tuple[int, int], ...]
+
+
+def _parameter_version(model: Any) -> tuple[tuple[int, int], ...]:
+    """Changes whenever a parameter is modified in place (an optimizer step, ``load_state_dict``) or
+    replaced: a cache computed before is then stale."""
+    return tuple((id(p), p._version) for p in model.parameters())
+
+
+def _select_rows(cache: Any, index: Tensor) -> Any:
+    """The cache with its batch rows ``index`` (repeats allowed), or ``None`` if this cache cannot do that."""
+    if hasattr(cache, "reorder_cache"):  # transformers' Cache classes (DynamicCache and friends)
+        try:
+            cache.reorder_cache(index)
+        except (NotImplementedError, AttributeError, TypeError):
+            return None
+        return cache
+    if isinstance(cache, tuple) and all(isinstance(layer, tuple) for layer in cache):  # legacy format
+        return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)
+    return None
+
+
+@dataclass
 class Segment:
     """One generated turn.
 
@@ -276,6 +356,10 @@ class LLMPolicy(SegmentAgent):
         greedy: Take the most likely token instead of sampling.
         max_turn_tokens: The env's per-turn token cap (``SearchQAEnv(max_turn_tokens=...)``).
         seed: Seed of the policy's own sampling generator (re-seeded by ``reset(seed=...)``).
+        top_p: Nucleus sampling threshold (1.0, the default: the whole tempered distribution, which is what
+            a trainer's ratio assumes).
+        reuse_cache: Keep each sequence's KV cache across :meth:`rollout_segments` calls, so a turn after a
+            tool observation feeds the model only the new tokens (see :meth:`generate_segments`).
     """
 
     name = "llm"
@@ -289,6 +373,8 @@ class LLMPolicy(SegmentAgent):
         greedy: bool = False,
         max_turn_tokens: int = 512,
         seed: int = 0,
+        top_p: float = 1.0,
+        reuse_cache: bool = True,
     ) -> None:
         super().__init__()
         self.model = model
@@ -297,6 +383,8 @@ class LLMPolicy(SegmentAgent):
             raise ConfigError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
         if max_turn_tokens < 1:
             raise ConfigError(f"max_turn_tokens must be >= 1, got {max_turn_tokens}")
+        if not 0.0 < top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
         size = _output_size(model)
         if size < self.tokenizer.vocab_size:
             raise ConfigError(
@@ -306,6 +394,10 @@ class LLMPolicy(SegmentAgent):
         self.temperature = temperature
         self.greedy = greedy
         self.max_turn_tokens = max_turn_tokens
+        self.top_p = top_p
+        self.reuse_cache = reuse_cache
+        self._session: _Session | None = None
+        self._rows_selectable = True  # becomes False for a model whose cache rows cannot be selected
         self._io = _ModelIO(model)
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed)
@@ -373,12 +465,14 @@ class LLMPolicy(SegmentAgent):
 
     def _sample(self, logits: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Draws one id per row of ``logits`` (B, V_model); returns ids (B,) and their log-probs (B,)."""
-        logp = _log_probs(logits, self.vocab_size, self.temperature)
-        if self.greedy:
-            ids = logp.argmax(dim=-1)
-        else:
-            ids = torch.multinomial(logp.exp(), 1, generator=generator or self._generator).squeeze(-1)
-        return ids, logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        return sample_tokens(
+            logits,
+            self.vocab_size,
+            temperature=self.temperature,
+            greedy=self.greedy,
+            top_p=self.top_p,
+            generator=generator or self._generator,
+        )
 
     # -- Agent API (token level, KV cache) ---------------------------------------------------------------
 
@@ -388,6 +482,7 @@ class LLMPolicy(SegmentAgent):
         self._pending = []
         self._cache = None
         self._cached_ids = np.zeros(0, dtype=np.int64)
+        self._session = None
         if seed is not None:
             self._generator.manual_seed(seed)
 
@@ -437,8 +532,15 @@ class LLMPolicy(SegmentAgent):
         if len(sizes) != 1:
             raise ConfigError(f"observations of different context sizes {sorted(sizes)} in one batch")
         return self.generate_segments(
-            list(contexts), turn_tokens=list(written), max_context_tokens=sizes.pop()
+            list(contexts),
+            turn_tokens=list(written),
+            max_context_tokens=sizes.pop(),
+            keep_cache=self.reuse_cache,
         )
+
+    def clear_cache(self) -> None:
+        """Drops the KV cache kept across turns (:meth:`generate_segments` with ``keep_cache``)."""
+        self._session = None
 
     @torch.no_grad()
     def generate_segments(
@@ -448,14 +550,23 @@ class LLMPolicy(SegmentAgent):
         turn_tokens: Sequence[int] | None = None,
         max_context_tokens: int | None = None,
         generator: torch.Generator | None = None,
+        keep_cache: bool = False,
     ) -> list[Segment]:
         """Generates one turn for every context at once.
 
-        Contexts are left-padded into one batch; after one forward over the whole batch, each step feeds
-        one token per sequence through the KV cache. A sequence stops, with the env's rules and in the
-        env's order, at the token where ``</search>`` or ``</answer>`` completes or at EOS, else when the
-        turn reaches ``max_turn_tokens``, else when the context reaches ``max_context_tokens``. Finished
-        sequences ride along (their tokens are discarded) until all are done.
+        Contexts are left-padded into one batch; after one forward over the whole batch (identical contexts,
+        such as the prompt a GRPO group shares, are read once), each step feeds one token per sequence
+        through the KV cache. A sequence stops, with the env's rules and in the env's order, at the token
+        where ``</search>`` or ``</answer>`` completes or at EOS, else when the turn reaches
+        ``max_turn_tokens``, else when the context reaches ``max_context_tokens``. Finished sequences ride
+        along (their tokens are discarded and masked out of attention) until all are done.
+
+        With ``keep_cache``, the cache survives the call: when every context of the next call extends one
+        of this call's sequences (its context plus the tokens it generated, then tool output), only the new
+        tokens are fed, in a chunk whose padding is masked out, with each token's position counted as in
+        a fresh forward; the tokens drawn and their log-probabilities are those of a fresh forward up to
+        float rounding. Anything else (a context that extends nothing, a model whose parameters changed
+        since, a model without a row-selectable cache) falls back to reading the contexts whole.
 
         Args:
             contexts: Token ids of each context (the whole transcript so far).
@@ -463,6 +574,7 @@ class LLMPolicy(SegmentAgent):
                 current turn (default 0: every context ends with prompt or tool text).
             max_context_tokens: The env's context size; ``None`` for no limit.
             generator: Sampling generator (default the policy's own).
+            keep_cache: Reuse the cache kept by the previous call where it applies, and keep this call's.
 
         Returns:
             One :class:`Segment` per context.
@@ -471,60 +583,59 @@ class LLMPolicy(SegmentAgent):
             return []
         if any(len(c) == 0 for c in contexts):
             raise ConfigError("every context needs at least one token")
-        batch = len(contexts)
+        ctx: list[list[int]] = [[int(t) for t in c] for c in contexts]
+        batch = len(ctx)
         written = list(turn_tokens) if turn_tokens is not None else [0] * batch
-        scanners = [StopScanner(self.tokenizer.token_bytes, self.tokenizer.eos_token_id) for _ in contexts]
-        for scanner, context, k in zip(scanners, contexts, written, strict=True):
+        scanners = [StopScanner(self.tokenizer.token_bytes, self.tokenizer.eos_token_id) for _ in ctx]
+        for scanner, context, k in zip(scanners, ctx, written, strict=True):
             for prior in context[len(context) - k :] if k else ():
-                scanner.feed(int(prior))
+                scanner.feed(prior)
         budgets = []
-        for context, k in zip(contexts, written, strict=True):
+        for context, k in zip(ctx, written, strict=True):
             budget = self.max_turn_tokens - k
             if max_context_tokens is not None:
                 budget = min(budget, max_context_tokens - len(context))
             budgets.append(budget)
 
-        out_ids: list[list[int]] = [[] for _ in contexts]
-        out_logp: list[list[float]] = [[] for _ in contexts]
-        stops = ["" for _ in contexts]
-        for i, context in enumerate(contexts):
+        out_ids: list[list[int]] = [[] for _ in ctx]
+        out_logp: list[Tensor] = []
+        stops = ["" for _ in ctx]
+        for i, context in enumerate(ctx):
             if budgets[i] <= 0:  # the env would not ask for this turn; report why it is empty
                 full = max_context_tokens is not None and len(context) >= max_context_tokens
                 stops[i] = "context_limit" if full else "max_turn_tokens"
 
-        device = self.device
-        width = max(len(c) for c in contexts)
-        ids = torch.full((batch, width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, context in enumerate(contexts):
-            ids[i, width - len(context) :] = torch.as_tensor(list(context), dtype=torch.long)
-            mask[i, width - len(context) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-
+        session = self._session if keep_cache else None
+        self._session = None  # consumed (its cache is updated in place), or stale
         was_training = self.model.training
         self.model.eval()
         try:
-            logits, cache = self._io.forward(
-                self.model, None, True, input_ids=ids, attention_mask=mask, position_ids=positions
-            )
-            next_pos = positions[:, -1:] + 1
-            for _ in range(max(budgets)):
+            rows = self._match(session, ctx) if session is not None else None
+            extended = self._extend(session, rows, ctx) if session is not None and rows else None
+            logits, cache, mask = extended if extended is not None else self._prefill(ctx)
+            next_pos = torch.tensor([[len(c)] for c in ctx], device=mask.device)
+            fed = [len(c) for c in ctx]  # tokens of each row held in the cache
+            for step in range(max(budgets)):
                 if all(stops):
                     break
                 token, logp = self._sample(logits, generator)
-                for i, (t, lp) in enumerate(zip(token.tolist(), logp.tolist(), strict=True)):
+                out_logp.append(logp)
+                for i, t in enumerate(token.tolist()):
                     if stops[i]:
                         continue
                     out_ids[i].append(t)
-                    out_logp[i].append(lp)
                     n = len(out_ids[i])
                     stops[i] = self._stop_reason(
-                        scanners[i], t, written[i] + n, len(contexts[i]) + n, max_context_tokens
+                        scanners[i], t, written[i] + n, len(ctx[i]) + n, max_context_tokens
                     )
                 if all(stops):
                     break
-                mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
+                # A row that had stopped before this token rides along, masked out.
+                alive = [len(out_ids[i]) == step + 1 for i in range(batch)]
+                for i in range(batch):
+                    fed[i] += alive[i]
+                column = torch.tensor(alive, dtype=mask.dtype, device=mask.device).unsqueeze(-1)
+                mask = torch.cat([mask, column], dim=1)
                 logits, cache = self._io.forward(
                     self.model,
                     cache,
@@ -536,10 +647,94 @@ class LLMPolicy(SegmentAgent):
                 next_pos = next_pos + 1
         finally:
             self.model.train(was_training)
+        if keep_cache and cache is not None:
+            held = [c + ids[: fed[i] - len(c)] for i, (c, ids) in enumerate(zip(ctx, out_ids, strict=True))]
+            self._session = _Session(cache, mask, held, _parameter_version(self.model))
+        logps = torch.stack(out_logp, dim=1).float().cpu() if out_logp else torch.zeros((batch, 0))
         return [
-            Segment(tokens=t, logprobs=torch.tensor(lp, dtype=torch.float32), stop=s)
-            for t, lp, s in zip(out_ids, out_logp, stops, strict=True)
+            Segment(tokens=t, logprobs=logps[i, : len(t)].clone(), stop=s)
+            for i, (t, s) in enumerate(zip(out_ids, stops, strict=True))
         ]
+
+    def _prefill(self, contexts: list[list[int]]) -> tuple[Tensor, Any, Tensor]:
+        """Reads the contexts whole (each distinct one once); returns last logits, cache and mask per row."""
+        unique: dict[tuple[int, ...], int] = {}
+        inverse = [unique.setdefault(tuple(c), len(unique)) for c in contexts]
+        if len(unique) < len(contexts) and self._rows_selectable:
+            logits, cache, mask = self._forward_left_padded([list(c) for c in unique])
+            index = torch.tensor(inverse, device=mask.device)
+            selected = _select_rows(cache, index)
+            if selected is not None:
+                return logits[index], selected, mask[index]
+            self._rows_selectable = False
+        return self._forward_left_padded(contexts)
+
+    def _forward_left_padded(self, contexts: list[list[int]]) -> tuple[Tensor, Any, Tensor]:
+        device = self.device
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(contexts), width), dtype=torch.long)
+        for i, context in enumerate(contexts):
+            ids[i, width - len(context) :] = torch.as_tensor(context, dtype=torch.long)
+            mask[i, width - len(context) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        logits, cache = self._io.forward(
+            self.model, None, True, input_ids=ids, attention_mask=mask, position_ids=positions
+        )
+        return logits, cache, mask
+
+    def _match(self, session: _Session, contexts: list[list[int]]) -> list[int] | None:
+        """For each context, the session row it extends by at least one token (``None`` if one extends none)."""
+        if session.version != _parameter_version(self.model) or not self._rows_selectable:
+            return None
+        held = session.tokens
+        rows: list[int] = []
+        start = 0
+        for context in contexts:
+            # Active episodes keep their order from turn to turn: look after the last match first.
+            order = [*range(start, len(held)), *range(start)]
+            row = next(
+                (r for r in order if len(held[r]) < len(context) and context[: len(held[r])] == held[r]), None
+            )
+            if row is None:
+                return None
+            rows.append(row)
+            start = row + 1
+        return rows
+
+    def _extend(
+        self, session: _Session, rows: list[int], contexts: list[list[int]]
+    ) -> tuple[Tensor, Any, Tensor] | None:
+        """Feeds each context's tokens beyond its cached row, right-aligned in one chunk (padding masked)."""
+        device = session.mask.device
+        index = torch.tensor(rows, device=device)
+        cache = _select_rows(session.cache, index)
+        if cache is None:
+            self._rows_selectable = False
+            return None
+        mask = session.mask[index]
+        new = [c[len(session.tokens[r]) :] for c, r in zip(contexts, rows, strict=True)]
+        width = max(len(n) for n in new)
+        ids = torch.full((len(new), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        chunk = torch.zeros((len(new), width), dtype=torch.long)
+        positions = torch.zeros((len(new), width), dtype=torch.long)
+        for i, (tokens, row) in enumerate(zip(new, rows, strict=True)):
+            n, start = len(tokens), len(session.tokens[row])
+            ids[i, width - n :] = torch.as_tensor(tokens, dtype=torch.long)
+            chunk[i, width - n :] = 1
+            positions[i, width - n :] = torch.arange(start, start + n)
+            positions[i, : width - n] = start  # padding: masked out; any position will do
+        mask = torch.cat([mask, chunk.to(device)], dim=1)
+        logits, cache = self._io.forward(
+            self.model,
+            cache,
+            True,
+            input_ids=ids.to(device),
+            attention_mask=mask,
+            position_ids=positions.to(device),
+        )
+        return logits, cache, mask
 
     def _stop_reason(
         self, scanner: StopScanner, token: int, turn_length: int, context_length: int, max_context: int | None

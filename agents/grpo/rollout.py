@@ -97,6 +97,19 @@ def pad_transcripts(
 def _play(env: SearchQAVectorEnv, policy: LLMPolicy, observations: dict[str, np.ndarray]) -> list[Tensor]:
     """Plays every sub-env to its end; returns each one's consumed-token log-probabilities, in order."""
     logps: list[list[Tensor]] = [[] for _ in range(env.num_envs)]
+    policy.clear_cache()  # the KV cache kept across turns belongs to this batch of episodes only
+    try:
+        return _play_turns(env, policy, observations, logps)
+    finally:
+        policy.clear_cache()
+
+
+def _play_turns(
+    env: SearchQAVectorEnv,
+    policy: LLMPolicy,
+    observations: dict[str, np.ndarray],
+    logps: list[list[Tensor]],
+) -> list[Tensor]:
     # Each call ends at least one turn of every active episode, so the turn budget bounds the calls.
     for _ in range(2 * env.config.max_turns + 2):
         active = [i for i, ep in enumerate(env.episodes) if not ep.done]
