@@ -58,7 +58,7 @@ from .runtime import (
 )
 from .sft import evaluate_checkpoint_policy
 
-__all__ = ["GRPOTrainer", "minibatch_plan", "train_grpo"]
+__all__ = ["GRPOTrainer", "length_buckets", "minibatch_plan", "train_grpo"]
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -209,10 +209,19 @@ class GRPOTrainer:
         span = answer_span_mask(batch.tokens, batch.sources, self.policy.tokenizer.token_bytes)
         return answer_weights(span, beta), beta
 
-    def _micro(self, minibatches: list[Tensor]) -> list[list[Tensor]]:
-        """Each mini-batch split into micro-batches (gradient accumulation)."""
+    def _micro(self, minibatches: list[Tensor], lengths: Tensor | None = None) -> list[list[Tensor]]:
+        """Each mini-batch split into micro-batches (gradient accumulation).
+
+        With ``lengths`` (and ``length_buckets``, on by default), a mini-batch's responses are sorted by
+        length and cut into runs of similar lengths (:func:`length_buckets`), at most ``micro_batch_size``
+        each: fewer padding slots to compute, the same gradient (the loss is a token mean over the whole
+        mini-batch whatever its micro-batches). Without, consecutive chunks of the plan's order.
+        """
         micro = self.config.micro_batch_size or self.config.minibatch_responses
-        return [[mb[j : j + micro] for j in range(0, len(mb), micro)] for mb in minibatches]
+        if lengths is None or not getattr(self.config, "length_buckets", True):
+            return [[mb[j : j + micro] for j in range(0, len(mb), micro)] for mb in minibatches]
+        overhead = _call_overhead_tokens(self.config.device)
+        return [length_buckets(mb, lengths, micro, overhead) for mb in minibatches]
 
     @torch.no_grad()
     def _score(self, model: Any, batch: RolloutBatch, micro_batches: list[Tensor]) -> Tensor:
@@ -231,20 +240,33 @@ class GRPOTrainer:
         ``pi_old`` is the policy that generated the batch, re-scored here with the exact shapes the first
         epoch uses: the first update then sees ``pi_theta == pi_old`` bit for bit (ratio 1, LLDS exactly
         0), which the sampler's own log-probs (cached, last-position forwards) match only to float noise.
+        (``rescore_pi_old=False`` takes the sampler's log-probs instead: one forward pass less per step,
+        but LLDS's ``max(d, 0)`` then turns that float noise into a likelihood-raising gradient on the
+        first update.) The reference needs no such exactness: it is scored in length-sorted micro-batches
+        over the whole batch.
         """
         cfg = self.config
         generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
+        lengths = batch.attention_mask.sum(dim=1)
         plan = self._micro(
             minibatch_plan(
                 len(batch), cfg.group_size, cfg.minibatch_responses, cfg.epochs, cfg.minibatch_plan, generator
-            )
+            ),
+            lengths,
         )
         first_epoch = [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
         model_mode = self.model.training
         self.model.eval()  # dropout off: pi_old and pi_theta must be the same function of the parameters
-        logp_old = self._score(self.model, batch, first_epoch)
-        mismatch = (logp_old - batch.logp_old).abs()[batch.loss_mask]
-        ref_logp = self._score(self.ref_model, batch, first_epoch) if self.ref_model is not None else None
+        if getattr(cfg, "rescore_pi_old", True):
+            logp_old = self._score(self.model, batch, first_epoch)
+            mismatch = (logp_old - batch.logp_old).abs()[batch.loss_mask]
+        else:
+            logp_old, mismatch = batch.logp_old.clone(), torch.full((1,), float("nan"))
+        ref_logp = None
+        if self.ref_model is not None:
+            bucketed = getattr(cfg, "length_buckets", True)
+            layout = self._micro([torch.arange(len(batch))], lengths)[0] if bucketed else first_epoch
+            ref_logp = self._score(self.ref_model, batch, layout)
         weights, beta = self._llds_weights(batch)
         self.update_metrics = []
         for micro_batches in plan:
@@ -505,6 +527,50 @@ def minibatch_plan(
             raise ConfigError(f"unknown minibatch plan {plan!r}; choose one of ['groups', 'shuffle']")
         out.extend(order[i : i + minibatch_size] for i in range(0, n, minibatch_size))
     return out
+
+
+def length_buckets(index: Tensor, lengths: Tensor, max_size: int, overhead: float) -> list[Tensor]:
+    """Cuts the responses ``index`` into micro-batches of similar lengths, at most ``max_size`` each.
+
+    The responses are sorted by length (longest first) and split into contiguous runs minimising the
+    padded slots computed, ``Σ (run size × its longest length)``, plus ``overhead`` slots per micro-batch
+    (what one more forward/backward call costs, in token slots): an exact dynamic programme, quadratic in
+    ``len(index)`` (a mini-batch).
+
+    Args:
+        index: ``(n,)`` int64 response indices of one mini-batch.
+        lengths: ``(B,)`` transcript length of every response of the batch.
+        max_size: The most responses per micro-batch (the memory bound, ``micro_batch_size``).
+        overhead: Cost of one micro-batch in token slots (0: one response per micro-batch when lengths
+            differ; large: as few micro-batches as ``max_size`` allows).
+
+    Returns:
+        Index tensors, longest responses first; together a permutation of ``index``.
+    """
+    n = len(index)
+    if n == 0:
+        return []
+    order = index[torch.argsort(lengths[index], descending=True, stable=True)]
+    size = lengths[order].tolist()
+    best = [0.0] + [math.inf] * n  # best[j]: the cheapest cut of the first j responses
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(max(0, j - max_size), j):  # the last run is order[i:j]; its width is size[i]
+            cost = best[i] + (j - i) * size[i] + overhead
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    runs = []
+    j = n
+    while j > 0:
+        runs.append(order[cut[j] : j])
+        j = cut[j]
+    return runs[::-1]
+
+
+def _call_overhead_tokens(device: str) -> float:
+    """One micro-batch's fixed cost in token slots: small on a CPU, where compute grows with the slots, large
+    on an accelerator, where a call's latency hides thousands of slots."""
+    return 64.0 if str(device).startswith("cpu") else 4096.0
 
 
 RUN_RECORD = "run.json"
