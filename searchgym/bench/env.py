@@ -12,7 +12,7 @@ import numpy as np
 
 from searchgym.retrieval import Hit, Retriever
 
-__all__ = ["ConstantRetriever", "run_env_benchmark"]
+__all__ = ["ConstantRetriever", "env_us_per_step", "run_env_benchmark"]
 
 
 class ConstantRetriever(Retriever):
@@ -101,6 +101,21 @@ def _rollout_env_share(num_envs: int, repeats: int) -> dict[str, float]:
         totals.append(total)
         shares.append(env_time / total)
     return {"rollout_env_share": statistics.median(shares), "rollout_seconds": statistics.median(totals)}
+
+
+def env_us_per_step(
+    sizes: Sequence[int] = (1, 8, 64, 256), steps: int = 400, repeats: int = 5
+) -> dict[str, float]:
+    """µs per sub-env step at each vector size (``1``: a single env through ``gym.make``'s wrappers).
+
+    The vector sizes feed ``max(50, steps // 4)`` tokens per run; medians over ``repeats``.
+    """
+    return {
+        str(n): _single_step_us(steps, repeats)
+        if n == 1
+        else _vector_step_us(n, max(50, steps // 4), repeats)
+        for n in sizes
+    }
 
 
 def run_env_benchmark(steps: int = 1000, repeats: int = 5, num_envs: int = 64) -> dict[str, Any]:

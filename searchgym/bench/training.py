@@ -1,0 +1,374 @@
+"""Speed of the LLM side: rollouts against Hugging Face ``generate``, GRPO updates, and one step's split.
+
+Every figure that is compared is measured in the same run, on the same model and batch, so the ratios hold
+on any machine:
+
+* **rollouts** (:func:`run_rollout_benchmark`): GRPO rollout batches played through the vector env by
+  :func:`~searchgym.agents.grpo.rollout.collect_rollouts` (policy tokens per second of wall time, env and
+  retrieval included), once with the KV cache kept across tool turns and the inverse-CDF sampler (today's
+  path) and once as before (every turn reads its whole transcript, ``torch.multinomial`` draws); against
+  ``model.generate`` sampling the same number of new tokens per sequence from the same prompts, in one
+  batch of the same size (no tool turns, no stops: the upper bound of a rollout's pace);
+* **updates** (:func:`run_update_benchmark`): :meth:`GRPOTrainer.update` on one rollout batch, from the same
+  weights and optimizer state each time, with length-bucketed micro-batches (today) and with the plan's
+  plain chunks (before): policy tokens per second, and the step's time split into rollout, update and
+  diagnostics (the displacement re-score and the probe set).
+
+The default model is the trainer's: the tiny offline Qwen2-style model at random weights (pass ``init`` for
+a trained checkpoint, or ``model`` for any Hugging Face folder). Its turns run to the turn cap, so every
+episode has several tool turns: the case the cross-turn cache is for.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["peak_memory_mb", "run_rollout_benchmark", "run_update_benchmark"]
+
+
+def peak_memory_mb(device: str = "cpu") -> float:
+    """Peak resident memory of this process (CPU) or peak allocated accelerator memory, in MiB."""
+    if not device.startswith("cpu"):
+        import torch
+
+        return float(torch.cuda.max_memory_allocated()) / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+def _config(run_dir: str, **overrides: Any) -> Any:
+    from searchgym.agents.grpo.config import GRPOConfig
+
+    base: dict[str, Any] = {
+        "run_dir": run_dir,
+        "overwrite": True,
+        "steps": 1,
+        "eval_questions": 0,
+        "eval_at_start": False,
+        "tensorboard": False,
+        "progress": False,
+        "save_every": 0,
+    }
+    return GRPOConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def _multinomial_sampler(policy: Any) -> Callable[..., Any]:
+    """The sampler rollouts used before the inverse-CDF one (the baseline of the comparison)."""
+    import torch
+
+    from searchgym.agents.llm import _log_probs
+
+    def sample(logits: Any, generator: Any = None) -> tuple[Any, Any]:
+        logp = _log_probs(logits, policy.vocab_size, policy.temperature)
+        if policy.greedy:
+            ids = logp.argmax(dim=-1)
+        else:
+            ids = torch.multinomial(logp.exp(), 1, generator=generator or policy._generator).squeeze(-1)
+        return ids, logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+    return sample
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _generate_tokens_per_s(
+    policy: Any, prompts: list[list[int]], new_tokens: int, seed: int, device: str
+) -> float:
+    """``model.generate`` sampling exactly ``new_tokens`` per prompt, in one left-padded batch."""
+    import torch
+
+    tok = policy.tokenizer
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    torch.manual_seed(seed)
+    _sync(device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = policy.model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            do_sample=True,
+            temperature=policy.temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    return (out.shape[1] - width) * len(prompts) / elapsed
+
+
+def run_rollout_benchmark(
+    *,
+    repeats: int = 3,
+    questions: int = 10,
+    group_size: int = 5,
+    init: str | None = None,
+    model: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    overrides: dict[str, Any] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Rollout tokens/s (cached and as before) against ``generate`` on the same model, batch and lengths.
+
+    Args:
+        repeats: Rollout batches per path (seeds 0, 1, …); figures are medians.
+        questions: Questions per batch.
+        group_size: Responses per question (the batch holds ``questions * group_size`` episodes).
+        init: A trainer checkpoint to load (default: the tiny model at random weights).
+        model: A Hugging Face model folder or name instead.
+        device: Torch device.
+        dtype: Model dtype.
+        overrides: Other :class:`GRPOConfig` fields (e.g. ``max_turn_tokens``); default the trainer's.
+        log: Progress lines (e.g. to stderr).
+
+    Returns:
+        ``rollout_tokens_per_s``, ``rollout_tokens_per_s_before``, ``rollout_speedup``,
+        ``generate_tokens_per_s``, ``rollout_vs_generate``, ``rollout_logp_mismatch`` (the largest gap
+        between the cached path's and the uncached path's log-probs of the same tokens, same seed), and the
+        batch's shape.
+    """
+    import torch
+
+    from searchgym.agents.grpo.rollout import collect_rollouts
+    from searchgym.agents.grpo.runtime import build_policy
+    from searchgym.envs.vector import SearchQAVectorEnv
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _config(
+            tmp,
+            init=init,
+            model=model,
+            device=device,
+            dtype=dtype,
+            group_size=group_size,
+            **(overrides or {}),
+        )
+    policy, _ = build_policy(cfg, temperature=cfg.temperature, max_turn_tokens=cfg.max_turn_tokens, seed=0)
+    env = SearchQAVectorEnv(
+        questions * group_size,
+        autoreset_mode="Disabled",
+        **{**cfg.env_kwargs(), "tokenizer": policy.tokenizer},
+    )
+    fast_sampler, slow_sampler = policy._sample, _multinomial_sampler(policy)
+    rates: dict[str, list[float]] = {"after": [], "before": [], "generate": []}
+    mismatch, tokens_per_episode = 0.0, []
+    for r in range(repeats):
+        batches = {}
+        for path in ("before", "after"):
+            policy.reuse_cache = path == "after"
+            setattr(policy, "_sample", fast_sampler if path == "after" else slow_sampler)  # noqa: B010
+            policy.reset({}, seed=r)
+            _sync(device)
+            start = time.perf_counter()
+            batch = collect_rollouts(env, policy, seed=r, group_size=group_size)
+            _sync(device)
+            elapsed = time.perf_counter() - start
+            n = int(batch.loss_mask.sum())
+            rates[path].append(n / elapsed)
+            batches[path] = batch
+            if log:
+                log(f"rollout {path:6s} run {r}: {n} policy tokens in {elapsed:.2f} s = {n / elapsed:.0f}/s")
+        # Same tokens on both paths: the log-probs of the cached path against those of the full re-reads.
+        setattr(policy, "_sample", fast_sampler)  # noqa: B010
+        policy.reuse_cache = False
+        policy.reset({}, seed=r)
+        check = collect_rollouts(env, policy, seed=r, group_size=group_size)
+        after = batches["after"]
+        if torch.equal(check.tokens, after.tokens):
+            gap = (check.logp_old - after.logp_old).abs()[after.loss_mask]
+            mismatch = max(mismatch, float(gap.max()) if gap.numel() else 0.0)
+        policy.reuse_cache = True
+        n = int(after.loss_mask.sum())
+        per_episode = max(1, math.ceil(n / len(after)))
+        tokens_per_episode.append(per_episode)
+        prompts = [
+            [int(t) for t in row[: int(row_mask.sum())]] for row, row_mask in _prompts(env, r, group_size)
+        ]
+        rate = _generate_tokens_per_s(policy, prompts, per_episode, seed=r, device=device)
+        rates["generate"].append(rate)
+        if log:
+            log(f"generate        run {r}: {per_episode} new tokens x {len(prompts)} prompts = {rate:.0f}/s")
+    env.close()
+    after_rate, before_rate = statistics.median(rates["after"]), statistics.median(rates["before"])
+    generate_rate = statistics.median(rates["generate"])
+    return {
+        "rollout_tokens_per_s": after_rate,
+        "rollout_tokens_per_s_before": before_rate,
+        "rollout_speedup": after_rate / before_rate,
+        "generate_tokens_per_s": generate_rate,
+        "rollout_vs_generate": after_rate / generate_rate,
+        "rollout_vs_generate_before": before_rate / generate_rate,
+        "rollout_logp_mismatch": mismatch,
+        "rollout_batch": questions * group_size,
+        "rollout_tokens_per_episode": statistics.median(tokens_per_episode),
+        "rollout_repeats": repeats,
+    }
+
+
+def _prompts(env: Any, seed: int, group_size: int) -> Any:
+    """The batch's first observations (its prompts), as ``(tokens, mask)`` rows."""
+    import numpy as np
+
+    observations, _ = env.reset(seed=seed, options={"group_size": group_size})
+    lengths = observations["length"].reshape(-1)
+    for row, n in zip(observations["tokens"], lengths, strict=True):
+        yield row, np.arange(row.shape[0]) < n
+
+
+def run_update_benchmark(
+    *,
+    repeats: int = 3,
+    questions: int = 10,
+    group_size: int = 5,
+    init: str | None = None,
+    model: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    overrides: dict[str, Any] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """GRPO update speed with length-bucketed micro-batches against the plan's plain chunks, and the split
+    of one step's time, on the trainer's default recipe (``kl_coef`` 0.001: a reference is scored too).
+
+    Both paths start every run from the same weights and optimizer state and update on the same rollout
+    batch, so they do the same work up to padding. Arguments as :func:`run_rollout_benchmark`'s.
+
+    Returns:
+        ``update_tokens_per_s``, ``update_tokens_per_s_before``, ``update_speedup``, ``padding_share`` and
+        ``padding_share_before`` (padded slots over all slots of the update's forward passes), and
+        ``step_rollout_s``, ``step_update_s``, ``step_diagnostics_s`` with their shares.
+    """
+    import torch
+
+    from searchgym.agents.grpo.losses import group_advantages
+    from searchgym.agents.grpo.trainer import GRPOTrainer
+
+    rates: dict[str, list[float]] = {"after": [], "before": []}
+    padding: dict[str, float] = {}
+    split: dict[str, list[float]] = {"rollout": [], "update": [], "diagnostics": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _config(
+            tmp,
+            init=init,
+            model=model,
+            device=device,
+            dtype=dtype,
+            group_size=group_size,
+            questions_per_step=questions,
+            **(overrides or {}),
+        )
+        trainer = GRPOTrainer(cfg)
+        trainer.step = 1
+        model_state = copy.deepcopy(trainer.model.state_dict())
+        optim_state = copy.deepcopy(trainer.optimizer.state_dict())
+        sched_state = copy.deepcopy(trainer.scheduler.state_dict())
+        diag_time = [0.0]
+        displacement = trainer.displacement
+
+        def timed_displacement(*args: Any) -> dict[str, float]:
+            start = time.perf_counter()
+            out = displacement(*args)
+            _sync(device)
+            diag_time[0] += time.perf_counter() - start
+            return out
+
+        setattr(trainer, "displacement", timed_displacement)  # noqa: B010 - times the diagnostics
+        for r in range(repeats):
+            trainer.step = r + 1
+            start = time.perf_counter()
+            batch = trainer.rollout()
+            _sync(device)
+            rollout_s = time.perf_counter() - start
+            advantages = group_advantages(batch.rewards, group_size)
+            tokens = int(batch.loss_mask.sum()) * cfg.epochs
+            for path in ("before", "after"):
+                setattr(cfg, "length_buckets", path == "after")  # noqa: B010 - read by GRPOTrainer._micro
+                trainer.model.load_state_dict(model_state)
+                trainer.optimizer.load_state_dict(optim_state)
+                trainer.scheduler.load_state_dict(sched_state)
+                diag_time[0] = 0.0
+                _sync(device)
+                start = time.perf_counter()
+                trainer.update(batch, advantages)
+                _sync(device)
+                update_s = time.perf_counter() - start
+                rates[path].append(tokens / update_s)
+                padding[path] = _padding_share(trainer, batch)
+                if log:
+                    log(
+                        f"update {path:6s} run {r}: {tokens} policy tokens in {update_s:.2f} s = {tokens / update_s:.0f}/s"
+                    )
+                if path == "after":
+                    start = time.perf_counter()
+                    trainer.probe_metrics()
+                    _sync(device)
+                    probe_s = time.perf_counter() - start
+                    split["rollout"].append(rollout_s)
+                    split["update"].append(update_s - diag_time[0])
+                    split["diagnostics"].append(diag_time[0] + probe_s)
+        trainer.env.close()
+        trainer.logger.close()
+    after_rate, before_rate = statistics.median(rates["after"]), statistics.median(rates["before"])
+    parts = {k: statistics.median(v) for k, v in split.items()}
+    total = sum(parts.values())
+    return {
+        "update_tokens_per_s": after_rate,
+        "update_tokens_per_s_before": before_rate,
+        "update_speedup": after_rate / before_rate,
+        "padding_share": padding["after"],
+        "padding_share_before": padding["before"],
+        **{f"step_{k}_s": v for k, v in parts.items()},
+        **{f"step_{k}_share": v / total for k, v in parts.items()},
+        "update_batch": questions * group_size,
+        "update_repeats": repeats,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def _padding_share(trainer: Any, batch: Any) -> float:
+    """Padded slots over all slots in the micro-batches of the trainer's plan for ``batch``."""
+    import torch
+
+    from searchgym.agents.grpo.trainer import minibatch_plan
+
+    cfg = trainer.config
+    lengths = batch.attention_mask.sum(dim=1)
+    plan = trainer._micro(
+        minibatch_plan(
+            len(batch),
+            cfg.group_size,
+            cfg.minibatch_responses,
+            cfg.epochs,
+            cfg.minibatch_plan,
+            torch.Generator(),
+        ),
+        lengths,
+    )
+    slots = real = 0
+    for micro in plan:
+        for idx in micro:
+            slots += int(lengths[idx].max()) * len(idx)
+            real += int(lengths[idx].sum())
+    return 1.0 - real / slots if slots else 0.0

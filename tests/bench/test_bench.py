@@ -1,0 +1,78 @@
+"""The speed benchmarks run end to end on tiny settings and report every figure the docs quote.
+
+No figure is asserted against a time: timings belong to the benchmark's output, not to tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from searchgym.bench.env import env_us_per_step  # noqa: E402
+from searchgym.bench.evaluation import run_eval_benchmark  # noqa: E402
+from searchgym.bench.training import run_rollout_benchmark, run_update_benchmark  # noqa: E402
+from searchgym.cli import build_parser, main  # noqa: E402
+
+SMALL: dict[str, Any] = {"max_turns": 2, "max_turn_tokens": 8, "max_context_tokens": 768, "probe_size": 4}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def positive(figures: dict[str, Any], *keys: str) -> None:
+    for key in keys:
+        assert math.isfinite(figures[key]) and figures[key] > 0, key
+
+
+def test_rollout_benchmark_compares_with_generate_in_the_same_run() -> None:
+    figures = run_rollout_benchmark(repeats=1, questions=2, group_size=2, overrides=SMALL)
+    positive(figures, "rollout_tokens_per_s", "rollout_tokens_per_s_before", "generate_tokens_per_s")
+    assert (
+        figures["rollout_vs_generate"] == figures["rollout_tokens_per_s"] / figures["generate_tokens_per_s"]
+    )
+    assert figures["rollout_logp_mismatch"] < 1e-3  # the cached path scores the same tokens alike
+
+
+def test_update_benchmark_reports_the_speedup_and_the_step_split() -> None:
+    figures = run_update_benchmark(repeats=1, questions=2, group_size=2, overrides=SMALL)
+    positive(figures, "update_tokens_per_s", "update_tokens_per_s_before", "step_rollout_s", "step_update_s")
+    assert figures["update_speedup"] == figures["update_tokens_per_s"] / figures["update_tokens_per_s_before"]
+    assert 0 <= figures["padding_share"] <= figures["padding_share_before"] < 1
+    shares = sum(figures[f"step_{k}_share"] for k in ("rollout", "update", "diagnostics"))
+    assert shares == pytest.approx(1.0)
+
+
+def test_eval_and_env_benchmarks(tmp_path: Path) -> None:
+    figures = run_eval_benchmark(episodes=4, repeats=1, data_dir=tmp_path)  # no HotpotQA there
+    positive(figures, "eval_episodes_per_s_world")
+    assert "eval_episodes_per_s_hotpotqa" not in figures
+    us = env_us_per_step(sizes=(1, 8), steps=60, repeats=1)
+    assert set(us) == {"1", "8"} and all(v > 0 for v in us.values())
+
+
+def test_bench_commands_are_registered() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["bench", "all", "--quick", "--json"])
+    assert args.quick and args.json
+    for part in ("rollout", "update", "env", "eval", "retrieval"):
+        assert callable(parser.parse_args(["bench", part])._run)
+
+
+def test_bench_eval_prints_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert (
+        main(["bench", "eval", "--episodes", "3", "--repeats", "1", "--data", str(tmp_path), "--json"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["eval_episodes_per_s_world"] > 0
