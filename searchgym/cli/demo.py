@@ -159,25 +159,26 @@ def _evaluate_untrained(config: Any) -> dict[str, float]:
 
 
 def verdict(rows: list[dict[str, Any]]) -> list[str]:
-    """Plain sentences comparing each GRPO row with the warm-start (first row): separable or not."""
+    """Plain sentences comparing each GRPO row with the warm-start (first row), on test EM and on the share
+    of episodes that end with an answer (the protocol): separable beyond the 95% intervals, or not."""
     base = rows[0]
     out = []
     for row in rows[1:]:
-        if row["test_em"] is None or base["test_em"] is None:
-            continue
-        diff = row["test_em"] - base["test_em"]
-        lo, hi = row["ci"]
-        blo, bhi = base["ci"]
-        if lo > bhi or hi < blo:
-            word = "higher" if diff > 0 else "lower"
-            out.append(
-                f"{row['model']}: test EM {diff:+.3f} vs the warm-start — {word}, beyond the 95% intervals."
-            )
-        else:
-            out.append(
-                f"{row['model']}: test EM {diff:+.3f} vs the warm-start — the 95% intervals overlap: at this "
-                f"budget ({int(row['n'])} questions) the demo cannot tell them apart."
-            )
+        for key, name in (("test_em", "test EM"), ("answered", "answered share")):
+            if row[key] is None or base[key] is None:
+                continue
+            diff = row[key] - base[key]
+            (lo, hi), (blo, bhi) = wilson(row[key], row["n"]), wilson(base[key], base["n"])
+            if lo > bhi or hi < blo:
+                word = "higher" if diff > 0 else "lower"
+                out.append(
+                    f"{row['model']}: {name} {diff:+.3f} vs the warm-start — {word}, beyond the 95% intervals."
+                )
+            elif key == "test_em":
+                out.append(
+                    f"{row['model']}: {name} {diff:+.3f} vs the warm-start — the 95% intervals overlap: at this "
+                    f"budget ({int(row['n'])} questions) the demo cannot tell them apart."
+                )
     return out
 
 

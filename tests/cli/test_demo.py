@@ -17,14 +17,16 @@ def test_wilson_interval_hand_computed() -> None:
     assert wilson(0.3, 0) == (0.0, 1.0)
 
 
-def row(name: str, em: float, n: int = 200) -> dict[str, object]:
-    return {"model": name, "test_em": em, "ci": wilson(em, n), "n": n}
+def row(name: str, em: float, answered: float = 1.0, n: int = 200) -> dict[str, object]:
+    return {"model": name, "test_em": em, "answered": answered, "n": n}
 
 
 def test_verdict_says_when_the_budget_cannot_separate_runs() -> None:
-    lines = verdict([row("SFT", 0.035), row("GRPO", 0.015), row("GRPO+LLDS", 0.60)])
+    lines = verdict([row("SFT", 0.035), row("GRPO", 0.015, answered=0.175), row("GRPO+LLDS", 0.60)])
     assert "GRPO: test EM -0.020" in lines[0] and "cannot tell them apart" in lines[0]
-    assert "GRPO+LLDS: test EM +0.565" in lines[1] and "higher, beyond the 95% intervals" in lines[1]
+    assert lines[1] == "GRPO: answered share -0.825 vs the warm-start — lower, beyond the 95% intervals."
+    assert "GRPO+LLDS: test EM +0.565" in lines[2] and "higher, beyond the 95% intervals" in lines[2]
+    assert len(lines) == 3  # an unchanged answered share is not worth a line
 
 
 def test_demo_runs_end_to_end_on_a_small_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
