@@ -179,7 +179,9 @@ class GRPOConfig(CommonConfig):
         "released code), paper = min(V/2, 1)",
     )
     kl_coef: float = option(0.001, "weight of the k3 KL to the frozen initial policy (0: no reference model)")
-    entropy_coef: float = option(0.001, "entropy bonus weight (reference: 0.001)")
+    entropy_coef: float = option(
+        0.001, "entropy bonus weight (reference: 0.001; 0 while no group is solved, see docs/grpo.md)"
+    )
     weight_decay: float = option(0.01, "AdamW weight decay (reference: 0.01)")
     warmup_steps: int = option(
         0,
