@@ -235,7 +235,7 @@ class LLDSOptions:
         return self.gate is not None and self.coef > 0
 
 
-class LLDWarningCallback(transformers.TrainerCallback):  # type: ignore[misc]
+class LLDWarningCallback(transformers.TrainerCallback):
     """Applies the LLD early-warning rule to TRL's logs and logs ``lld/warning``.
 
     Each log holding ``lld/delta_adv_pos`` (one per rollout batch, from :class:`LLDSGRPOTrainer`) is one
@@ -279,7 +279,7 @@ class LLDWarningCallback(transformers.TrainerCallback):  # type: ignore[misc]
             self.fired_at.append(int(state.global_step))
 
 
-class LLDSGRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
+class LLDSGRPOTrainer(trl.GRPOTrainer):
     """TRL's ``GRPOTrainer`` with the LLDS regulariser and the LLD diagnostics.
 
     The loss is TRL's (its ``loss_type``, clipping, KL, entropy) plus ``coef * L_LLDS`` where ``L_LLDS`` is
@@ -487,7 +487,7 @@ def trl_args(config: TRLConfig, **overrides: Any) -> Any:
     return trl.GRPOConfig(**{**kwargs, **overrides})
 
 
-class _MetricsCallback(transformers.TrainerCallback):  # type: ignore[misc]
+class _MetricsCallback(transformers.TrainerCallback):
     """Writes TRL's training logs to ``RUN_DIR/metrics.jsonl`` (and TensorBoard) with searchgym's logger."""
 
     def __init__(self, logger: Any) -> None:
