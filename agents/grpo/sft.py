@@ -81,7 +81,7 @@ def train_sft(config: SFTConfig) -> dict[str, float]:
     Raises:
         ConfigError: ``run_dir`` already holds a run and ``config.overwrite`` is not set.
     """
-    prepare_run_dir(config.run_dir, resume=False, overwrite=getattr(config, "overwrite", False))
+    prepare_run_dir(config.run_dir, resume=False, overwrite=config.overwrite)
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from searchgym.cli.train_sft import add_overwrite_argument, apply_overwrite
-
 COMMAND = ("train", "grpo")
 HELP = "train a policy with GRPO (+LLDS: --llds action|response|token, or none for vanilla GRPO)"
 
@@ -16,17 +14,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from searchgym.agents.grpo.config import GRPOConfig, add_config_arguments
 
     add_config_arguments(parser, GRPOConfig)
-    add_overwrite_argument(parser, GRPOConfig)
 
 
 def run(args: argparse.Namespace) -> int:
     from searchgym.agents.grpo.config import GRPOConfig, config_from_args
-    from searchgym.agents.grpo.runtime import prepare_run_dir
     from searchgym.agents.grpo.trainer import train_grpo
 
-    config = apply_overwrite(config_from_args(GRPOConfig, args), args)
-    # Refuse to replace an existing run before any model is built (idempotent: the trainer may check again).
-    prepare_run_dir(config.run_dir, resume=config.resume, overwrite=getattr(config, "overwrite", False))
+    config = config_from_args(GRPOConfig, args)
     metrics = train_grpo(config)
     final = {k: v for k, v in metrics.items() if k.startswith(("eval/", "rollout/reward", "rollout/em"))}
     print(json.dumps({"run_dir": config.run_dir, **final}))
