@@ -483,7 +483,7 @@ class GRPOTrainer:
             self.scheduler.load_state_dict(payload["scheduler"])
             set_rng_state(payload["rng"])
             self.step = int(payload["step"])
-        except (KeyError, RuntimeError, ValueError) as e:
+        except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
             raise CheckpointError(f"cannot resume from {path}: {e}") from None
 
 

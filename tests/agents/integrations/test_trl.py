@@ -66,7 +66,7 @@ def _trainer(tok: Any, tmp_path: Path, *, minibatch: int = 2, iterations: int = 
         **ENV,
     )
     rollout = SearchQARollout({**config.env_kwargs(), "tokenizer": tok}, seed=0)
-    return LLDSGRPOTrainer(
+    trainer = LLDSGRPOTrainer(
         model=_model(tok),
         reward_funcs=[episode_reward],
         args=trl_args(config),
@@ -76,6 +76,9 @@ def _trainer(tok: Any, tmp_path: Path, *, minibatch: int = 2, iterations: int = 
         llds=LLDSOptions(**llds),
         tokenizer=tok,
     )
+    # Set by transformers' training loop; these tests call compute_loss directly.
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    return trainer
 
 
 def _oracle_inputs(tok: Any, trainer: Any) -> tuple[dict[str, Any], Any]:
