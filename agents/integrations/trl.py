@@ -94,6 +94,9 @@ class _VLLMTurns:
     def __init__(self, vllm_generation: Any) -> None:
         self.vllm = vllm_generation
 
+    def clear_cache(self) -> None:
+        """Nothing to drop: vLLM manages its own cache (the rollout loop calls this between batches)."""
+
     def rollout_segments(self, observations: Sequence[Any]) -> list[Segment]:
         contexts = [[int(t) for t in o["tokens"][: int(o["length"][0])]] for o in observations]
         _, completion_ids, logprobs, _ = self.vllm.generate(prompts=contexts, images=None, num_generations=1)
