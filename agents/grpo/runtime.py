@@ -71,7 +71,21 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
 
     Raises:
         CheckpointError: ``config.init`` is unreadable or holds no model.
+        ConfigError: ``config.device`` is a CUDA device and this torch cannot use one.
     """
+    # Checked first, before a multi-GB model is downloaded: torch's own error is a raw traceback.
+    if torch.device(config.device).type == "cuda" and not torch.cuda.is_available():
+        if torch.version.cuda is None:
+            raise ConfigError(
+                f"--device {config.device}: this torch ({torch.__version__}) is a CPU-only build. Install a "
+                "CUDA build, e.g. `pip install torch --index-url https://download.pytorch.org/whl/cu124` "
+                "(pick the index of your CUDA version on pytorch.org); the Makefile's .venv pins the CPU "
+                "build through constraints.txt, so install it outside `make` (or edit that pin)"
+            )
+        raise ConfigError(
+            f"--device {config.device}: torch {torch.__version__} is built for CUDA {torch.version.cuda} "
+            "but sees no GPU (check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES), or use --device cpu"
+        )
     state = None
     if config.init is not None:
         payload = load_checkpoint(config.init)

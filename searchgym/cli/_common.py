@@ -89,11 +89,19 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
 
         return HeuristicAgent(base.tokenizer)
     if ":" in name:
+        import os
+        import sys
+
         module_name, _, attr = name.partition(":")
+        # As `python -m` does: a module in the current directory is importable, for this import only.
+        saved_path = list(sys.path)
+        sys.path.insert(0, os.getcwd())
         try:
             cls = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as e:
             raise ConfigError(f"cannot load agent {name!r}: {e}") from e
+        finally:
+            sys.path[:] = saved_path
         return cls(env)
     raise ConfigError(
         f"unknown agent {name!r}; choose one of {list(BUILTIN_AGENTS)}, checkpoint:PATH, sb3:PATH, or "

@@ -1,5 +1,7 @@
 import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +78,33 @@ def test_help_states_each_default_once(capsys: pytest.CaptureFixture[str]) -> No
         assert "(default:" in text
         repeated = re.findall(r"\(default:[^)]*\) \(default:[^)]*\)", text)
         assert not repeated, f"searchgym {' '.join(command)} --help repeats a default: {repeated}"
+
+
+def test_user_agent_module_in_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--agent mypkg.mymodule:MyAgent`` imports from the working directory, as ``python -m`` does."""
+    package = tmp_path / "sg_cwd_agents"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "always_eos.py").write_text(
+        "from searchgym.agents import Agent\n\n\n"
+        "class AlwaysEos(Agent):\n"
+        "    name = 'always-eos'\n\n"
+        "    def __init__(self, env):\n"
+        "        self.eos = env.unwrapped.tokenizer.eos_token_id\n\n"
+        "    def act(self, observation, info):\n"
+        "        return self.eos\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "sg_cwd_agents", raising=False)
+    monkeypatch.delitem(sys.modules, "sg_cwd_agents.always_eos", raising=False)
+    path_before = list(sys.path)
+    try:
+        argv = ["eval", "--agent", "sg_cwd_agents.always_eos:AlwaysEos", "--episodes", "2", "--json"]
+        assert main([*argv, "--no-progress"]) == 0
+    finally:
+        for module in ("sg_cwd_agents.always_eos", "sg_cwd_agents"):
+            sys.modules.pop(module, None)
+    assert json.loads(capsys.readouterr().out)["episodes"] == 2
+    assert sys.path == path_before  # the working directory was added for that import only
