@@ -34,7 +34,8 @@ def _oracle_rate(episodes: int, repeats: int, dataset: str | None) -> float:
 
     rates = []
     for _ in range(repeats):
-        env = gym.make("SearchQA-v0", split="test", **({"dataset": dataset} if dataset else {}))
+        extra: dict[str, Any] = {"dataset": dataset} if dataset else {}
+        env = gym.make("SearchQA-v0", split="test", **extra)
         base: Any = env.unwrapped
         agent = OracleAgent(base.dataset, base.split, base.tokenizer, base.config.max_turns)
         rates.append(evaluate(env, agent, episodes, seed=0, progress=False).episodes_per_s)
