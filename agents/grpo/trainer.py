@@ -570,7 +570,7 @@ def length_buckets(index: Tensor, lengths: Tensor, max_size: int, overhead: floa
 def _call_overhead_tokens(device: str) -> float:
     """One micro-batch's fixed cost in token slots: small on a CPU, where compute grows with the slots, large
     on an accelerator, where a call's latency hides thousands of slots."""
-    return 64.0 if str(device).startswith("cpu") else 4096.0
+    return 256.0 if str(device).startswith("cpu") else 4096.0
 
 
 RUN_RECORD = "run.json"
