@@ -158,6 +158,17 @@ class GRPOConfig(CommonConfig):
     micro_batch_size: int | None = option(
         None, "responses per forward/backward (gradient accumulation; default: the whole mini-batch)"
     )
+    length_buckets: bool = option(
+        True,
+        "cut each mini-batch into micro-batches of similar lengths (less padding, same gradient; pi_old is "
+        "re-scored in the same shapes)",
+    )
+    rescore_pi_old: bool = option(
+        True,
+        "re-score pi_old after the rollout in the first epoch's micro-batch shapes (ratio exactly 1 and LLDS "
+        "exactly 0 on the first update); off: use the sampler's log-probs (one forward pass less per step, but "
+        "LLDS then trains on float noise at the first update)",
+    )
     clip_eps: float = option(0.2, "PPO clip range")
     ratio_cap: float = option(
         100.0, "cap on the importance ratio pi/pi_old, zero gradient beyond (reference: 100; inf: none)"

@@ -218,7 +218,7 @@ class GRPOTrainer:
         mini-batch whatever its micro-batches). Without, consecutive chunks of the plan's order.
         """
         micro = self.config.micro_batch_size or self.config.minibatch_responses
-        if lengths is None or not getattr(self.config, "length_buckets", True):
+        if lengths is None or not self.config.length_buckets:
             return [[mb[j : j + micro] for j in range(0, len(mb), micro)] for mb in minibatches]
         overhead = _call_overhead_tokens(self.config.device)
         return [length_buckets(mb, lengths, micro, overhead) for mb in minibatches]
@@ -257,14 +257,14 @@ class GRPOTrainer:
         first_epoch = [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
         model_mode = self.model.training
         self.model.eval()  # dropout off: pi_old and pi_theta must be the same function of the parameters
-        if getattr(cfg, "rescore_pi_old", True):
+        if cfg.rescore_pi_old:
             logp_old = self._score(self.model, batch, first_epoch)
             mismatch = (logp_old - batch.logp_old).abs()[batch.loss_mask]
         else:
             logp_old, mismatch = batch.logp_old.clone(), torch.full((1,), float("nan"))
         ref_logp = None
         if self.ref_model is not None:
-            bucketed = getattr(cfg, "length_buckets", True)
+            bucketed = cfg.length_buckets
             layout = self._micro([torch.arange(len(batch))], lengths)[0] if bucketed else first_epoch
             ref_logp = self._score(self.ref_model, batch, layout)
         weights, beta = self._llds_weights(batch)

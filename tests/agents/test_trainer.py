@@ -324,3 +324,15 @@ def _init_other(tmp_path: Path) -> Path:
     payload["step"] = 1
     save_checkpoint(other, payload)
     return other
+
+
+def test_pi_old_from_the_sampler_when_rescoring_is_off(tmp_path: Path) -> None:
+    # Off: the sampler's cached log-probs are pi_old, so the first update's ratio is 1 only to float noise.
+    trainer = GRPOTrainer(tiny(tmp_path, rescore_pi_old=False, llds="token", kl_coef=0.0))
+    batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
+    metrics = trainer.update(batch, adv)
+    assert math.isnan(metrics["rollout/logp_mismatch"])  # nothing re-scored, nothing compared
+    assert 0.0 < trainer.update_metrics[0]["max_abs_log_ratio"] < 1e-3
+    on = GRPOTrainer(tiny(tmp_path / "on", llds="token", kl_coef=0.0))
+    on.update(batch, adv)
+    assert on.update_metrics[0]["max_abs_log_ratio"] == 0.0

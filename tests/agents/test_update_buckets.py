@@ -91,7 +91,7 @@ def test_bucketed_and_plain_micro_batches_make_the_same_update(tmp_path: Path) -
     start = (copy.deepcopy(trainer.model.state_dict()), copy.deepcopy(trainer.optimizer.state_dict()))
     params, first = {}, {}
     for bucketed in (False, True):
-        setattr(trainer.config, "length_buckets", bucketed)  # noqa: B010 - read by GRPOTrainer._micro
+        trainer.config.length_buckets = bucketed
         trainer.model.load_state_dict(start[0])
         trainer.optimizer.load_state_dict(start[1])
         metrics = trainer.update(batch, adv)
