@@ -60,6 +60,38 @@ ROWS = [
 ]
 
 
+def add_training_bench_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    """The options of ``bench rollout`` and ``bench update``: the model, repeats, batch shape, ``--json``."""
+    add_llm_arguments(parser)
+    parser.add_argument("--repeats", type=int, default=3, help=f"{unit} per path; medians")
+    parser.add_argument("--questions", type=int, default=10, help="questions per rollout batch")
+    parser.add_argument("--group-size", type=int, default=5, help="responses per question")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_training_bench(args: argparse.Namespace, benchmark: Any, prefixes: tuple[str, ...]) -> int:
+    """Runs ``benchmark`` (``run_rollout_benchmark`` or ``run_update_benchmark``) with the parsed options and
+    prints its figures: JSON, or the table rows whose keys start with ``prefixes``."""
+    import sys
+
+    set_threads(args)
+    figures = benchmark(
+        repeats=args.repeats,
+        questions=args.questions,
+        group_size=args.group_size,
+        init=args.init,
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print_figures(figures, [r for r in ROWS if r[1].startswith(prefixes)])
+    return 0
+
+
 def print_figures(figures: dict[str, Any], rows: list[tuple[str, str, str]]) -> None:
     """A two-column table of the figures present (markdown, so it pastes into the docs)."""
     print("| figure | value |\n| --- | ---: |")
