@@ -23,6 +23,7 @@ __all__ = [
     "MINIBATCH_PLANS",
     "CommonConfig",
     "GRPOConfig",
+    "GroupedLLDS",
     "SFTConfig",
     "add_config_arguments",
     "config_from_args",
@@ -121,8 +122,74 @@ class CommonConfig:
         }
 
 
+class GroupedLLDS:
+    """What every GRPO-style entry point (``train grpo``, ``train trl``) shares: checks of the groups, the
+    mini-batches and the LLDS options, and the sizes derived from them. Mixed into their config dataclasses,
+    which declare the fields."""
+
+    questions_per_step: int
+    group_size: int
+    minibatch_size: int | None
+    temperature: float
+    clip_eps: float
+    llds: str
+    llds_coef: float
+    llds_ma: bool
+    llds_ma_beta: float | None
+    llds_ma_schedule: str
+    kl_coef: float
+    entropy_coef: float
+
+    def check_groups_and_llds(self) -> None:
+        """Raises ConfigError, with what to change, on an inconsistent group, mini-batch or LLDS setting."""
+        if self.group_size < 2:
+            raise ConfigError(
+                f"group_size must be >= 2 (GRPO's advantages compare responses to one question), got {self.group_size}"
+            )
+        if self.questions_per_step < 1:
+            raise ConfigError(f"questions_per_step must be >= 1, got {self.questions_per_step}")
+        mb = self.minibatch_responses
+        if mb < 1 or self.batch_size % mb:
+            raise ConfigError(
+                f"minibatch_size {mb} must be >= 1 and divide the rollout batch "
+                f"questions_per_step * group_size = {self.batch_size}"
+            )
+        if not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if not self.clip_eps > 0:
+            raise ConfigError(f"clip_eps must be > 0, got {self.clip_eps}")
+        if self.llds not in LLDS_CHOICES:
+            raise ConfigError(f"unknown llds {self.llds!r}; choose one of {list(LLDS_CHOICES)}")
+        if self.llds_ma_schedule not in MA_SCHEDULES:
+            raise ConfigError(
+                f"unknown llds_ma_schedule {self.llds_ma_schedule!r}; choose one of {list(MA_SCHEDULES)}"
+            )
+        for name in ("llds_coef", "kl_coef", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.llds_ma and self.llds == "none":
+            raise ConfigError("llds_ma needs an LLDS gate: pass --llds action (or token, response)")
+        if self.llds_ma_beta is not None and not 0 <= self.llds_ma_beta <= 1:
+            raise ConfigError(f"llds_ma_beta must be in [0, 1], got {self.llds_ma_beta}")
+
+    @property
+    def batch_size(self) -> int:
+        """Responses per rollout batch."""
+        return self.questions_per_step * self.group_size
+
+    @property
+    def minibatch_responses(self) -> int:
+        """Responses per optimizer update (``minibatch_size``, default one group)."""
+        return self.minibatch_size if self.minibatch_size is not None else self.group_size
+
+    @property
+    def llds_enabled(self) -> bool:
+        """Whether the LLDS term is in the loss."""
+        return self.llds != "none" and self.llds_coef > 0
+
+
 @dataclass
-class GRPOConfig(CommonConfig):
+class GRPOConfig(GroupedLLDS, CommonConfig):
     """GRPO (optionally with LLDS) on SearchQA.
 
     One *step* is one rollout batch: ``questions_per_step`` questions × ``group_size`` responses, then
@@ -216,11 +283,8 @@ class GRPOConfig(CommonConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.group_size < 2:
-            raise ConfigError(
-                f"group_size must be >= 2 (GRPO's advantages compare responses to one question), got {self.group_size}"
-            )
-        for name in ("steps", "questions_per_step", "epochs", "warning_window"):
+        self.check_groups_and_llds()
+        for name in ("steps", "epochs", "warning_window"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.minibatch_plan not in MINIBATCH_PLANS:
@@ -228,11 +292,6 @@ class GRPOConfig(CommonConfig):
                 f"unknown minibatch_plan {self.minibatch_plan!r}; choose one of {list(MINIBATCH_PLANS)}"
             )
         mb = self.minibatch_responses
-        if mb < 1 or self.batch_size % mb:
-            raise ConfigError(
-                f"minibatch_size {mb} must be >= 1 and divide the rollout batch "
-                f"questions_per_step * group_size = {self.batch_size}"
-            )
         if self.minibatch_plan == "groups" and mb % self.group_size:
             raise ConfigError(
                 f"minibatch_size {mb} must be a multiple of group_size {self.group_size} with "
@@ -242,49 +301,19 @@ class GRPOConfig(CommonConfig):
             raise ConfigError(
                 f"micro_batch_size must be >= 1 and divide minibatch_size={mb}, got {self.micro_batch_size}"
             )
-        if not self.temperature > 0:
-            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
-        if not self.clip_eps > 0:
-            raise ConfigError(f"clip_eps must be > 0, got {self.clip_eps}")
         if not self.ratio_cap > 1 + self.clip_eps:
             raise ConfigError(f"ratio_cap must be > 1 + clip_eps = {1 + self.clip_eps}, got {self.ratio_cap}")
         if not self.kl_value_cap > 0:
             raise ConfigError(f"kl_value_cap must be > 0, got {self.kl_value_cap}")
-        if self.llds not in LLDS_CHOICES:
-            raise ConfigError(f"unknown llds {self.llds!r}; choose one of {list(LLDS_CHOICES)}")
-        if self.llds_ma_schedule not in MA_SCHEDULES:
-            raise ConfigError(
-                f"unknown llds_ma_schedule {self.llds_ma_schedule!r}; choose one of {list(MA_SCHEDULES)}"
-            )
-        for name in ("llds_coef", "kl_coef", "entropy_coef", "probe_size"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.llds_ma and self.llds == "none":
-            raise ConfigError("llds_ma needs an LLDS gate: pass --llds action (or token, response)")
-        if self.llds_ma_beta is not None and not 0 <= self.llds_ma_beta <= 1:
-            raise ConfigError(f"llds_ma_beta must be in [0, 1], got {self.llds_ma_beta}")
+        if self.probe_size < 0:
+            raise ConfigError(f"probe_size must be >= 0, got {self.probe_size}")
         if self.eval_every < 0 or self.save_every < 0:
             raise ConfigError("eval_every and save_every must be >= 0 (0: only at the end)")
-
-    @property
-    def batch_size(self) -> int:
-        """Responses per rollout batch."""
-        return self.questions_per_step * self.group_size
-
-    @property
-    def minibatch_responses(self) -> int:
-        """Responses per optimizer update (``minibatch_size``, default one group)."""
-        return self.minibatch_size if self.minibatch_size is not None else self.group_size
 
     @property
     def updates_per_step(self) -> int:
         """Optimizer updates per rollout batch."""
         return self.epochs * (self.batch_size // self.minibatch_responses)
-
-    @property
-    def llds_enabled(self) -> bool:
-        """Whether the LLDS term is in the loss."""
-        return self.llds != "none" and self.llds_coef > 0
 
 
 @dataclass

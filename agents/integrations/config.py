@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from searchgym.agents.grpo.config import LLDS_CHOICES, MA_SCHEDULES, CommonConfig, option
+from searchgym.agents.grpo.config import CommonConfig, GroupedLLDS, option
 from searchgym.errors import ConfigError
 
 __all__ = ["TRL_LOSS_TYPES", "TRLConfig"]
@@ -19,7 +19,7 @@ TRL_LOSS_TYPES: tuple[str, ...] = ("dapo", "bnpo", "grpo", "dr_grpo")
 
 
 @dataclass
-class TRLConfig(CommonConfig):
+class TRLConfig(GroupedLLDS, CommonConfig):
     """GRPO (optionally with LLDS) on SearchQA, trained by TRL's ``GRPOTrainer``.
 
     One *step* is one optimizer update, as in TRL (``max_steps``). One rollout batch is
@@ -62,59 +62,17 @@ class TRLConfig(CommonConfig):
     use_vllm: bool = option(False, "generate each turn with TRL's vLLM backend (GPU; needs vllm installed)")
     vllm_mode: Literal["colocate", "server"] = option("colocate", "TRL's vllm_mode")
     save_model: bool = option(True, "save the final model and tokenizer to RUN_DIR/model (save_pretrained)")
-    overwrite: bool = option(False, "replace an existing run in RUN_DIR")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.group_size < 2:
-            raise ConfigError(
-                f"group_size must be >= 2 (GRPO's advantages compare responses to one question), got {self.group_size}"
-            )
-        for name in ("steps", "questions_per_step", "num_iterations", "warning_window"):
+        self.check_groups_and_llds()
+        for name in ("steps", "num_iterations", "warning_window"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        mb = self.minibatch_responses
-        if mb < 1 or self.batch_size % mb:
-            raise ConfigError(
-                f"minibatch_size {mb} must be >= 1 and divide the rollout batch "
-                f"questions_per_step * group_size = {self.batch_size}"
-            )
-        if not self.temperature > 0:
-            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
-        if not self.clip_eps > 0:
-            raise ConfigError(f"clip_eps must be > 0, got {self.clip_eps}")
         if self.loss_type not in TRL_LOSS_TYPES:
             raise ConfigError(f"unknown loss_type {self.loss_type!r}; choose one of {list(TRL_LOSS_TYPES)}")
-        if self.llds not in LLDS_CHOICES:
-            raise ConfigError(f"unknown llds {self.llds!r}; choose one of {list(LLDS_CHOICES)}")
-        if self.llds_ma_schedule not in MA_SCHEDULES:
-            raise ConfigError(
-                f"unknown llds_ma_schedule {self.llds_ma_schedule!r}; choose one of {list(MA_SCHEDULES)}"
-            )
-        for name in ("llds_coef", "kl_coef", "entropy_coef"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.llds_ma and self.llds == "none":
-            raise ConfigError("llds_ma needs an LLDS gate: pass --llds action (or token, response)")
-        if self.llds_ma_beta is not None and not 0 <= self.llds_ma_beta <= 1:
-            raise ConfigError(f"llds_ma_beta must be in [0, 1], got {self.llds_ma_beta}")
-
-    @property
-    def batch_size(self) -> int:
-        """Responses per rollout batch (TRL's generation_batch_size on one process)."""
-        return self.questions_per_step * self.group_size
-
-    @property
-    def minibatch_responses(self) -> int:
-        """Responses per optimizer update (``minibatch_size``, default one group)."""
-        return self.minibatch_size if self.minibatch_size is not None else self.group_size
 
     @property
     def updates_per_rollout(self) -> int:
         """Optimizer updates per rollout batch: ``num_iterations * batch_size / minibatch_size``."""
         return self.num_iterations * (self.batch_size // self.minibatch_responses)
-
-    @property
-    def llds_enabled(self) -> bool:
-        """Whether the LLDS term is in the loss."""
-        return self.llds != "none" and self.llds_coef > 0
