@@ -72,8 +72,6 @@ def add_training_bench_arguments(parser: argparse.ArgumentParser, unit: str) -> 
 def run_training_bench(args: argparse.Namespace, benchmark: Any, prefixes: tuple[str, ...]) -> int:
     """Runs ``benchmark`` (``run_rollout_benchmark`` or ``run_update_benchmark``) with the parsed options and
     prints its figures: JSON, or the table rows whose keys start with ``prefixes``."""
-    import sys
-
     set_threads(args)
     figures = benchmark(
         repeats=args.repeats,
@@ -85,11 +83,16 @@ def run_training_bench(args: argparse.Namespace, benchmark: Any, prefixes: tuple
         dtype=args.dtype,
         log=lambda line: print(line, file=sys.stderr),
     )
-    if args.json:
+    report(figures, args.json, [r for r in ROWS if r[1].startswith(prefixes)])
+    return 0
+
+
+def report(figures: dict[str, Any], as_json: bool, rows: list[tuple[str, str, str]]) -> None:
+    """Prints ``figures`` as one JSON object, or as the table of ``rows`` (:func:`print_figures`)."""
+    if as_json:
         print(json.dumps(figures))
     else:
-        print_figures(figures, [r for r in ROWS if r[1].startswith(prefixes)])
-    return 0
+        print_figures(figures, rows)
 
 
 def print_figures(figures: dict[str, Any], rows: list[tuple[str, str, str]]) -> None:

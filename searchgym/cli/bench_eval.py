@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from searchgym.cli.bench_all import ROWS, print_figures
+from searchgym.cli.bench_all import ROWS, report
 
 COMMAND = ("bench", "eval")
 HELP = "measure oracle episodes/s on the generated world and on HotpotQA (when ../shared/data is present)"
@@ -28,8 +27,5 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data,
         log=lambda line: print(line, file=sys.stderr),
     )
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print_figures(figures, [r for r in ROWS if r[1].startswith(("eval", "hotpotqa"))])
+    report(figures, args.json, [r for r in ROWS if r[1].startswith(("eval", "hotpotqa"))])
     return 0
