@@ -15,8 +15,11 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
+# DEMO_ARGS passes options to `searchgym demo` (e.g. a small budget: make demo DEMO_ARGS="--grpo-steps 1").
+DEMO_ARGS ?=
+
 demo: venv
-	$(BIN)/searchgym demo
+	$(BIN)/searchgym demo $(DEMO_ARGS)
 
 lint: venv
 	$(BIN)/ruff check searchgym envs agents tests scripts
