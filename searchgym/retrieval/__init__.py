@@ -4,6 +4,8 @@ Backends, by name (see :func:`make_retriever`):
 
 * ``"bm25"`` (default): :class:`BM25Retriever`, the fast sparse-matrix BM25;
 * ``"rank_bm25"``: :class:`RankBM25Retriever`, the ``rank-bm25`` reference (slow; for comparisons);
+* ``"dense:INDEX_DIR"``: :class:`~searchgym.retrieval.dense.DenseRetriever` over an index folder written by
+  ``searchgym index dense`` (needs the ``dense`` extra);
 * an ``http://`` or ``https://`` URL: :class:`~searchgym.retrieval.http.HttpRetriever`, a client of a
   Search-R1-compatible ``/retrieve`` server such as ``searchgym serve``.
 """
@@ -40,12 +42,16 @@ def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
 
     Args:
         spec: A :class:`Retriever` (used as is); ``None`` or a backend name in :data:`BACKENDS` (``None``
-            is ``"bm25"``); or the ``http(s)://`` URL of a Search-R1-compatible ``/retrieve`` endpoint.
+            is ``"bm25"``); ``"dense:INDEX_DIR"``, a dense index built from ``passages`` (its query encoder
+            is the one recorded in the index, on the CPU); or the ``http(s)://`` URL of a
+            Search-R1-compatible ``/retrieve`` endpoint.
         passages: The corpus to index for named backends. A URL's server holds its own corpus; the hits'
             ids must be those of ``passages`` for the env's gold-retrieval figures to mean anything.
 
     Raises:
-        ConfigError: ``spec`` is none of these.
+        ConfigError: ``spec`` is none of these, or a dense index does not fit ``passages`` (see
+            :meth:`~searchgym.retrieval.dense.DenseRetriever.load`).
+        MissingDependencyError: a dense index without the ``dense`` extra installed.
     """
     if isinstance(spec, Retriever):
         return spec
@@ -53,12 +59,19 @@ def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
         return BM25Retriever(passages)
     if spec == "rank_bm25":
         return RankBM25Retriever(passages)
+    if isinstance(spec, str) and spec.startswith("dense:"):
+        # Imported here: dense retrieval needs faiss, torch and transformers (the "dense" extra).
+        from searchgym.retrieval.dense import DenseRetriever, parse_spec
+
+        folder = parse_spec(spec)
+        assert folder is not None
+        return DenseRetriever.load(folder, passages)
     if isinstance(spec, str) and spec.startswith(("http://", "https://")):
         # Imported here: the client needs httpx (the "server" extra), which plain use must not require.
         from searchgym.retrieval.http import HttpRetriever
 
         return HttpRetriever(spec)
     raise ConfigError(
-        f"unknown retriever {spec!r}; choose one of {list(BACKENDS)}, an http(s):// URL of a /retrieve "
-        "endpoint, or pass a Retriever"
+        f"unknown retriever {spec!r}; choose one of {list(BACKENDS)}, dense:INDEX_DIR (an index built by "
+        "`searchgym index dense`), an http(s):// URL of a /retrieve endpoint, or pass a Retriever"
     )

@@ -1,0 +1,979 @@
+"""Dense retrieval: a Hugging Face encoder, a resumable index builder, and a faiss-backed retriever.
+
+Passages and queries are embedded by the same encoder (mean or CLS pooling over the last hidden states,
+L2-normalised, float32), so the inner product of two embeddings is their cosine similarity. e5 models
+expect a ``"query: "`` / ``"passage: "`` prefix on each side; those are the defaults and are saved with
+the index, so queries are always encoded the way the passages were.
+
+An index folder holds:
+
+* ``embeddings.npy``: the ``(N, dim)`` float32 passage embeddings, in corpus order, memory-mapped on load;
+* ``index.faiss``: the faiss index for ``ivf`` and ``hnsw`` (``flat`` searches the embeddings directly
+  with faiss's exhaustive inner-product search, which is what ``IndexFlatIP`` does, without copying the
+  vectors into memory);
+* ``dense.json``: the manifest (encoder identity, pooling, prefixes, dimension, corpus hash, count, index
+  type), written last and atomically: a folder without it is never loaded as an index;
+* ``dense.building.json`` and ``embeddings.partial.npy`` while a build runs: the settings of the build and
+  how many passages are encoded so far, so an interrupted build resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from searchgym.data.types import Passage, Question
+from searchgym.errors import ConfigError, DataFormatError, MissingDependencyError
+from searchgym.retrieval.base import Hit, Retriever
+from searchgym.retrieval.bm25 import corpus_hash
+
+__all__ = [
+    "DEFAULT_PREFIXES",
+    "INDEX_TYPES",
+    "POOLINGS",
+    "DenseRetriever",
+    "Encoder",
+    "IndexType",
+    "Pooling",
+    "build_dense_index",
+    "gold_recall",
+    "load_encoder",
+    "read_manifest",
+    "tiny_encoder",
+]
+
+Pooling = Literal["mean", "cls"]
+IndexType = Literal["flat", "ivf", "hnsw"]
+POOLINGS: tuple[str, ...] = get_args(Pooling)
+INDEX_TYPES: tuple[str, ...] = get_args(IndexType)
+#: e5's ``(query, passage)`` prefixes.
+DEFAULT_PREFIXES = ("query: ", "passage: ")
+TINY = "tiny"
+
+#: Bumped when the saved layout changes; an index of another version is refused with "rebuild it".
+INDEX_FORMAT = 1
+MANIFEST = "dense.json"
+BUILDING = "dense.building.json"
+EMBEDDINGS = "embeddings.npy"
+PARTIAL_EMBEDDINGS = "embeddings.partial.npy"
+FAISS_FILE = "index.faiss"
+#: Encoded once at build and at load: two encoders that embed it differently are different encoders.
+_PROBE = "Who wrote the song that gave the searchgym probe its name?"
+#: The probe embeddings of build and load must agree this closely (cosine); another device or BLAS
+#: changes the last digits only.
+_PROBE_MIN_COSINE = 0.999
+#: Config keys that change with the transformers version or the save path, not with the model.
+_VOLATILE_CONFIG_KEYS = frozenset(
+    {"transformers_version", "torch_dtype", "dtype", "architectures", "name_or_path", "output_hidden_states"}
+)
+
+
+def _import_faiss() -> Any:
+    try:
+        import faiss
+    except ImportError as e:
+        raise MissingDependencyError("faiss-cpu", "dense", "Dense retrieval") from e
+    return faiss
+
+
+def _import_torch_transformers(purpose: str) -> tuple[Any, Any]:
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise MissingDependencyError(e.name or "transformers", "dense", purpose) from e
+    return torch, transformers
+
+
+# -- the encoder ---------------------------------------------------------------------------------------------
+
+
+class Encoder:
+    """A Hugging Face encoder that embeds queries and passages into L2-normalised float32 vectors.
+
+    Thread-safe: one lock guards the tokenizer and the model (a fast tokenizer's padding settings are
+    shared state), so a server's worker threads may call :meth:`encode` at once.
+
+    Args:
+        model: A ``transformers`` encoder (``AutoModel``): its output's ``last_hidden_state`` is pooled.
+        tokenizer: Its ``transformers`` tokenizer.
+        name: ``"tiny"`` or the encoder's folder: how the index finds it again.
+        pooling: ``"mean"`` (average over the non-padding tokens; e5's) or ``"cls"`` (the first token).
+        query_prefix: Put before every query (e5: ``"query: "``).
+        passage_prefix: Put before every passage (e5: ``"passage: "``).
+        max_length: Longest input in tokens (longer ones are cut); at most the model's positions.
+        device: Torch device of the model (``"cpu"``, ``"cuda"``, ``"cuda:1"`` …).
+        batch_size: Texts per forward pass.
+
+    Raises:
+        ConfigError: an unknown pooling, a non-positive ``max_length`` or ``batch_size``, or a device torch
+            cannot use.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str,
+        pooling: str = "mean",
+        query_prefix: str = DEFAULT_PREFIXES[0],
+        passage_prefix: str = DEFAULT_PREFIXES[1],
+        max_length: int = 512,
+        device: str = "cpu",
+        batch_size: int = 64,
+    ) -> None:
+        torch, _ = _import_torch_transformers("Dense encoding")
+        if pooling not in POOLINGS:
+            raise ConfigError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
+        if not isinstance(max_length, int) or max_length < 1:
+            raise ConfigError(f"max_length must be a positive integer, got {max_length!r}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if isinstance(positions, int) and positions > 0:
+            max_length = min(max_length, positions)
+        try:
+            self.device = torch.device(device)
+            model = model.to(self.device)
+        except (RuntimeError, AssertionError, ValueError) as e:
+            raise ConfigError(f"cannot use device {device!r} for the encoder: {e}") from None
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.pooling: Pooling = pooling  # type: ignore[assignment]
+        self.query_prefix = query_prefix
+        self.passage_prefix = passage_prefix
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self._lock = threading.Lock()
+        hidden = getattr(model.config, "hidden_size", None)
+        self.dim: int = int(hidden) if hidden else int(self._embed([_PROBE]).shape[1])
+
+    @property
+    def config_hash(self) -> str:
+        """A SHA-256 of the model's configuration (architecture and sizes; not the weights)."""
+        config = {
+            k: v
+            for k, v in self.model.config.to_dict().items()
+            if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS
+        }
+        return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+    def identity(self) -> dict[str, Any]:
+        """What the index records about its encoder: name, config hash, pooling, prefixes, dim and the
+        embedding of a fixed probe query (which tells two encoders with equal configs apart)."""
+        return {
+            "name": self.name,
+            "config_hash": self.config_hash,
+            "pooling": self.pooling,
+            "query_prefix": self.query_prefix,
+            "passage_prefix": self.passage_prefix,
+            "max_length": self.max_length,
+            "dim": self.dim,
+            "probe": [float(x) for x in self.encode_queries([_PROBE])[0]],
+        }
+
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts), dim)`` normalised embeddings of one batch."""
+        import torch
+
+        with self._lock, torch.inference_mode():
+            batch = self.tokenizer(
+                list(texts),
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+                return_token_type_ids=False,
+            )
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            hidden = self.model(**batch).last_hidden_state.float()
+            if self.pooling == "cls":
+                pooled = hidden[:, 0]
+            else:
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+            return np.ascontiguousarray(pooled.cpu().numpy(), dtype=np.float32)
+
+    def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
+        """``(len(texts), dim)`` float32 unit vectors, in the order of ``texts`` (no prefix is added).
+
+        Texts are batched by length (less padding); the result is in the input order.
+        """
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(texts), desc="encoding", unit="text", unit_scale=True)
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            out[rows] = self._embed([texts[i] for i in rows])
+            if bar is not None:
+                bar.update(len(rows))
+        if bar is not None:
+            bar.close()
+        return out
+
+    def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
+        """Query embeddings (the query prefix added)."""
+        return self.encode([self.query_prefix + q for q in queries])
+
+    def passage_text(self, passage: Passage) -> str:
+        """What is embedded for a passage: the prefix and its FlashRAG ``contents`` (as Search-R1's e5)."""
+        return self.passage_prefix + passage.contents
+
+    def encode_passages(self, passages: Sequence[Passage], *, progress: bool = False) -> np.ndarray:
+        """Passage embeddings (the passage prefix added)."""
+        return self.encode([self.passage_text(p) for p in passages], progress=progress)
+
+    def __repr__(self) -> str:
+        return f"Encoder(name={self.name!r}, dim={self.dim}, pooling={self.pooling!r})"
+
+
+def _builtin_hf_tokenizer() -> Any:
+    """searchgym's built-in tokenizer as a fresh ``transformers`` fast tokenizer.
+
+    Fresh, not the cached :func:`~searchgym.tokenization.builtin_tokenizer`'s backend: batching turns on
+    padding and truncation in the backend, which must not leak into the environment's tokenizer.
+    """
+    from tokenizers import Tokenizer as BackendTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from searchgym.tokenization import EOS_TOKEN, PAD_TOKEN
+
+    data = resources.files("searchgym").joinpath("assets/tokenizer.json").read_text(encoding="utf-8")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=BackendTokenizer.from_str(data),
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        model_max_length=512,
+    )
+
+
+def tiny_encoder(
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    seed: int = 0,
+    device: str = "cpu",
+    **options: Any,
+) -> Encoder:
+    """A small randomly initialised BERT encoder over the built-in tokenizer, the same for a seed.
+
+    It needs no download, so tests and examples can build and query real indexes; its rankings are those of
+    random features (a plumbing check, not a retriever to train with).
+
+    Args:
+        hidden: Embedding size (the index's ``dim``).
+        layers: Transformer blocks.
+        heads: Attention heads (``hidden`` must be divisible by it).
+        seed: Seed of the initialisation (the global torch RNG is left untouched).
+        device: Torch device.
+        **options: :class:`Encoder` options (``pooling``, ``query_prefix``, ``passage_prefix``,
+            ``max_length``, ``batch_size``).
+    """
+    torch, transformers = _import_torch_transformers("The tiny encoder")
+    tokenizer = _builtin_hf_tokenizer()
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=512,
+        type_vocab_size=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.BertModel(config)
+    return Encoder(model, tokenizer, name=TINY, device=device, **options)
+
+
+def load_encoder(spec: str | Encoder, device: str = "cpu", **options: Any) -> Encoder:
+    """Resolves an encoder argument.
+
+    Args:
+        spec: An :class:`Encoder` (returned as is); ``"tiny"`` (see :func:`tiny_encoder`); or the local
+            folder of a Hugging Face encoder checkpoint (``config.json``, weights and tokenizer files, as
+            ``save_pretrained`` or ``huggingface-cli download`` write them), such as e5-base-v2.
+        device: Torch device of the model.
+        **options: :class:`Encoder` options (``pooling``, ``query_prefix``, ``passage_prefix``,
+            ``max_length``, ``batch_size``).
+
+    Raises:
+        ConfigError: ``spec`` is not ``"tiny"`` nor a folder that holds a checkpoint.
+        MissingDependencyError: torch or transformers is not installed.
+    """
+    if isinstance(spec, Encoder):
+        return spec
+    if spec == TINY:
+        return tiny_encoder(device=device, **options)
+    _, transformers = _import_torch_transformers("Loading an encoder")
+    path = Path(spec).expanduser()
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"encoder {spec!r} is neither 'tiny' nor a local folder holding a checkpoint (config.json, "
+            "weights, tokenizer); download one first, e.g. "
+            "`huggingface-cli download intfloat/e5-base-v2 --local-dir e5-base-v2`, and pass that folder"
+        )
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+        model = transformers.AutoModel.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"cannot load the encoder in {path}: {e}") from None
+    return Encoder(model, tokenizer, name=str(path.resolve()), device=device, **options)
+
+
+# -- index files -------------------------------------------------------------------------------------------
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Writes JSON through a temporary file and a rename, so the file is either old or complete."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, OSError) as e:
+        raise DataFormatError(
+            str(path), None, f"corrupt dense index metadata ({e}); rebuild the index"
+        ) from None
+    if not isinstance(data, dict):
+        raise DataFormatError(str(path), None, "corrupt dense index metadata (not a JSON object); rebuild it")
+    return data
+
+
+def read_manifest(index_dir: str | Path) -> dict[str, Any]:
+    """The manifest of a finished dense index.
+
+    Raises:
+        ConfigError: the folder holds no finished index (a half-built one says how to finish it), or one of
+            another format version.
+        DataFormatError: the manifest is corrupt.
+    """
+    root = Path(index_dir)
+    manifest = root / MANIFEST
+    if not manifest.is_file():
+        if (root / BUILDING).is_file():
+            state = _read_json(root / BUILDING)
+            raise ConfigError(
+                f"{root} holds a half-built dense index ({state.get('rows_done', '?')} of "
+                f"{state.get('count', '?')} passages encoded, no {MANIFEST}); finish it by running the same "
+                f"`searchgym index dense ... --out {root}` command again (it resumes), or delete the folder"
+            )
+        raise ConfigError(
+            f"{root} holds no dense index (no {MANIFEST}); build one with "
+            f"`searchgym index dense --corpus FOLDER --encoder PATH|tiny --out {root}`"
+        )
+    meta = _read_json(manifest)
+    if meta.get("format") != INDEX_FORMAT:
+        raise ConfigError(
+            f"{root} holds a dense index of format {meta.get('format')!r}, this version reads {INDEX_FORMAT}; "
+            "rebuild it"
+        )
+    return meta
+
+
+def _encoder_difference(built: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """Why two encoder identities differ (``None`` when they are the same encoder and settings)."""
+    for key in ("dim", "pooling", "query_prefix", "passage_prefix", "max_length"):
+        if built.get(key) != current.get(key):
+            return f"{key} {built.get(key)!r} vs {current.get(key)!r}"
+    probe_a = np.asarray(built.get("probe") or [], dtype=np.float64)
+    probe_b = np.asarray(current.get("probe") or [], dtype=np.float64)
+    if probe_a.shape != probe_b.shape or float(probe_a @ probe_b) < _PROBE_MIN_COSINE:
+        return (
+            f"encoder {built.get('name')!r} (config {str(built.get('config_hash'))[:12]}…) vs "
+            f"{current.get('name')!r} (config {str(current.get('config_hash'))[:12]}…): they embed text "
+            "differently"
+        )
+    return None
+
+
+def _npy_size(count: int, dim: int) -> int:
+    """Bytes of the ``.npy`` file NumPy writes for a C-order ``(count, dim)`` float32 array."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False}
+    header["shape"] = (count, dim)
+    import io
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, header)  # type: ignore[no-untyped-call]
+    return buffer.tell() + count * dim * 4
+
+
+def _open_embeddings(path: Path, count: int, dim: int, mode: Literal["r", "r+"] = "r") -> np.ndarray:
+    """The memory-mapped ``(count, dim)`` float32 embeddings, checked against the file's size.
+
+    Raises:
+        DataFormatError: the file is truncated, padded, or not the array the manifest describes.
+    """
+    if not path.is_file():
+        raise DataFormatError(str(path), None, "the embeddings file is missing; rebuild the index")
+    size, expected = path.stat().st_size, _npy_size(count, dim)
+    if size != expected:
+        raise DataFormatError(
+            str(path),
+            None,
+            f"truncated or corrupt embeddings file ({size} bytes, {expected} expected for {count} x {dim} "
+            "float32); rebuild the index",
+        )
+    try:
+        array = np.load(path, mmap_mode=mode, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise DataFormatError(str(path), None, f"corrupt embeddings file ({e}); rebuild the index") from None
+    if array.dtype != np.float32 or array.shape != (count, dim) or not array.flags.c_contiguous:
+        raise DataFormatError(
+            str(path),
+            None,
+            f"the embeddings are a {array.dtype} array of shape {array.shape}, not {count} x {dim} float32; "
+            "rebuild the index",
+        )
+    return array
+
+
+# -- faiss indexes -----------------------------------------------------------------------------------------
+
+
+def _default_params(index_type: str, count: int) -> dict[str, int]:
+    """Search and build parameters of an index type for a corpus of ``count`` passages."""
+    if index_type == "ivf":
+        # ~4 sqrt(N) lists, with at least 39 training points per list (faiss's own minimum).
+        nlist = max(1, min(int(4 * count**0.5), count // 39))
+        return {"nlist": nlist, "nprobe": min(nlist, 32)}
+    if index_type == "hnsw":
+        return {"M": 32, "ef_construction": 80, "ef_search": 128}
+    return {}
+
+
+def _build_faiss(
+    embeddings: np.ndarray, index_type: str, params: Mapping[str, int], progress: bool, chunk: int = 65536
+) -> Any:
+    """An ``ivf`` or ``hnsw`` faiss inner-product index over ``embeddings`` (added in chunks)."""
+    faiss = _import_faiss()
+    count, dim = embeddings.shape
+    if index_type == "ivf":
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), params["nlist"], faiss.METRIC_INNER_PRODUCT)
+        sample_size = min(count, params["nlist"] * 256)
+        rng = np.random.default_rng(0)
+        rows = np.sort(rng.choice(count, size=sample_size, replace=False))
+        index.train(np.ascontiguousarray(embeddings[rows]))
+    else:
+        index = faiss.IndexHNSWFlat(dim, params["M"], faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = params["ef_construction"]
+    starts: Any = range(0, count, chunk)
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc=f"adding to the {index_type} index", unit="chunk")
+    for start in starts:
+        index.add(np.ascontiguousarray(embeddings[start : start + chunk]))
+    _set_search_params(index, index_type, params)
+    return index
+
+
+def _set_search_params(index: Any, index_type: str, params: Mapping[str, int]) -> None:
+    if index_type == "ivf":
+        index.nprobe = params["nprobe"]
+    elif index_type == "hnsw":
+        index.hnsw.efSearch = params["ef_search"]
+
+
+def _read_faiss(path: Path, meta: Mapping[str, Any]) -> Any:
+    """The saved ``ivf``/``hnsw`` index, checked; HNSW vectors are memory-mapped.
+
+    IVF lists are read into memory: faiss 1.15's memory-mapped IVF reading loses the list count.
+    """
+    faiss = _import_faiss()
+    expected = (meta.get("files") or {}).get(FAISS_FILE)
+    if not path.is_file():
+        raise DataFormatError(str(path), None, "the faiss index file is missing; rebuild the index")
+    if path.stat().st_size != expected:
+        raise DataFormatError(
+            str(path),
+            None,
+            f"truncated or corrupt faiss index ({path.stat().st_size} bytes, {expected} expected); rebuild it",
+        )
+    flags = faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY if meta["index_type"] == "hnsw" else 0
+    try:
+        index = faiss.read_index(str(path), flags)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[-1][:200]
+        raise DataFormatError(str(path), None, f"corrupt faiss index ({first}); rebuild it") from None
+    if index.ntotal != meta["count"] or index.d != meta["dim"]:
+        raise DataFormatError(
+            str(path),
+            None,
+            f"the faiss index holds {index.ntotal} vectors of dim {index.d}, the manifest says "
+            f"{meta['count']} of dim {meta['dim']}; rebuild it",
+        )
+    _set_search_params(index, meta["index_type"], meta["index_params"])
+    return index
+
+
+# -- building ----------------------------------------------------------------------------------------------
+
+
+def _check_index_type(index_type: str) -> None:
+    if index_type not in INDEX_TYPES:
+        raise ConfigError(f"unknown index type {index_type!r}; choose one of {list(INDEX_TYPES)}")
+
+
+def build_dense_index(
+    passages: Sequence[Passage],
+    encoder: Encoder | str,
+    out_dir: str | Path,
+    *,
+    batch_size: int | None = None,
+    index_type: str = "flat",
+    progress: bool = True,
+    chunk_size: int = 8192,
+    overwrite: bool = False,
+    device: str = "cpu",
+) -> Path:
+    """Encodes a corpus and writes a dense index to ``out_dir``; resumes an interrupted build.
+
+    Passages are encoded ``chunk_size`` at a time into ``embeddings.partial.npy``; after each chunk the
+    count of finished passages is recorded in ``dense.building.json``. Run again after an interruption, the
+    build goes on from there (with the same encoder, settings and corpus; anything else is refused). Once
+    every passage is encoded the file becomes ``embeddings.npy``, the ``ivf``/``hnsw`` index is built, and
+    ``dense.json`` is written last. A finished index of the same encoder and corpus is reused: nothing is
+    done for the same index type, only the faiss index is built for another one.
+
+    Args:
+        passages: The corpus.
+        encoder: An :class:`Encoder`, ``"tiny"``, or the folder of a checkpoint (see :func:`load_encoder`).
+        out_dir: The index folder (created if needed; other files in it are left alone).
+        batch_size: Texts per forward pass (default: the encoder's).
+        index_type: ``"flat"`` (exact), ``"ivf"`` or ``"hnsw"`` (approximate, for large corpora).
+        progress: Show progress bars.
+        chunk_size: Passages encoded between two saved checkpoints of the build.
+        overwrite: Discard whatever dense index or half-built one ``out_dir`` holds.
+        device: Torch device, when ``encoder`` is a name or path.
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        ConfigError: an empty corpus, an unknown index type, or ``out_dir`` holds an index (finished or
+            half-built) of another encoder, settings or corpus and ``overwrite`` is false.
+    """
+    _check_index_type(index_type)
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    passages = list(passages)
+    if not passages:
+        raise ConfigError("the corpus holds no passages; there is nothing to index")
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    encoder = load_encoder(encoder, device=device)
+    if batch_size is not None:
+        encoder.batch_size = batch_size
+    root = Path(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        _remove(root, (MANIFEST, BUILDING, PARTIAL_EMBEDDINGS, EMBEDDINGS, FAISS_FILE))
+    state: dict[str, Any] = {
+        "format": INDEX_FORMAT,
+        "encoder": encoder.identity(),
+        "corpus_hash": corpus_hash(passages),
+        "count": len(passages),
+        "dim": encoder.dim,
+        "index_type": index_type,
+        "index_params": _default_params(index_type, len(passages)),
+        "rows_done": 0,
+    }
+    state["rows_done"] = _resume_point(root, state)
+    if state["rows_done"] < 0:
+        return root  # the same index is already there
+    if state["rows_done"] < len(passages) or not (root / EMBEDDINGS).is_file():
+        _write_json(root / BUILDING, state)
+        _encode_into(root, passages, encoder, state, chunk_size, progress)
+    _write_json(root / BUILDING, state)
+    embeddings = _open_embeddings(root / EMBEDDINGS, len(passages), encoder.dim)
+    files = {EMBEDDINGS: (root / EMBEDDINGS).stat().st_size}
+    (root / FAISS_FILE).unlink(missing_ok=True)
+    if index_type != "flat":
+        faiss = _import_faiss()
+        index = _build_faiss(embeddings, index_type, state["index_params"], progress)
+        tmp = root / f".{FAISS_FILE}.{os.getpid()}.tmp"
+        faiss.write_index(index, str(tmp))
+        os.replace(tmp, root / FAISS_FILE)
+        files[FAISS_FILE] = (root / FAISS_FILE).stat().st_size
+    manifest = {k: v for k, v in state.items() if k != "rows_done"}
+    manifest["files"] = files
+    _write_json(root / MANIFEST, manifest)  # the completion marker, written last
+    (root / BUILDING).unlink(missing_ok=True)
+    return root
+
+
+def _remove(root: Path, names: Sequence[str]) -> None:
+    for name in names:  # the manifest first: a folder is never a finished index while being cleared
+        (root / name).unlink(missing_ok=True)
+
+
+def _same_build(found: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
+    """Why a saved build cannot continue into the wanted one (``None``: it can)."""
+    if found.get("format") != INDEX_FORMAT:
+        return f"format {found.get('format')!r}, this version writes {INDEX_FORMAT}"
+    if found.get("corpus_hash") != wanted["corpus_hash"] or found.get("count") != wanted["count"]:
+        return (
+            f"another corpus ({found.get('count')} passages, hash {str(found.get('corpus_hash'))[:12]}…; "
+            f"given: {wanted['count']} passages, hash {wanted['corpus_hash'][:12]}…)"
+        )
+    difference = _encoder_difference(found.get("encoder") or {}, wanted["encoder"])
+    return None if difference is None else f"another encoder ({difference})"
+
+
+def _resume_point(root: Path, state: Mapping[str, Any]) -> int:
+    """Passages already encoded in ``root`` for this build; ``-1`` when the same index is finished.
+
+    Raises:
+        ConfigError: ``root`` holds an index or a half-built one that this build cannot reuse.
+    """
+    count = state["count"]
+    if (root / MANIFEST).is_file():
+        found = _read_json(root / MANIFEST)
+        reason = _same_build(found, state)
+        if reason is not None:
+            raise ConfigError(
+                f"{root} holds a dense index built from {reason}; choose another folder or pass "
+                "overwrite=True (--overwrite) to replace it"
+            )
+        if (
+            found.get("index_type") == state["index_type"]
+            and found.get("index_params") == state["index_params"]
+        ):
+            _open_embeddings(root / EMBEDDINGS, count, state["dim"])  # a damaged finished index is an error
+            return -1
+        (root / MANIFEST).unlink()  # same embeddings, another faiss index: rebuilt below
+        return count
+    if not (root / BUILDING).is_file():
+        _remove(root, (PARTIAL_EMBEDDINGS, EMBEDDINGS))  # leftovers of a build that never recorded a step
+        return 0
+    found = _read_json(root / BUILDING)
+    reason = _same_build(found, state)
+    if reason is not None:
+        raise ConfigError(
+            f"{root} holds a half-built dense index of {reason}; finish it with its own settings, choose "
+            "another folder, or pass overwrite=True (--overwrite) to start again"
+        )
+    done = found.get("rows_done")
+    if not isinstance(done, int) or not 0 <= done <= count:
+        raise DataFormatError(str(root / BUILDING), None, f"bad rows_done {done!r}; pass --overwrite")
+    if done == count and (root / EMBEDDINGS).is_file():
+        return count
+    if not (root / PARTIAL_EMBEDDINGS).is_file():
+        return 0
+    return done
+
+
+def _encode_into(
+    root: Path,
+    passages: Sequence[Passage],
+    encoder: Encoder,
+    state: dict[str, Any],
+    chunk_size: int,
+    progress: bool,
+) -> None:
+    """Encodes the passages from ``state["rows_done"]`` on into the partial embeddings, chunk by chunk."""
+    count, dim = len(passages), encoder.dim
+    partial = root / PARTIAL_EMBEDDINGS
+    if state["rows_done"] == 0 or not partial.is_file():
+        state["rows_done"] = 0
+        array = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(count, dim))
+    else:
+        array = _open_embeddings(partial, count, dim, mode="r+")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=count, initial=state["rows_done"], desc="encoding passages", unit="passage")
+    while state["rows_done"] < count:
+        start = state["rows_done"]
+        end = min(start + chunk_size, count)
+        array[start:end] = encoder.encode_passages(passages[start:end])
+        array.flush()  # on disk before the state says so
+        state["rows_done"] = end
+        _write_json(root / BUILDING, state)
+        if bar is not None:
+            bar.update(end - start)
+    if bar is not None:
+        bar.close()
+    del array
+    os.replace(partial, root / EMBEDDINGS)
+
+
+# -- the retriever -----------------------------------------------------------------------------------------
+
+
+class DenseRetriever(Retriever):
+    """Top-k passages by inner product of normalised embeddings (cosine similarity), with faiss.
+
+    A batch of queries is encoded in batches of the encoder's ``batch_size`` and searched by one faiss call.
+    Results are by decreasing score, ties broken by corpus position (exactly, for ``flat``; among the
+    candidates the approximate index returns, for ``ivf``/``hnsw``).
+
+    Build one with :meth:`load` (an index folder written by :func:`build_dense_index`), or directly from
+    embeddings held in memory (e.g. for a benchmark).
+
+    Args:
+        passages: The corpus, in the order of ``embeddings``.
+        encoder: Encodes the queries; must produce ``dim``-dimensional vectors.
+        embeddings: ``(N, dim)`` float32 unit vectors (may be a memory map).
+        index: A faiss index over the embeddings for ``ivf``/``hnsw``; ``None`` for ``flat``.
+        index_type: ``"flat"``, ``"ivf"`` or ``"hnsw"``.
+
+    Raises:
+        ConfigError: the shapes of the corpus, the embeddings and the encoder disagree.
+    """
+
+    name = "dense"
+
+    def __init__(
+        self,
+        passages: Sequence[Passage],
+        encoder: Encoder,
+        embeddings: np.ndarray,
+        *,
+        index: Any = None,
+        index_type: str = "flat",
+    ) -> None:
+        self._faiss = _import_faiss()
+        _check_index_type(index_type)
+        self.passages = list(passages)
+        if embeddings.ndim != 2 or embeddings.shape[0] != len(self.passages):
+            raise ConfigError(
+                f"{embeddings.shape} embeddings for {len(self.passages)} passages: one row per passage needed"
+            )
+        if embeddings.shape[1] != encoder.dim:
+            raise ConfigError(
+                f"dimension mismatch: the index holds {embeddings.shape[1]}-dimensional vectors but encoder "
+                f"{encoder.name!r} produces {encoder.dim}; pass the encoder the index was built with, or "
+                "rebuild the index with this one"
+            )
+        if index_type != "flat" and index is None:
+            params = _default_params(index_type, len(self.passages))
+            index = _build_faiss(embeddings, index_type, params, progress=False)
+        self.encoder = encoder
+        self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        self.index = index
+        self.index_type = index_type
+        self.index_dir: Path | None = None
+
+    @classmethod
+    def load(
+        cls,
+        index_dir: str | Path,
+        passages: Sequence[Passage],
+        encoder: Encoder | str | None = None,
+        device: str = "cpu",
+    ) -> DenseRetriever:
+        """Opens an index written by :func:`build_dense_index` (embeddings memory-mapped).
+
+        Args:
+            index_dir: The index folder.
+            passages: The corpus the index was built from (hits are read from it).
+            encoder: The query encoder; ``None`` loads the one recorded in the index (``"tiny"`` or its
+                checkpoint folder) with the recorded pooling, prefixes and length.
+            device: Torch device of the query encoder.
+
+        Raises:
+            ConfigError: no finished index in ``index_dir`` (a half-built one says how to finish it); it
+                was built from another corpus; the encoder is another one or of another dimension; the
+                recorded encoder's folder is gone.
+            DataFormatError: an index file is truncated or corrupt.
+            MissingDependencyError: faiss (or torch/transformers) is not installed.
+        """
+        _import_faiss()
+        root = Path(index_dir)
+        meta = read_manifest(root)
+        passages = list(passages)
+        expected = corpus_hash(passages)
+        if meta.get("corpus_hash") != expected:
+            raise ConfigError(
+                f"stale dense index in {root}: it was built from a different corpus ({meta.get('count')} "
+                f"passages, hash {str(meta.get('corpus_hash'))[:12]}…) than the one given ({len(passages)} "
+                f"passages, hash {expected[:12]}…); rebuild it with `searchgym index dense ... --out {root}"
+                " --overwrite`"
+            )
+        try:
+            count, dim, index_type = int(meta["count"]), int(meta["dim"]), str(meta["index_type"])
+            built = dict(meta["encoder"])
+            _check_index_type(index_type)
+            if not isinstance(meta.get("index_params"), dict):
+                raise TypeError("index_params must be an object")
+        except (KeyError, TypeError, ValueError, ConfigError) as e:
+            raise DataFormatError(str(root / MANIFEST), None, f"corrupt dense index manifest ({e})") from None
+        embeddings = _open_embeddings(root / EMBEDDINGS, count, dim)
+        index = _read_faiss(root / FAISS_FILE, meta) if index_type != "flat" else None
+        if encoder is None:
+            name = str(built.get("name"))
+            if name != TINY and not Path(name).is_dir():
+                raise ConfigError(
+                    f"the index in {root} was built with the encoder in {name}, which is gone; pass "
+                    "encoder=PATH to DenseRetriever.load (the same checkpoint, moved), or rebuild the index"
+                )
+            options = {k: built[k] for k in ("pooling", "query_prefix", "passage_prefix", "max_length")}
+            encoder = load_encoder(name, device=device, **options)
+        else:
+            encoder = load_encoder(encoder, device=device)
+        if encoder.dim != dim:
+            raise ConfigError(
+                f"dimension mismatch: the index in {root} holds {dim}-dimensional vectors but encoder "
+                f"{encoder.name!r} produces {encoder.dim}; pass the encoder the index was built with "
+                f"({built.get('name')!r}), or rebuild the index with this one"
+            )
+        difference = _encoder_difference(built, encoder.identity())
+        if difference is not None:
+            raise ConfigError(
+                f"the index in {root} was built with another encoder than the one given ({difference}); "
+                f"pass the encoder it was built with ({built.get('name')!r}), or rebuild the index with "
+                "`searchgym index dense ... --overwrite`"
+            )
+        self = cls(passages, encoder, embeddings, index=index, index_type=index_type)
+        self.index_dir = root
+        return self
+
+    @property
+    def dim(self) -> int:
+        """Embedding size."""
+        return int(self.embeddings.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the embeddings (memory-mapped when loaded) plus, for ``ivf``/``hnsw``, the faiss index."""
+        size = int(self.embeddings.nbytes)
+        if self.index is not None:
+            if self.index_dir is not None and (self.index_dir / FAISS_FILE).is_file():
+                size += (self.index_dir / FAISS_FILE).stat().st_size
+            else:
+                size += int(self._faiss.serialize_index(self.index).nbytes)
+        return size
+
+    def search_vectors(self, vectors: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """For each ``(B, dim)`` query vector, ``(positions, scores)`` of its top ``k`` passages."""
+        n = len(self.passages)
+        k = min(k, n)
+        if k <= 0 or vectors.shape[0] == 0:
+            empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+            return [empty for _ in range(vectors.shape[0])]
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if self.index is None:
+            # Ask for a few more than k, and for more while a tie crosses the boundary, so that the
+            # lowest corpus positions win every tie exactly.
+            fetch = min(n, k + 8)
+            while True:
+                scores, positions = self._faiss.knn(
+                    vectors, self.embeddings, fetch, metric=self._faiss.METRIC_INNER_PRODUCT
+                )
+                if fetch == n or bool((scores[:, fetch - 1] < scores[:, k - 1]).all()):
+                    break
+                fetch = min(n, 4 * fetch)
+        else:
+            scores, positions = self.index.search(vectors, k)
+        out = []
+        for row_scores, row_positions in zip(scores, positions, strict=True):
+            valid = row_positions >= 0
+            row_scores, row_positions = row_scores[valid], row_positions[valid]
+            order = np.lexsort((row_positions, -row_scores))[:k]
+            out.append((row_positions[order].astype(np.int64), row_scores[order]))
+        return out
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        if isinstance(queries, str):
+            raise TypeError("queries must be a sequence of strings, not one string")
+        if not queries:
+            return []
+        if k <= 0:
+            return [[] for _ in queries]
+        passages = self.passages
+        found = self.search_vectors(self.encoder.encode_queries(queries), k)
+        return [
+            [Hit.of(passages[int(i)], float(s)) for i, s in zip(positions, scores, strict=True)]
+            for positions, scores in found
+        ]
+
+
+# -- evaluation --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recall:
+    """Gold-passage recall of a retriever on a question set.
+
+    Attributes:
+        k: Passages retrieved per question.
+        any_gold: Share of the questions whose top ``k`` holds at least one gold passage.
+        all_gold: Share whose top ``k`` holds every gold passage.
+        questions: Questions counted (those with gold passage ids).
+    """
+
+    k: int
+    any_gold: float
+    all_gold: float
+    questions: int
+
+
+def gold_recall(
+    retriever: Retriever,
+    questions: Sequence[Question],
+    k: int = 3,
+    *,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> Recall:
+    """Recall@k of the gold passages: each question is the query, its ``supporting_ids`` the gold ids.
+
+    Raises:
+        ConfigError: no question carries gold passage ids.
+    """
+    scored = [q for q in questions if q.supporting_ids]
+    if not scored:
+        raise ConfigError(
+            "no question carries gold passage ids (metadata.gold_passage_ids); cannot measure recall"
+        )
+    any_hits = all_hits = 0
+    starts: Iterator[int] | Any = range(0, len(scored), batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc=f"recall@{k}", unit="batch")
+    for start in starts:
+        batch = scored[start : start + batch_size]
+        for q, hits in zip(batch, retriever.search([q.question for q in batch], k), strict=True):
+            ids = {h.passage_id for h in hits}
+            gold = set(q.supporting_ids)
+            any_hits += bool(ids & gold)
+            all_hits += gold <= ids
+    return Recall(k, any_hits / len(scored), all_hits / len(scored), len(scored))
+
+
+def parse_spec(spec: str) -> Path | None:
+    """The index folder of a ``"dense:INDEX_DIR"`` retriever spec, or ``None`` for another spec."""
+    if isinstance(spec, str) and spec.startswith("dense:"):
+        folder = spec[len("dense:") :]
+        if not folder:
+            raise ConfigError("retriever 'dense:' names no index folder; use dense:INDEX_DIR")
+        return Path(folder).expanduser()
+    return None
