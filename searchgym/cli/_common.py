@@ -21,7 +21,11 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-seed", type=int, default=0, help="seed of the generated world")
     parser.add_argument("--split", default="test", help="question split")
     parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: built-in)")
-    parser.add_argument("--retriever", default="bm25", help="retriever backend name or URL")
+    parser.add_argument(
+        "--retriever",
+        default="bm25",
+        help="bm25, rank_bm25, dense:INDEX_DIR, or the URL of a /retrieve server",
+    )
     parser.add_argument("--topk", type=int, default=3, help="passages per search")
     parser.add_argument("--max-turns", type=int, default=4, help="turn budget")
     parser.add_argument(

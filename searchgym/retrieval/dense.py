@@ -413,12 +413,15 @@ def _encoder_difference(built: Mapping[str, Any], current: Mapping[str, Any]) ->
 
 def _npy_size(count: int, dim: int) -> int:
     """Bytes of the ``.npy`` file NumPy writes for a C-order ``(count, dim)`` float32 array."""
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False}
-    header["shape"] = (count, dim)
     import io
 
+    header: dict[str, Any] = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+        "fortran_order": False,
+        "shape": (count, dim),
+    }
     buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buffer, header)  # type: ignore[no-untyped-call]
+    np.lib.format.write_array_header_1_0(buffer, header)
     return buffer.tell() + count * dim * 4
 
 
@@ -699,6 +702,7 @@ def _encode_into(
     """Encodes the passages from ``state["rows_done"]`` on into the partial embeddings, chunk by chunk."""
     count, dim = len(passages), encoder.dim
     partial = root / PARTIAL_EMBEDDINGS
+    array: np.ndarray
     if state["rows_done"] == 0 or not partial.is_file():
         state["rows_done"] = 0
         array = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(count, dim))
