@@ -1,0 +1,137 @@
+"""The parquet files verl trains on, written from any searchgym dataset (``searchgym prepare verl``).
+
+verl reads its prompts through ``RLHFDataset``: one row per question with ``data_source``, ``prompt`` (a
+chat message list), ``ability``, ``reward_model`` and ``extra_info``. The rows written here also name the
+agent loop that plays them (``agent_name``, the one :mod:`searchgym.agents.integrations.verl` registers)
+and carry, in ``extra_info``, what that loop needs to play the question as a SearchQA episode: the
+question id and the env's settings (``searchgym_env``, JSON). The ``prompt`` column holds Search-R1's
+prompt text, so that verl's prompt-length filter and its logs see the real prompt; the agent loop does not
+re-encode it: the env renders the prompt in the policy's tokenizer, as every searchgym engine does.
+
+Needs pyarrow (the ``parquet`` extra), not verl: the data can be prepared on a machine without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from searchgym.data import load_dataset
+from searchgym.errors import ConfigError, MissingDependencyError
+from searchgym.protocol import format_prompt
+
+__all__ = ["AGENT_NAME", "ENV_KEYS", "question_rows", "write_verl_parquet"]
+
+AGENT_NAME = "searchgym"
+"""The name the SearchQA agent loop is registered under in verl (the rows' ``agent_name``)."""
+
+ENV_KEYS: tuple[str, ...] = (
+    "dataset",
+    "world_seed",
+    "split",
+    "retriever",
+    "topk",
+    "max_turns",
+    "max_turn_tokens",
+    "max_context_tokens",
+    "max_obs_tokens",
+    "max_passage_words",
+    "reward",
+    "prompt_style",
+    "append_question_mark",
+    "on_retrieval_error",
+)
+"""The :class:`~searchgym.envs.search_qa.SearchQAEnv` settings a row may carry (``extra_info.searchgym_env``)."""
+
+
+def question_rows(env_kwargs: dict[str, Any], *, limit: int | None = None) -> list[dict[str, Any]]:
+    """One verl row per question of ``env_kwargs["split"]``.
+
+    Args:
+        env_kwargs: SearchQA settings (keys of :data:`ENV_KEYS`; ``dataset`` a path, ``"world"`` or ``None``).
+        limit: Keep only the first ``limit`` questions.
+
+    Returns:
+        Rows with ``data_source``, ``prompt``, ``ability``, ``reward_model`` (``{"style": "rule",
+        "ground_truth": {"target": golden answers}}``, Search-R1's layout), ``extra_info`` (``index``,
+        ``split``, ``question_id``, ``searchgym_env``) and ``agent_name``.
+
+    Raises:
+        ConfigError: an unknown setting, a dataset object (rows need a path the workers can open), or a
+            split the dataset does not have.
+    """
+    unknown = sorted(set(env_kwargs) - set(ENV_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown env settings {unknown}; valid: {list(ENV_KEYS)}")
+    spec = env_kwargs.get("dataset")
+    if spec is not None and not isinstance(spec, str | os.PathLike):
+        raise ConfigError("prepare verl needs the dataset as a path (or 'world'): verl's workers reopen it")
+    settings = {k: v for k, v in env_kwargs.items() if v is not None}
+    if isinstance(spec, os.PathLike) or (spec not in (None, "world") and Path(str(spec)).exists()):
+        # Workers may start in another folder: store the absolute path.
+        settings["dataset"] = str(Path(str(spec)).resolve())
+    split = str(settings.get("split", "train"))
+    settings["split"] = split
+    dataset = load_dataset(spec, world_seed=int(settings.get("world_seed", 0)))
+    questions = dataset.questions(split)
+    if limit is not None:
+        questions = questions[:limit]
+    env_json = json.dumps(settings, sort_keys=True)
+    mark = bool(settings.get("append_question_mark", True))
+    return [
+        {
+            "data_source": f"searchgym/{dataset.name}",
+            "prompt": [{"role": "user", "content": format_prompt(q.question, mark)}],
+            "ability": "search-qa",
+            "reward_model": {"style": "rule", "ground_truth": {"target": list(q.golden_answers)}},
+            "extra_info": {
+                "index": i,
+                "split": split,
+                "question_id": q.id,
+                "searchgym_env": env_json,
+            },
+            "agent_name": AGENT_NAME,
+        }
+        for i, q in enumerate(questions)
+    ]
+
+
+def write_verl_parquet(
+    out_dir: str | Path,
+    env_kwargs: dict[str, Any],
+    splits: Sequence[str] = ("train",),
+    *,
+    limit: int | None = None,
+) -> dict[str, Path]:
+    """Writes ``OUT_DIR/{split}.parquet`` for each split (atomically: a temporary file moved into place).
+
+    Args:
+        out_dir: The folder to write (created).
+        env_kwargs: SearchQA settings (see :func:`question_rows`; ``split`` is set per file).
+        splits: The dataset splits to write, e.g. ``("train", "test")``.
+        limit: Keep only the first ``limit`` questions of each split.
+
+    Returns:
+        ``{split: path}``.
+    """
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as e:  # pragma: no cover - depends on the installation
+        raise MissingDependencyError("pyarrow", "parquet", "Writing verl's parquet files") from e
+    if not splits:
+        raise ConfigError("give at least one split to write")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for split in splits:
+        rows = question_rows({**env_kwargs, "split": split}, limit=limit)
+        path = out / f"{split}.parquet"
+        tmp = out / f".{split}.parquet.tmp"
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, path)
+        written[split] = path
+    return written

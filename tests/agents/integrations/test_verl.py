@@ -1,0 +1,437 @@
+"""The verl integration on the CPU: the LLDS policy losses, the agent loop, the plugin, the early warning.
+
+verl 0.9.1 pins transformers < 5.11, so these tests run in their own virtualenv (``make test-verl`` builds
+``.venv-verl`` and sets ``SEARCHGYM_REQUIRE_VERL=1``, which turns a missing verl into a failure). In the
+main virtualenv they are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if os.environ.get("SEARCHGYM_REQUIRE_VERL") != "1":
+    pytest.importorskip(
+        "verl", reason="verl pins transformers < 5.11: `make test-verl` runs these in .venv-verl"
+    )
+
+import gymnasium as gym  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.workers.config import ActorConfig  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+import searchgym.envs  # noqa: E402 - registers SearchQA-v0
+from searchgym.agents.grpo.losses import grpo_llds_loss, llds_loss  # noqa: E402
+from searchgym.agents.integrations.trajectories import EpisodeTokens, to_record  # noqa: E402
+from searchgym.agents.integrations.verl import (  # noqa: E402
+    LLDS_LOSS_MODES,
+    LLDSPolicyLossConfig,
+    SearchQAAgentLoop,
+    install_lld_warning,
+    response_advantages,
+)
+from searchgym.agents.integrations.verl_data import write_verl_parquet  # noqa: E402
+from searchgym.envs.episode import Source  # noqa: E402
+from searchgym.errors import ConfigError  # noqa: E402
+from searchgym.tokenization import load_tokenizer  # noqa: E402
+
+GATES = ("action", "response", "token")
+
+
+# -- the policy losses ---------------------------------------------------------------------------------
+
+
+def _actor_config(coef: float | None = 0.3, **batch_info: Any) -> Any:
+    policy = LLDSPolicyLossConfig(loss_mode="llds_action", llds_coef=coef) if coef is not None else None
+    kwargs = {"policy_loss": policy} if policy is not None else {}
+    config = ActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=2, **kwargs)
+    config.global_batch_info.update(batch_info)
+    return config
+
+
+def _batch(seed: int = 0) -> dict[str, Any]:
+    """4 responses of 12 tokens: policy runs split by tool tokens (0 in the mask), padding at the end."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.tensor(
+        [
+            [1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 0, 0],
+            [1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0],
+            [1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+        ]
+    )
+    per_response = torch.tensor([0.8, 0.0, -0.6, 1.2])
+    old = -torch.rand(mask.shape, generator=g) * 2 - 0.1
+    # Ratios within [0.5, 2]: inside verl's dual clip (3) and searchgym's ratio cap (100).
+    logp = (old + (torch.rand(mask.shape, generator=g) - 0.5) * 0.6).requires_grad_(True)
+    return {
+        "old_log_prob": old,
+        "log_prob": logp,
+        "advantages": per_response[:, None] * mask,  # what verl's grpo estimator hands the loss
+        "response_mask": mask.bool(),
+        "per_response": per_response,
+    }
+
+
+def _grad(loss: Any, x: Any) -> Any:
+    (g,) = torch.autograd.grad(loss, x)
+    return g
+
+
+def test_the_three_modes_are_registered_under_their_names() -> None:
+    assert LLDS_LOSS_MODES == {"llds_action": "action", "llds_response": "response", "llds_token": "token"}
+    for mode in LLDS_LOSS_MODES:
+        assert core_algos.get_policy_loss_fn(mode).__name__ == f"{mode}_policy_loss"
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_registered_loss_is_verl_vanilla_plus_lambda_llds(gate: str) -> None:
+    b = _batch()
+    config = _actor_config(0.3)
+    fn = core_algos.get_policy_loss_fn(f"llds_{gate}")
+    args = (b["old_log_prob"], b["log_prob"], b["advantages"], b["response_mask"])
+    loss, metrics = fn(*args, loss_agg_mode="token-mean", config=config)
+    vanilla, _ = core_algos.compute_policy_loss_vanilla(*args, loss_agg_mode="token-mean", config=config)
+    term, ours = llds_loss(b["log_prob"], b["old_log_prob"], b["per_response"], b["response_mask"], gate)
+    expected = vanilla + 0.3 * term
+    assert float(term.detach()) > 0  # the hand-built batch lost likelihood somewhere: the test has teeth
+    torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+    torch.testing.assert_close(_grad(loss, b["log_prob"]), _grad(expected, b["log_prob"]), rtol=0, atol=0)
+    assert metrics["actor/llds_loss"] == ours["llds_loss"]
+    assert metrics["actor/llds_gate_open"] == ours["llds_gate_open"]
+    assert metrics["actor/llds_coef"] == 0.3
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_registered_loss_equals_searchgyms_grpo_llds_loss(gate: str) -> None:
+    """Same objective as ``train grpo`` where verl's dual clip and searchgym's ratio cap are both inactive."""
+    b = _batch(seed=1)
+    fn = core_algos.get_policy_loss_fn(f"llds_{gate}")
+    loss, _ = fn(
+        b["old_log_prob"], b["log_prob"], b["advantages"], b["response_mask"], config=_actor_config(0.3)
+    )
+    ours, _ = grpo_llds_loss(
+        b["log_prob"], b["old_log_prob"], b["per_response"], b["response_mask"], llds_coef=0.3, gate=gate
+    )
+    torch.testing.assert_close(loss, ours)
+    torch.testing.assert_close(_grad(loss, b["log_prob"]), _grad(ours, b["log_prob"]))
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_env_token_gradients_are_exactly_zero(gate: str) -> None:
+    b = _batch(seed=2)
+    fn = core_algos.get_policy_loss_fn(f"llds_{gate}")
+    loss, _ = fn(
+        b["old_log_prob"], b["log_prob"], b["advantages"], b["response_mask"], config=_actor_config(1.0)
+    )
+    grad = _grad(loss, b["log_prob"])
+    assert bool((grad[~b["response_mask"]] == 0).all())
+    assert bool((grad[b["response_mask"]] != 0).any())
+
+
+def test_llds_uses_verls_global_token_count() -> None:
+    """Under data parallelism the term is divided like verl's token-mean: batch_num_tokens / dp_size."""
+    b = _batch()
+    config = _actor_config(0.5, dp_size=2, batch_num_tokens=60)
+    args = (b["old_log_prob"], b["log_prob"], b["advantages"], b["response_mask"])
+    loss, _ = core_algos.get_policy_loss_fn("llds_action")(*args, config=config)
+    vanilla, _ = core_algos.compute_policy_loss_vanilla(*args, loss_agg_mode="token-mean", config=config)
+    term, _ = llds_loss(
+        b["log_prob"], b["old_log_prob"], b["per_response"], b["response_mask"], num_tokens=30
+    )
+    torch.testing.assert_close(loss, vanilla + 0.5 * term, rtol=0, atol=0)
+
+
+def test_lambda_defaults_to_the_papers_and_zero_leaves_verls_loss() -> None:
+    b = _batch()
+    args = (b["old_log_prob"], b["log_prob"], b["advantages"], b["response_mask"])
+    vanilla, _ = core_algos.compute_policy_loss_vanilla(*args, config=_actor_config(None))
+    default, metrics = core_algos.get_policy_loss_fn("llds_token")(*args, config=_actor_config(None))
+    term, _ = llds_loss(b["log_prob"], b["old_log_prob"], b["per_response"], b["response_mask"], "token")
+    assert metrics["actor/llds_coef"] == 0.2
+    torch.testing.assert_close(default, vanilla + 0.2 * term, rtol=0, atol=0)
+    off, metrics = core_algos.get_policy_loss_fn("llds_token")(*args, config=_actor_config(0.0))
+    torch.testing.assert_close(off, vanilla, rtol=0, atol=0)
+    assert metrics["actor/llds_loss"] > 0  # still measured
+
+
+def test_displacement_metrics_split_by_advantage_sign() -> None:
+    b = _batch()
+    shift = torch.where(b["response_mask"], 0.25, 0.0)
+    # Responses 0 and 3 (A > 0) lost 0.25 per token, response 1 (A = 0) and 2 (A < 0) did not move.
+    logp = b["old_log_prob"] - shift * torch.tensor([1.0, 0.0, 0.0, 1.0])[:, None]
+    _, metrics = core_algos.get_policy_loss_fn("llds_action")(
+        b["old_log_prob"], logp, b["advantages"], b["response_mask"], config=_actor_config()
+    )
+    assert metrics["lld/delta_adv_pos"] == pytest.approx(-0.25)
+    assert metrics["lld/delta_adv_zero"] == 0.0 and metrics["lld/delta_adv_neg"] == 0.0
+
+
+def test_per_token_advantages_are_refused() -> None:
+    b = _batch()
+    gae = b["advantages"] + torch.linspace(0, 0.1, 12)
+    with pytest.raises(ConfigError, match="outcome estimator"):
+        core_algos.get_policy_loss_fn("llds_action")(
+            b["old_log_prob"], b["log_prob"], gae, b["response_mask"], config=_actor_config()
+        )
+    empty = torch.zeros(2, 3, dtype=torch.bool)
+    assert response_advantages(torch.zeros(2, 3), empty).tolist() == [0.0, 0.0]
+
+
+def test_lambda_reaches_the_actor_through_verls_own_config_composition() -> None:
+    """The documented overrides, composed by Hydra from verl's ppo_trainer.yaml as main_ppo does."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    with initialize_config_dir(
+        config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
+    ):
+        cfg = compose(
+            config_name="ppo_trainer",
+            overrides=[
+                "actor_rollout_ref.actor.policy_loss._target_=searchgym.agents.integrations.verl.LLDSPolicyLossConfig",
+                "actor_rollout_ref.actor.policy_loss.loss_mode=llds_response",
+                "+actor_rollout_ref.actor.policy_loss.llds_coef=0.3",
+                "+actor_rollout_ref.actor.policy_loss.lld_warning_window=5",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.rollout.n=5",
+            ],
+        )
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert isinstance(actor.policy_loss, LLDSPolicyLossConfig)
+    assert (actor.policy_loss.loss_mode, actor.policy_loss.llds_coef) == ("llds_response", 0.3)
+    assert actor.policy_loss.lld_warning_window == 5
+    with pytest.raises(ConfigError, match="llds_coef"):
+        LLDSPolicyLossConfig(llds_coef=-1.0)
+
+
+# -- the plugin and the early warning ------------------------------------------------------------------
+
+
+def test_plugin_is_discovered_in_a_fresh_process_by_import_verl() -> None:
+    code = (
+        "import sys, verl\n"
+        "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY\n"
+        "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
+        "print(sorted(k for k in POLICY_LOSS_REGISTRY if k.startswith('llds')))\n"
+        "print(_agent_loop_registry['searchgym']['_target_'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+        env=env,
+        timeout=300,
+    ).stdout.split("\n")
+    assert out[0] == "['llds_action', 'llds_response', 'llds_token']"
+    assert out[1] == "searchgym.agents.integrations.verl.SearchQAAgentLoop"
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.logged: list[dict[str, Any]] = []
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        self.logged.append(data)
+
+
+def test_lld_warning_is_added_to_verls_logged_metrics() -> None:
+    from verl.utils.tracking import Tracking
+
+    install_lld_warning()  # already done by the plugin: idempotent
+    config = OmegaConf.create({"actor_rollout_ref": {"actor": {"policy_loss": {"lld_warning_window": 2}}}})
+    tracker = Tracking("p", "e", default_backend=[], config=config)
+    recorder = _Recorder()
+    tracker.logger["recorder"] = recorder
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step, value in enumerate([0.1, -0.2, float("nan"), -0.1, -0.3, -0.4], start=1):
+            tracker.log({"lld/delta_adv_pos": value, "x": 1.0}, step)
+        tracker.log({"x": 2.0}, 7)
+    assert [d.get("lld/warning") for d in recorder.logged] == [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, None]
+    assert sum("LLD early warning" in str(w.message) for w in caught) == 1
+
+
+# -- the agent loop ------------------------------------------------------------------------------------
+
+ENV = {"max_turn_tokens": 40, "max_context_tokens": 1024, "topk": 2, "max_turns": 3}
+
+
+class ScriptedServer:
+    """A fake ``server_manager``: returns the scripted segments in order, with made-up log-probs."""
+
+    def __init__(self, segments: list[list[int]]) -> None:
+        self.segments = list(segments)
+        self.calls: list[dict[str, Any]] = []
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
+    ):
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), **sampling_params})
+        ids = self.segments.pop(0)
+        return TokenOutput(token_ids=ids, log_probs=[-0.01 * (i + 1) for i in range(len(ids))])
+
+
+@pytest.fixture(scope="module")
+def hf_tok() -> Any:
+    return load_tokenizer(None).to_transformers()
+
+
+def _agent_loop(server: Any, hf_tok: Any, rollout_name: str = "vllm", **env: Any) -> SearchQAAgentLoop:
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {"name": rollout_name, "prompt_length": 512, "response_length": 768}
+            }
+        }
+    )
+    return SearchQAAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=hf_tok,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(OmegaConf.create({})),
+        env=env or None,
+    )
+
+
+def _script(tok: Any, question: Any) -> list[list[int]]:
+    # Text after each closing tag: the env must cut the turn there, not where the server stopped.
+    first = f"<think>look it up</think> <search> {question.question} </search> then more words"
+    second = f"<think>found</think> <answer> {question.golden_answers[0]} </answer> and trailing text"
+    return [tok.encode(first), tok.encode(second)]
+
+
+def _play_in_gym(tok: Any, question_id: str, segments: list[list[int]]) -> tuple[Any, float, list[int]]:
+    env = gym.make("SearchQA-v0", tokenizer=tok, **ENV)
+    obs, _ = env.reset(options={"question_id": question_id})
+    reward, consumed = 0.0, []
+    for segment in segments:
+        for n, token in enumerate(segment, start=1):
+            obs, r, terminated, truncated, info = env.step(token)
+            reward += float(r)
+            if info.get("turn_end") or terminated or truncated:
+                consumed.append(n)
+                break
+    env.close()
+    return obs, reward, consumed
+
+
+def test_agent_loop_reproduces_the_gymnasium_episode_token_for_token(hf_tok: Any) -> None:
+    tok = load_tokenizer(hf_tok)
+    question = searchgym.envs.SearchQAEnv(tokenizer=tok, **ENV).questions[0]
+    segments = _script(tok, question)
+    server = ScriptedServer(segments)
+    loop = _agent_loop(server, hf_tok)
+    extra = {"question_id": question.id, "searchgym_env": json.dumps({**ENV, "split": "train"})}
+    out: AgentLoopOutput = asyncio.run(
+        loop.run({"temperature": 1.0, "logprobs": True}, extra_info=extra, raw_prompt=[])
+    )
+
+    obs, reward, consumed = _play_in_gym(tok, question.id, segments)
+    n = int(obs["length"][0])
+    tokens, sources = obs["tokens"][:n].tolist(), obs["sources"][:n]
+    prompt_len = int((sources == Source.PROMPT).sum())
+    assert out.prompt_ids == tokens[:prompt_len]
+    assert out.response_ids == tokens[prompt_len:]
+    assert out.response_mask == (sources[prompt_len:] == Source.POLICY).astype(int).tolist()
+    assert 0 in out.response_mask  # the search results are in the response, masked out
+    assert reward == 1.0 and out.reward_score == reward
+    assert out.extra_fields["reward_extra_info"] == {"em": 1.0, "f1": 1.0, "searches": 1.0}
+    # Log-probs: the server's, for the tokens the env kept; 0.0 on tool tokens.
+    expected_lp = [-0.01 * (i + 1) for c in consumed for i in range(c)]
+    assert [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m] == expected_lp
+    assert all(lp == 0.0 for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if not m)
+    assert consumed[0] < len(segments[0]) and consumed[1] < len(segments[1])  # the cut was exercised
+    # Each turn was generated on the exact transcript so far, in one sticky session, within the budget.
+    assert server.calls[0]["prompt_ids"] == out.prompt_ids
+    first_tool = out.response_mask.index(0)
+    second_turn = out.response_mask.index(1, first_tool)
+    assert server.calls[1]["prompt_ids"] == tokens[: prompt_len + second_turn]
+    assert len({c["request_id"] for c in server.calls}) == 1
+    assert all(c["max_tokens"] == ENV["max_turn_tokens"] for c in server.calls)
+    assert server.calls[0]["stop"] == ["</search>", "</answer>"]
+    # verl's own conversion accepts it.
+    tensors = out.as_dict()
+    assert tensors["responses"].shape == tensors["response_mask"].shape == tensors["rollout_log_probs"].shape
+    assert float(tensors["rm_scores"][-1]) == 1.0
+
+
+def test_agent_loop_overrides_and_bad_rows(hf_tok: Any) -> None:
+    tok = load_tokenizer(hf_tok)
+    question = searchgym.envs.SearchQAEnv(tokenizer=tok, **ENV).questions[1]
+    server = ScriptedServer(_script(tok, question))
+    # Loop-level settings win over the row's; no stop strings for a backend other than vLLM.
+    loop = _agent_loop(server, hf_tok, rollout_name="sglang", max_turn_tokens=30)
+    extra = {"question_id": question.id, "searchgym_env": json.dumps(ENV)}
+    out = asyncio.run(loop.run({}, extra_info=extra, raw_prompt=[]))
+    assert all(c["max_tokens"] == 30 and "stop" not in c for c in server.calls)
+    assert out.response_logprobs is not None and out.num_turns >= 4
+    with pytest.raises(ConfigError, match="prepare verl"):
+        asyncio.run(loop.run({}, extra_info={"index": 0}, raw_prompt=[]))
+    with pytest.raises(ConfigError, match="unknown SearchQA settings"):
+        asyncio.run(
+            loop.run({}, extra_info={"question_id": "x", "searchgym_env": '{"nope": 1}'}, raw_prompt=[])
+        )
+
+
+# -- the data and the trajectories ---------------------------------------------------------------------
+
+
+def test_prepared_parquet_is_read_by_verls_rlhf_dataset(tmp_path: Path, hf_tok: Any) -> None:
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    paths = write_verl_parquet(tmp_path, {**ENV, "retriever": "bm25"}, ["train", "test"], limit=4)
+    config = OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "max_prompt_length": 512,
+            "filter_overlong_prompts": False,
+            "cache_dir": str(tmp_path),
+        }
+    )
+    data = RLHFDataset(str(paths["train"]), hf_tok, config)
+    assert len(data) == 4
+    row = data[2]
+    assert row["agent_name"] == "searchgym" and row["index"] == 2
+    assert row["raw_prompt"][0]["role"] == "user" and "Question:" in row["raw_prompt"][0]["content"]
+    assert json.loads(row["extra_info"]["searchgym_env"])["split"] == "train"
+    assert row["extra_info"]["question_id"] == searchgym.envs.SearchQAEnv(**ENV).questions[2].id
+
+
+def test_verl_trajectory_records_build_verls_agent_loop_output() -> None:
+    episode = EpisodeTokens(
+        prompt_ids=[5, 6, 7],
+        response_ids=[8, 9, 10, 11, 12],
+        response_mask=[1, 1, 0, 0, 1],
+        response_logprobs=[-0.5, -0.25, 0.0, 0.0, -1.0],
+        reward=1.0,
+        info={"em": 1.0},
+    )
+    record = to_record(episode, "verl")
+    fields = {k: record[k] for k in ("prompt_ids", "response_ids", "response_mask", "response_logprobs")}
+    out = AgentLoopOutput(**fields, reward_score=record["reward_score"], metrics={}).as_dict()
+    assert out["responses"].tolist() == [8, 9, 10, 11, 12]
+    assert out["response_mask"].tolist() == [1, 1, 0, 0, 1]
+    torch.testing.assert_close(out["rollout_log_probs"], torch.tensor([-0.5, -0.25, 0.0, 0.0, -1.0]))
+    assert out["rm_scores"].tolist() == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert np.array_equal(out["prompts"].numpy(), [5, 6, 7])
