@@ -476,7 +476,7 @@ def _build_faiss(
     faiss = _import_faiss()
     count, dim = embeddings.shape
     if index_type == "ivf":
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), params["nlist"], faiss.METRIC_INNER_PRODUCT)
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, params["nlist"], faiss.METRIC_INNER_PRODUCT)
         sample_size = min(count, params["nlist"] * 256)
         rng = np.random.default_rng(0)
         rows = np.sort(rng.choice(count, size=sample_size, replace=False))
