@@ -11,6 +11,7 @@ searches of many episodes to the retriever in one batched call.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 from searchgym.data.types import Question
 from searchgym.errors import ConfigError, InvalidActionError, SearchGymError
 from searchgym.protocol import (
+    BASE_PROMPT,
     INVALID_TURN_MESSAGE,
     StopScanner,
     format_documents,
@@ -42,6 +44,13 @@ __all__ = [
 ]
 
 END_REASONS = ("answered", "turn_budget", "context_limit")
+
+# Where the ``<information>`` block is cut into parts for the tokenizer's cache: after the ``Doc`` of each
+# ``Doc i(Title: …`` header, so a part is `` i(Title: …) <passage>\nDoc`` — one passage at one rank.
+_DOCUMENT_CUT = re.compile(r"(?<=Doc)(?= \d+\(Title: )")
+# The base prompt is cut after the last word of its fixed text (``… <answer> Beijing``), so that text is
+# tokenised once and only the rest (`` </answer>. Question: …``) per question.
+_PROMPT_HEAD = re.match(r"(?s).*[A-Za-z0-9](?= )", BASE_PROMPT.split("{question}")[0]).group()  # type: ignore[union-attr]
 
 
 def check_token(action: Any, vocab_size: int) -> int:
@@ -181,6 +190,8 @@ class Episode:
         text = format_prompt(question.question, self.config.append_question_mark)
         if self.config.prompt_style == "chat":
             prompt = self.tokenizer.chat_prompt_ids(text)
+        elif text.startswith(_PROMPT_HEAD):
+            prompt = self.tokenizer.encode_parts([_PROMPT_HEAD, text[len(_PROMPT_HEAD) :]])
         else:
             prompt = self.tokenizer.encode(text)
         if len(prompt) >= self.config.max_context_tokens:
@@ -285,10 +296,15 @@ class Episode:
         return self._append_tool(self._invalid_ids)
 
     def deliver(self, hits: Sequence[Hit]) -> Event:
-        """Appends the ``<information>`` block for the pending search and starts the next turn."""
+        """Appends the ``<information>`` block for the pending search and starts the next turn.
+
+        The block is encoded one passage at a time through the tokenizer's bounded cache
+        (:meth:`~searchgym.tokenization.Tokenizer.encode_parts`), so a passage met again at the same rank is
+        not tokenised again; the ids are exactly those of encoding the whole block.
+        """
         self._take_pending([h.passage_id for h in hits])
         text = format_documents([h.contents for h in hits], self.config.max_passage_words)
-        return self._append_tool(self.tokenizer.encode(text))
+        return self._append_tool(self.tokenizer.encode_parts(_DOCUMENT_CUT.split(text)))
 
     def deliver_failure(self, message: str) -> Event:
         """Appends a tool message saying the pending search failed (``on_retrieval_error="observe"``)."""
@@ -354,12 +370,13 @@ class Episode:
 
     def render_text(self) -> str:
         """The transcript as text with each segment marked by its source."""
+        src = self.sources[: self.length]
+        ends = [*(np.flatnonzero(src[1:] != src[:-1]) + 1).tolist(), self.length]
         parts = []
         start = 0
-        src = self.sources[: self.length]
-        for i in range(1, self.length + 1):
-            if i == self.length or src[i] != src[start]:
+        for end in ends:
+            if end > start:
                 label = Source(int(src[start])).name.lower()
-                parts.append(f"[{label}]{self.tokenizer.decode(self.tokens[start:i])}[/{label}]")
-                start = i
+                parts.append(f"[{label}]{self.tokenizer.decode(self.tokens[start:end])}[/{label}]")
+            start = end
         return "".join(parts)

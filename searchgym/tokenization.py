@@ -7,14 +7,25 @@ environment writes them.
 
 The built-in tokenizer (``searchgym/assets/tokenizer.json``, built by ``scripts/build_tokenizer.py``) is a
 byte-level BPE: any Unicode text encodes with no unknown token.
+
+Tool text repeats: the G responses of a GRPO group retrieve the same passages, and an evaluation of several
+agents or checkpoints reads them again. :meth:`Tokenizer.encode_parts` memoises the ids of each part of a
+text in a bounded LRU cache (:attr:`Tokenizer.cache_size` parts), and returns exactly the ids
+:meth:`Tokenizer.encode` gives for the whole text.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
+from itertools import pairwise
 from typing import Any
+
+import numpy as np
 
 from searchgym.errors import ConfigError, MissingDependencyError
 
@@ -23,6 +34,8 @@ __all__ = ["EOS_TOKEN", "PAD_TOKEN", "Tokenizer", "builtin_tokenizer", "load_tok
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
 BUILTIN_NAME = "builtin"
+CACHE_SIZE = 8192  # parts (a passage is one part): about 1.5 KiB each with its key, ~12 MiB when full
+_ASCII_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 
 
 @lru_cache(maxsize=1)
@@ -83,6 +96,32 @@ def _token_bytes_from_backend(backend: Any, vocab_size: int, special_ids: set[in
     return table
 
 
+def _splits_like_gpt2(spec: dict[str, Any]) -> bool:
+    """Whether a backend spec is byte-level BPE over GPT-2's pre-tokenizer split, with no normaliser.
+
+    For such a tokenizer a text's ids are the concatenation of the ids of its pre-tokens, and a space that
+    follows an ASCII letter or digit always starts a new pre-token: the run of letters or digits stops
+    there, and the space opens the next match whatever follows (GPT-2's pattern has no look-behind, and its
+    only look-ahead, ``\\s+(?!\\S)``, never reaches across a letter or digit). So the text can be cut at
+    such a space and the parts encoded separately with the same ids (:meth:`Tokenizer.encode_parts`).
+    """
+    pre = spec.get("pre_tokenizer") or {}
+    model = spec.get("model") or {}
+    return (
+        spec.get("normalizer") is None
+        and pre.get("type") == "ByteLevel"
+        and pre.get("use_regex") is True
+        and pre.get("add_prefix_space") is False
+        and model.get("type") == "BPE"
+        and model.get("dropout") is None
+    )
+
+
+def _safe_cut(left: str, right: str) -> bool:
+    """Whether ``left + right`` may be encoded as two parts (see :func:`_splits_like_gpt2`)."""
+    return bool(left) and left[-1] in _ASCII_ALNUM and right[:1] == " "
+
+
 class Tokenizer:
     """The interface the environment and agents use, over a ``tokenizers`` or ``transformers`` tokenizer.
 
@@ -92,6 +131,7 @@ class Tokenizer:
         token_bytes: For every id, the UTF-8 bytes it adds to decoded text (``b""`` for special tokens).
         eos_token_id: End-of-sequence id, or ``None``.
         pad_token_id: Padding id (falls back to the EOS id, then 0).
+        cache_size: How many parts :meth:`encode_parts` keeps (least recently used dropped first).
     """
 
     def __init__(self, backend: Any, *, name: str, hf: Any = None) -> None:
@@ -99,20 +139,27 @@ class Tokenizer:
         self._hf = hf
         self.name = name
         self.vocab_size: int = len(hf) if hf is not None else backend.get_vocab_size(with_added_tokens=True)
-        special = self._special_ids()
+        spec = json.loads(backend.to_str())
+        special = self._special_ids(spec)
         self.token_bytes: list[bytes] = _token_bytes_from_backend(backend, self.vocab_size, special)
         self.eos_token_id: int | None = self._lookup(EOS_TOKEN) if hf is None else hf.eos_token_id
         pad = self._lookup(PAD_TOKEN) if hf is None else hf.pad_token_id
         self.pad_token_id: int = pad if pad is not None else (self.eos_token_id or 0)
+        self._parts_exact = _splits_like_gpt2(spec)
+        # Added tokens are matched in the raw text before pre-tokenisation; a text holding one is encoded
+        # whole, so no part boundary can split such a match.
+        self._added = tuple(t["content"] for t in spec.get("added_tokens", []) if t.get("content"))
+        self.cache_size = CACHE_SIZE
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_lock = threading.Lock()
 
     def _lookup(self, token: str) -> int | None:
         found: int | None = self._backend.token_to_id(token)
         return found
 
-    def _special_ids(self) -> set[int]:
+    def _special_ids(self, spec: dict[str, Any]) -> set[int]:
         # Added tokens marked special in the backend (e.g. reserved tokens) never decode to text, even when
         # a transformers tokenizer does not list them among its special tokens.
-        spec = json.loads(self._backend.to_str())
         ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
         if self._hf is not None:
             ids |= set(self._hf.all_special_ids)
@@ -124,10 +171,53 @@ class Tokenizer:
             return list(self._hf.encode(text, add_special_tokens=False))
         return list(self._backend.encode(text, add_special_tokens=False).ids)
 
+    def encode_parts(self, parts: Sequence[str]) -> np.ndarray:
+        """Token ids of ``"".join(parts)``, equal to :meth:`encode` of the joined text, memoised.
+
+        Each part's ids are kept in a bounded LRU cache (:attr:`cache_size` parts) keyed by the part's text,
+        so a key holds its whole rendering (a passage's rank, a word cut). Parts are encoded separately only
+        where that is provably token-exact: the tokenizer is a byte-level BPE with GPT-2's pre-tokenizer
+        split (the built-in one, GPT-2's, RoBERTa's), every later part starts with a space that follows an
+        ASCII letter or digit, and the text holds no added token. Otherwise the joined text is the one key.
+
+        Returns:
+            A read-only ``(n,)`` int32 array; a cached one is shared, never write to it.
+        """
+        text = "".join(parts)
+        if (
+            len(parts) < 2
+            or not self._parts_exact
+            or any(token in text for token in self._added)
+            or not all(_safe_cut(left, right) for left, right in pairwise(parts))
+        ):
+            return self._encode_cached(text)
+        return np.concatenate([self._encode_cached(part) for part in parts])
+
+    def _encode_cached(self, text: str) -> np.ndarray:
+        cache = self._cache
+        with self._cache_lock:
+            ids = cache.get(text)
+            if ids is not None:
+                cache.move_to_end(text)
+                return ids
+        ids = np.asarray(self.encode(text), dtype=np.int32)
+        ids.flags.writeable = False
+        with self._cache_lock:
+            cache[text] = ids
+            while len(cache) > self.cache_size:
+                cache.popitem(last=False)
+        return ids
+
+    def clear_cache(self) -> None:
+        """Empties the :meth:`encode_parts` cache (benchmarks start cold with it)."""
+        with self._cache_lock:
+            self._cache.clear()
+
     def decode_bytes(self, ids: Any) -> bytes:
         """The bytes the tokens contribute, special tokens dropped."""
-        table = self.token_bytes
-        return b"".join(table[int(i)] for i in ids)
+        if isinstance(ids, np.ndarray):
+            ids = ids.tolist()  # one conversion instead of a NumPy scalar per token
+        return b"".join(map(self.token_bytes.__getitem__, map(int, ids)))
 
     def decode(self, ids: Any) -> str:
         """Decoded text, special tokens dropped; invalid UTF-8 (a split character) becomes U+FFFD."""
