@@ -29,13 +29,16 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topk", type=int, default=3, help="passages per search")
     parser.add_argument("--max-turns", type=int, default=4, help="turn budget")
     parser.add_argument(
-        "--max-turn-tokens", type=int, default=None, help="policy tokens per turn (env default)"
+        "--max-turn-tokens",
+        type=int,
+        default=None,
+        help="policy tokens per turn (default: the env's 512, or the training value of a checkpoint: agent)",
     )
     parser.add_argument(
         "--max-context-tokens",
         type=int,
         default=None,
-        help="transcript size (env default; must match a model's)",
+        help="transcript size (default: the env's 2048, or the training value of a checkpoint: agent)",
     )
 
 

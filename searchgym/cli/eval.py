@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from searchgym.agents.evaluate import EvalSummary
 from searchgym.cli._common import add_env_arguments, format_table, load_agent, make_env
@@ -29,11 +30,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
+    """The turn and context sizes a ``checkpoint:FILE`` agent was trained with, for those not given.
+
+    A model trained on 48-token turns plays an env with 512-token turns very slowly (an untrained or drifted
+    policy fills every turn) and out of distribution, so the trainer's own sizes are the natural default.
+    """
+    if not args.agent.startswith("checkpoint:"):
+        return {}
+    path = args.agent[len("checkpoint:") :]
+    if not os.path.isfile(path):
+        return {}  # a Hugging Face folder carries no env settings; a missing file errors in load_agent
+    from searchgym.agents.grpo.checkpoint import load_checkpoint
+
+    config = load_checkpoint(path).get("config", {})
+    names = ("max_turn_tokens", "max_context_tokens")
+    return {n: int(config[n]) for n in names if getattr(args, n, None) is None and n in config}
+
+
 def run(args: argparse.Namespace) -> int:
     from searchgym.agents import evaluate
     from searchgym.data.jsonl import replace_on_success
 
-    env = make_env(args)
+    env = make_env(args, **checkpoint_env_defaults(args))
     agent = load_agent(args.agent, env, seed=args.seed)
     if args.out is None:
         summary = evaluate(env, agent, args.episodes, seed=args.seed, progress=not args.no_progress)

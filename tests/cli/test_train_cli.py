@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -86,6 +87,25 @@ def test_sft_then_grpo_from_it_then_plot(tmp_path: Path, capsys: pytest.CaptureF
     out = tmp_path / "plot.png"
     assert main(["plot", str(grpo), str(sft), "--out", str(out)]) == 0
     assert out.stat().st_size > 1000
+
+
+def test_eval_of_a_checkpoint_defaults_to_its_training_turn_sizes(tmp_path: Path) -> None:
+    from searchgym.cli.eval import checkpoint_env_defaults
+
+    sft = tmp_path / "sft"
+    common = ["--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768", "--threads", "1"]
+    args = ["train", "sft", "--run-dir", str(sft), *common, "--demo-episodes", "4", "--epochs", "1"]
+    assert main([*args, "--eval-questions", "0", "--no-progress"]) == 0
+    agent = f"checkpoint:{sft / 'checkpoint.pt'}"
+    unset = argparse.Namespace(agent=agent, max_turn_tokens=None, max_context_tokens=None)
+    assert checkpoint_env_defaults(unset) == {"max_turn_tokens": 8, "max_context_tokens": 768}
+    given = argparse.Namespace(agent=agent, max_turn_tokens=16, max_context_tokens=None)
+    assert checkpoint_env_defaults(given) == {"max_context_tokens": 768}  # what the user gives wins
+    other = argparse.Namespace(agent="oracle", max_turn_tokens=None, max_context_tokens=None)
+    assert checkpoint_env_defaults(other) == {}
+    out = tmp_path / "episodes.jsonl"
+    assert main(["eval", "--agent", agent, "--episodes", "2", "--no-progress", "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 2
 
 
 def test_a_changed_lr_on_resume_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
