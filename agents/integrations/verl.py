@@ -47,8 +47,9 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from uuid import uuid4
 
 try:
@@ -92,7 +93,7 @@ __all__ = [
 DEFAULT_LLDS_COEF = 0.2
 """Lambda when the policy-loss config has no ``llds_coef`` (the paper's value)."""
 
-LLDS_LOSS_MODES: dict[str, Gate] = {f"llds_{gate}": gate for gate in GATES}  # type: ignore[misc]
+LLDS_LOSS_MODES: dict[str, Gate] = {f"llds_{gate}": cast(Gate, gate) for gate in GATES}
 """verl ``loss_mode`` names and the LLDS gate each one uses."""
 
 _POLICY = int(Source.POLICY)
@@ -102,7 +103,7 @@ _POLICY = int(Source.POLICY)
 
 
 @dataclass
-class LLDSPolicyLossConfig(PolicyLossConfig):  # type: ignore[misc]
+class LLDSPolicyLossConfig(PolicyLossConfig):
     """verl's ``PolicyLossConfig`` plus the LLDS options (select it with ``policy_loss._target_``).
 
     Attributes:
@@ -349,7 +350,7 @@ def _give_back(key: tuple[str, int], env: TurnLevelWrapper) -> None:
 
 
 @register(AGENT_NAME)
-class SearchQAAgentLoop(AgentLoopBase):  # type: ignore[misc]
+class SearchQAAgentLoop(AgentLoopBase):
     """One SearchQA episode per row: verl generates each turn, the env decides where it ends.
 
     The row (``searchgym prepare verl``) gives the question (``extra_info.question_id``) and the env's
@@ -474,16 +475,11 @@ class SearchQAAgentLoop(AgentLoopBase):  # type: ignore[misc]
 
 
 def _plain(value: Any) -> Any:
-    """A dict from an OmegaConf node, a numpy 0-d object or a dict."""
-    if value is None:
-        return None
-    if hasattr(value, "item") and not isinstance(value, dict):
+    """Plain dicts and lists from OmegaConf nodes (Mappings and Sequences), numpy 0-d objects, or dicts."""
+    if hasattr(value, "item") and not isinstance(value, Mapping):
         value = value.item()
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(value, DictConfig):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf comes with verl
-        pass
-    return dict(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [_plain(v) for v in value]
+    return value

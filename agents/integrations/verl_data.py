@@ -75,7 +75,7 @@ def question_rows(env_kwargs: dict[str, Any], *, limit: int | None = None) -> li
         settings["dataset"] = str(Path(str(spec)).resolve())
     split = str(settings.get("split", "train"))
     settings["split"] = split
-    dataset = load_dataset(spec, world_seed=int(settings.get("world_seed", 0)))
+    dataset = load_dataset(None if spec is None else str(spec), world_seed=int(settings.get("world_seed", 0)))
     questions = dataset.questions(split)
     if limit is not None:
         questions = questions[:limit]

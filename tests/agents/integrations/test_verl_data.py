@@ -1,0 +1,81 @@
+"""``searchgym prepare verl`` (no verl needed) and the verl integration's import without verl."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from searchgym.cli import main
+from searchgym.errors import ConfigError
+
+pq = pytest.importorskip("pyarrow.parquet", reason="the parquet extra is part of `all`")
+
+from searchgym.agents.integrations.verl_data import (  # noqa: E402
+    AGENT_NAME,
+    question_rows,
+    write_verl_parquet,
+)
+from searchgym.data import load_dataset  # noqa: E402
+
+# The columns verl's RLHFDataset reads (prompt_key "prompt", data_source, extra_info.index) plus the agent loop's.
+COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info", "agent_name"]
+
+
+def test_prepare_verl_writes_one_parquet_per_split_that_round_trips(tmp_path: Path, capsys) -> None:
+    argv = ["prepare", "verl", "--out", str(tmp_path / "data"), "--split", "train", "--split", "test"]
+    code = main([*argv, "--limit", "5", "--max-turns", "3", "--retriever", "http://127.0.0.1:8000/retrieve"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert set(printed) == {"train", "test"}
+    world = load_dataset(None)
+    for split in ("train", "test"):
+        table = pq.read_table(printed[split])
+        assert table.column_names == COLUMNS
+        rows = table.to_pylist()
+        questions = world.questions(split)[:5]
+        assert [r["extra_info"]["question_id"] for r in rows] == [q.id for q in questions]
+        assert [r["extra_info"]["index"] for r in rows] == list(range(5))
+        assert [r["reward_model"]["ground_truth"]["target"] for r in rows] == [
+            list(q.golden_answers) for q in questions
+        ]
+        assert all(r["agent_name"] == AGENT_NAME and r["prompt"][0]["role"] == "user" for r in rows)
+        assert questions[0].question.rstrip("?") in rows[0]["prompt"][0]["content"]
+        env = json.loads(rows[0]["extra_info"]["searchgym_env"])
+        assert env["split"] == split and env["max_turns"] == 3
+        assert env["retriever"] == "http://127.0.0.1:8000/retrieve"
+        assert "dataset" not in env  # the generated world: nothing to reopen
+
+
+def test_a_dataset_folder_is_stored_as_an_absolute_path(tmp_path: Path, quickstart_dir: Path) -> None:
+    paths = write_verl_parquet(tmp_path, {"dataset": str(quickstart_dir)}, ["test"], limit=2)
+    env = json.loads(pq.read_table(paths["test"]).to_pylist()[0]["extra_info"]["searchgym_env"])
+    assert Path(env["dataset"]).is_absolute() and Path(env["dataset"]) == quickstart_dir.resolve()
+
+
+def test_bad_settings_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no split 'nope'"):
+        write_verl_parquet(tmp_path, {}, ["nope"])
+    with pytest.raises(ConfigError, match="unknown env settings"):
+        question_rows({"max_turn": 3})
+    with pytest.raises(ConfigError, match="as a path"):
+        question_rows({"dataset": load_dataset(None)})
+    with pytest.raises(ConfigError, match="at least one split"):
+        write_verl_parquet(tmp_path, {}, [])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("verl") is not None, reason="verl is installed here")
+def test_without_verl_the_integration_names_the_extra() -> None:
+    code = (
+        "from searchgym.errors import MissingDependencyError\n"
+        "try:\n"
+        "    import searchgym.agents.integrations.verl\n"
+        "except MissingDependencyError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert "pip install 'searchgym[verl]'" in out.stdout
