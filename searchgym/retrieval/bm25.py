@@ -1,4 +1,4 @@
-"""A fast BM25: a term-by-passage sparse matrix of precomputed weights, queried in batches by one matmul.
+"""A fast BM25: a term-by-passage matrix of precomputed weights, queried term at a time, pruned exactly.
 
 Scoring. For a passage ``d`` of ``|d|`` tokens and a query term ``t`` occurring ``tf`` times in ``d``::
 
@@ -12,10 +12,12 @@ with two idf variants (``N`` passages, ``df`` passages containing ``t``):
   the passages) is replaced by ``epsilon`` times the average idf of the vocabulary — exactly what
   ``rank_bm25.BM25Okapi`` does, so this mode reproduces its scores.
 
-All ``w(t, d)`` are computed once at indexing time into a ``(V, N)`` CSR matrix (one row per term, its
-posting list). A batch of ``B`` queries becomes a ``(B, V)`` sparse matrix of term counts, and their scores
-are one sparse product ``(B, V) @ (V, N)``: the work is the total length of the queried posting lists, not
-``N`` per query term as in ``rank_bm25``.
+All ``w(t, d)`` are computed once at indexing time into a ``(V, N)`` CSR matrix (one row per term: its
+posting list, sorted by passage, with the weights). The full scores of a batch (:meth:`BM25Retriever.scores`)
+are one sparse product ``(B, V) @ (V, N)``. The top k (:meth:`BM25Retriever.top_k`) needs far less: posting
+lists are added shortest first into a dense accumulator until the k-th best passage touched beats any
+passage not touched yet (MaxScore), the long lists of common terms are then only looked up for the few
+candidates left, and those are scored exactly. The result is the full scores' ranking, to the last bit.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -59,11 +62,13 @@ _ARRAYS_FILE = "bm25.npz"
 _PROGRESS_THRESHOLD = 50_000
 #: Size of the strided sample that bounds the k-th best score of a long row (see :func:`top_k_sparse`).
 _SAMPLE = 1024
-#: A query term is "common" (scored only for candidates, see :meth:`BM25Retriever.top_k`) when it is in
-#: more than this share of the passages, and in more than _COMMON_MIN passages (pruning small corpora
-#: costs more than it saves).
+#: A query term is "common" when it is in more than this share of the passages, and in more than
+#: _COMMON_MIN of them: :meth:`BM25Retriever.top_k` checks whether it can stop before adding such a term
+#: (rarer terms are added without a check, which costs more than adding them).
 _COMMON_SHARE = 1 / 16
 _COMMON_MIN = 2048
+#: Relative margin of the pruning comparisons: far above the rounding of sums of a query's weights.
+_MARGIN = 1e-9
 
 
 @dataclass(frozen=True)
@@ -146,18 +151,12 @@ def top_k_sparse(scores: np.ndarray, positions: np.ndarray, k: int) -> tuple[np.
     return positions[kept].astype(np.int64), scores[kept]
 
 
-def _rows(matrix: sp.csr_matrix) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(data, column indices)`` of each row of a CSR matrix."""
-    for i in range(matrix.shape[0]):
-        start, end = matrix.indptr[i], matrix.indptr[i + 1]
-        yield matrix.data[start:end], matrix.indices[start:end]
-
-
 class BM25Retriever(Retriever):
-    """BM25 over a passage list as a sparse matrix; a batch of queries is scored by one sparse matmul.
+    """BM25 over a passage list as a sparse matrix of weights, queried term at a time with exact pruning.
 
     Each passage is indexed as ``title + " " + text`` (as :class:`RankBM25Retriever` does). Rankings are
-    deterministic: ties are broken by corpus position. The object is read-only after construction, so one
+    deterministic: ties are broken by corpus position. The index is read-only after construction and each
+    thread queries with its own scratch arrays (two of ``N`` entries, made on its first query), so one
     instance can serve several threads.
 
     Args:
@@ -207,6 +206,18 @@ class BM25Retriever(Retriever):
             upper[filled] = np.maximum.reduceat(w.data, w.indptr[:-1][filled])
         self._upper = np.maximum(upper, 0.0)  # a passage without the term gets 0 from it, never less
         self._common_df = max(int(len(self.passages) * _COMMON_SHARE), _COMMON_MIN)
+        # Bounds prune only when no weight is negative (Okapi's floor can be, on a tiny vocabulary).
+        self._nonnegative = bool(w.data.shape[0] == 0 or w.data.min() >= 0)
+        self._local = threading.local()  # per-thread scratch arrays (see _scratch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_local"]  # scratch is per thread and per process
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
 
     # -- indexing ----------------------------------------------------------------------------------------
 
@@ -283,98 +294,183 @@ class BM25Retriever(Retriever):
         """``(N,)`` dense BM25 scores of every passage for ``query``."""
         return np.asarray(self.score_matrix([query]).toarray()).ravel()
 
+    def query_terms(self, queries: Sequence[str]) -> list[np.ndarray]:
+        """Each query's term ids in query order, repeats kept, terms outside the vocabulary dropped."""
+        vocab = self.vocab
+        return [
+            np.fromiter((vocab[t] for t in self.analyzer(q) if t in vocab), dtype=np.int64) for q in queries
+        ]
+
     def top_k(self, queries: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each query, ``(positions, scores)`` of its top ``k`` passages (fewer when ``N < k``).
 
-        Ties are broken by lower corpus position, as in :func:`top_k_indices` on the dense scores.
+        The ranking is that of the full scores (:meth:`scores`, to the last bit), ties broken by lower corpus
+        position as :func:`~searchgym.retrieval.rank_bm25.top_k_indices` does on the dense scores.
 
-        Exact pruning for common terms (MaxScore). A term in more than 1/16 of the passages would make the
-        score row as long as the corpus. So the batch's rare terms are scored first, by one sparse product;
-        their passages are the candidates, and the common terms' weights are added for the candidates only
-        (looked up in the posting lists). A passage outside the candidates holds only common terms, so it
-        scores at most the sum of their largest weights; when the k-th best candidate beats that bound, the
-        candidates' top k is the answer. Otherwise common terms join the candidates one by one (see
-        :meth:`_pruned_top_k`).
+        Term at a time with exact pruning (MaxScore). A query's distinct terms are taken by decreasing bound
+        (count × the term's largest weight; rare terms first) and their posting lists added into a dense
+        accumulator; only the touched passages are candidates. Once the k-th best candidate beats the sum of
+        the bounds of the terms not yet added, no passage outside the candidates can enter the top k, and a
+        candidate whose partial score plus that sum falls short of the k-th best cannot either. The few
+        candidates left are then scored exactly, in query order (as the full product adds them), by looking
+        their weights up in each term's sorted posting list. A query made only of common terms ends up
+        adding every term, which is full scoring. Nothing in this is approximate: the pruning compares
+        bounds with a relative margin that covers rounding, and the final scores are the full scores.
         """
         if isinstance(queries, str):
             raise TypeError("queries must be a sequence of strings, not one string")
         if k <= 0:
             return [(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)) for _ in queries]
-        q = self.query_matrix(queries)
-        common = self._df[q.indices] > self._common_df
-        if not common.any():
-            return [self._row_top_k(row, k) for row in _rows(q @ self.weights)]
-        # The rare part of each query: drop its common entries, so they never reach the product.
-        rows = np.repeat(np.arange(q.shape[0]), np.diff(q.indptr))
-        counts = np.bincount(rows[~common], minlength=q.shape[0])
-        indptr = np.concatenate(([0], np.cumsum(counts)))
-        rare = sp.csr_matrix((q.data[~common], q.indices[~common], indptr), shape=q.shape)
-        partial = rare @ self.weights
-        out = []
-        for i, row in enumerate(_rows(partial)):
-            terms = q.indices[q.indptr[i] : q.indptr[i + 1]][common[q.indptr[i] : q.indptr[i + 1]]]
-            found = self._pruned_top_k(row, terms, k) if terms.size else self._row_top_k(row, k)
-            if found is None:  # too many candidates: score this query against every passage
-                found = self._row_top_k(next(_rows(q[i] @ self.weights)), k)
-            out.append(found)
-        return out
+        return [self._top_k_terms(terms, k) for terms in self.query_terms(queries)]
 
-    def _row_top_k(self, row: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top ``k`` of one complete score row (absent passages score 0)."""
-        data, positions = row
+    def _scratch(self) -> tuple[np.ndarray, np.ndarray]:
+        """This thread's zeroed accumulator and seen-mask over the corpus (kept zeroed between queries)."""
+        local = self._local
+        scratch = getattr(local, "scratch", None)
+        if scratch is None:
+            n_docs = len(self.passages)
+            scratch = local.scratch = (np.zeros(n_docs, dtype=np.float64), np.zeros(n_docs, dtype=np.bool_))
+        return scratch
+
+    def _top_k_terms(self, terms: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` of one query given as term ids in query order (see :meth:`top_k`)."""
         n_docs = len(self.passages)
-        positive = data > 0
-        if np.count_nonzero(positive) >= min(k, n_docs):
-            # Enough positive scores: every passage left out of the row scores 0, below all of them.
-            return top_k_sparse(data[positive], positions[positive], k)
-        # Too few matches (or negative okapi scores): rank against the implicit zeros too.
-        dense = np.zeros(n_docs, dtype=np.float64)
-        dense[positions] = data
-        return top_k_sparse(dense, np.arange(n_docs), k)
+        k = min(k, n_docs)
+        if terms.size == 0:  # every passage scores 0: the first k
+            return np.arange(k, dtype=np.int64), np.zeros(k, dtype=np.float64)
+        if not self._nonnegative:  # negative weights void the bounds: score the query in full
+            return top_k_sparse(self._dense_scores(terms), np.arange(n_docs), k)
+        unique, counts = np.unique(terms, return_counts=True)
+        df = self._df[unique]
+        order = np.lexsort((-counts * self._upper[unique], df))  # short posting lists first
+        unique, counts, df = unique[order], counts[order], df[order]
+        bounds = counts * self._upper[unique]
+        survivors, partial, kth, added = self._gather_candidates(unique, counts, df, bounds, k)
+        # The terms not added are looked up for the candidates only, largest bound first; after each,
+        # candidates that can no longer reach the k-th best partial score are dropped.
+        left = list(range(added, unique.shape[0]))
+        left.sort(key=lambda i: -bounds[i])
+        rest = float(bounds[left].sum()) if left else 0.0
+        for i in left:
+            if survivors.shape[0] <= k:
+                break  # every survivor is in the top k: only their exact scores are left to compute
+            partial = partial + counts[i] * self._lookup(int(unique[i]), survivors)
+            rest -= float(bounds[i])
+            kth = max(kth, float(np.partition(partial, partial.shape[0] - k)[partial.shape[0] - k]))
+            keep = partial + max(rest, 0.0) >= kth * (1 - _MARGIN) - _MARGIN
+            survivors, partial = survivors[keep], partial[keep]
+        survivors = np.sort(survivors)
+        scores = self._exact_scores(terms, survivors)
+        positive = scores > 0
+        n_positive = int(np.count_nonzero(positive))
+        if n_positive >= k:
+            return top_k_sparse(scores[positive], survivors[positive], k)
+        # Fewer than k passages score above 0 (then every term was added and the survivors are all of
+        # them): the rest of the top k are passages scoring 0, by position.
+        top, top_scores = top_k_sparse(scores[positive], survivors[positive], n_positive)
+        taken = np.zeros(k + n_positive, dtype=np.bool_)
+        taken[top[top < taken.shape[0]]] = True
+        zeros = np.flatnonzero(~taken)[: k - n_positive]
+        return (
+            np.concatenate((top, zeros)).astype(np.int64),
+            np.concatenate((top_scores, np.zeros(zeros.shape[0], dtype=np.float64))),
+        )
 
-    def _pruned_top_k(
-        self, row: tuple[np.ndarray, np.ndarray], terms: np.ndarray, k: int
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Top ``k`` of one query from its rare-term row (candidates) and its common ``terms``.
+    def _gather_candidates(
+        self, unique: np.ndarray, counts: np.ndarray, df: np.ndarray, bounds: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray, float, int]:
+        """Adds whole posting lists, shortest first, until no passage outside them can reach the top k.
 
-        While the k-th best candidate does not beat the bound of the passages left out, the common term
-        with the largest bound joins the candidates (its passages enter with a rare score of 0, which is
-        exact: they hold no rare term) and leaves the bound. With every term in, the candidates are every
-        passage that holds a query term, so the answer is exact in all cases.
-
-        Returns ``None`` when the candidates would grow past a quarter of the corpus: scoring the query
-        in full is then cheaper than looking weights up for so many candidates.
+        Returns:
+            ``(candidates, partial scores, k-th best partial score or -inf, number of terms added)``:
+            the candidates whose partial score plus the bounds of the terms not added reaches the k-th
+            best partial score (all touched passages when every term was added and fewer than k were).
         """
-        partial, candidates = row
         w = self.weights
-        unique, repeats = np.unique(terms, return_counts=True)
-        bounds = repeats * self._upper[unique]
-        order = np.argsort(-bounds, kind="stable")
-        unique, repeats, bounds = unique[order], repeats[order], bounds[order]
-        for moved in range(unique.shape[0] + 1):
-            scores = partial.copy()
-            for term, count in zip(unique.tolist(), repeats.tolist(), strict=True):
+        rest = np.concatenate((np.cumsum(bounds[::-1])[::-1], [0.0]))  # rest[i]: bounds of terms i, i+1, …
+        acc, seen = self._scratch()
+        chunks: list[np.ndarray] = []
+        kth = -np.inf
+        added = 0
+        try:
+            while added < unique.shape[0]:
+                term = int(unique[added])
+                start, end = w.indptr[term], w.indptr[term + 1]
+                # Fancy indexing with int32 indices converts them on every call: convert once.
+                postings = w.indices[start:end].astype(np.intp)
+                acc[postings] = acc.take(postings) + counts[added] * w.data[start:end]
+                fresh = postings[~seen.take(postings)]
+                seen[fresh] = True
+                chunks.append(fresh)
+                added += 1
+                if added < unique.shape[0] and df[added] <= self._common_df:
+                    continue  # the next term is cheap to add: check the bound after it
+                candidates = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+                chunks = [candidates]
+                if candidates.shape[0] >= k:
+                    partial = acc.take(candidates)
+                    kth = float(np.partition(partial, partial.shape[0] - k)[partial.shape[0] - k])
+                    # A relative margin absorbs rounding: bounds and partial scores are sums in other orders.
+                    if kth > rest[added] * (1 + _MARGIN) + _MARGIN:
+                        break
+            candidates = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+            partial = acc.take(candidates)
+            if kth > -np.inf:
+                keep = partial + rest[added] >= kth * (1 - _MARGIN) - _MARGIN
+                candidates, partial = candidates[keep], partial[keep]
+        finally:
+            for chunk in chunks:  # leave the scratch zeroed for the next query
+                acc[chunk] = 0.0
+                seen[chunk] = False
+        return candidates, partial, kth, added
+
+    def _lookup(self, term: int, positions: np.ndarray) -> np.ndarray:
+        """``w(term, d)`` for the passages at ``positions`` (0 where the term is absent).
+
+        A binary search per position in the posting list, or, when the positions are many, a scatter of
+        the whole list into the scratch accumulator and one gather (whichever reads less memory).
+        """
+        w = self.weights
+        start, end = int(w.indptr[term]), int(w.indptr[term + 1])
+        postings, data = w.indices[start:end], w.data[start:end]
+        length = end - start
+        if positions.shape[0] * max(length.bit_length(), 1) * 4 < length:
+            at = np.searchsorted(postings, positions).clip(max=length - 1)
+            return np.where(postings[at] == positions, data[at], 0.0)
+        acc, _ = self._scratch()
+        postings = postings.astype(np.intp)
+        acc[postings] = data
+        try:
+            return acc.take(positions)
+        finally:
+            acc[postings] = 0.0
+
+    def _exact_scores(self, terms: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Scores of the passages at sorted ``positions``, summed in query order as the full product does."""
+        w = self.weights
+        weights: dict[int, np.ndarray] = {}
+        scores = np.zeros(positions.shape[0], dtype=np.float64)
+        if positions.shape[0] == 0:
+            return scores
+        for term in terms.tolist():
+            found = weights.get(term)
+            if found is None:
                 start, end = w.indptr[term], w.indptr[term + 1]
                 postings = w.indices[start:end]  # sorted: the index is built with sort_indices()
-                at = np.searchsorted(postings, candidates).clip(max=end - start - 1)
-                hit = postings[at] == candidates
-                scores[hit] += count * w.data[start + at[hit]]
-            if moved == unique.shape[0]:
-                return self._row_top_k((scores, candidates), k)
-            bound = float(bounds[moved:].sum())
-            if candidates.shape[0] >= k:
-                kth = np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k]
-                # A relative margin absorbs rounding: bound and scores are sums in different orders.
-                if kth > bound * (1 + 1e-9) + 1e-12:
-                    return top_k_sparse(scores, candidates, k)
-            term = int(unique[moved])
-            if candidates.shape[0] + self._df[term] > len(self.passages) // 4:
-                return None
-            postings = w.indices[w.indptr[term] : w.indptr[term + 1]]
-            joining = np.setdiff1d(postings, candidates, assume_unique=True)
-            candidates = np.concatenate((candidates, joining))
-            partial = np.concatenate((partial, np.zeros(joining.shape[0], dtype=partial.dtype)))
-        raise AssertionError("unreachable: the last iteration returns")
+                at = np.searchsorted(postings, positions).clip(max=end - start - 1)
+                found = np.where(postings[at] == positions, w.data[start:end][at], 0.0)
+                weights[term] = found
+            scores += found
+        return scores
+
+    def _dense_scores(self, terms: np.ndarray) -> np.ndarray:
+        """``(N,)`` scores of one query by adding its terms' posting lists in query order."""
+        w = self.weights
+        dense = np.zeros(len(self.passages), dtype=np.float64)
+        for term in terms.tolist():
+            start, end = w.indptr[term], w.indptr[term + 1]
+            dense[w.indices[start:end]] += w.data[start:end]
+        return dense
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         passages = self.passages

@@ -1,0 +1,143 @@
+"""BM25 at scale: the pruned term-at-a-time query path returns exactly the full scoring's top k.
+
+The oracle is the full scoring every earlier version ranked by: :meth:`BM25Retriever.scores` (the sparse
+product of the query's term counts with the weight matrix, unchanged) ranked by
+:func:`~searchgym.retrieval.rank_bm25.top_k_indices` (descending score, ties by lower position). The
+positions must be identical and the scores equal to the last bit, ties included.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Iterator
+from functools import lru_cache
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from searchgym.bench.retrieval import zipf_corpus
+from searchgym.data import Passage
+from searchgym.retrieval import Analyzer, BM25Retriever
+from searchgym.retrieval import bm25 as bm25_module
+from searchgym.retrieval.rank_bm25 import top_k_indices
+
+
+def assert_full_ranking(bm: BM25Retriever, queries: list[str], k: int) -> None:
+    """``top_k`` equals the full scores' ranking, positions and score bits, for every query of a batch."""
+    for query, (positions, scores) in zip(queries, bm.top_k(queries, k), strict=True):
+        dense = bm.scores(query)
+        expected = top_k_indices(dense, k)
+        assert positions.tolist() == expected.tolist(), query
+        assert scores.tolist() == dense[expected].tolist(), query
+        assert positions.dtype == np.int64 and scores.dtype == np.float64
+
+
+@pytest.fixture
+def everything_common() -> Iterator[None]:
+    """Every term in more than 5% of the passages counts as common: the bound checks run on tiny corpora."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bm25_module, "_COMMON_MIN", 0)
+        patch.setattr(bm25_module, "_COMMON_SHARE", 0.05)
+        yield
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    docs=st.lists(st.lists(st.sampled_from("aaaabbbccdefgh"), max_size=8), min_size=1, max_size=60),
+    queries=st.lists(st.lists(st.sampled_from("aabcdefghz"), max_size=7), min_size=1, max_size=4),
+    k=st.integers(1, 9),
+    idf=st.sampled_from(["lucene", "okapi"]),
+    prune=st.booleans(),
+)
+def test_top_k_is_the_full_ranking_bit_for_bit(
+    docs: list[list[str]], queries: list[list[str]], k: int, idf: str, prune: bool
+) -> None:
+    # Few letters over many short passages: exact ties everywhere, repeated query terms, passages with no
+    # term, queries with no known term, k above the corpus size; with and without the pruning checks.
+    passages = [Passage(str(i), "", " ".join(d)) for i, d in enumerate(docs)]
+    with pytest.MonkeyPatch.context() as patch:
+        if prune:
+            patch.setattr(bm25_module, "_COMMON_MIN", 0)
+            patch.setattr(bm25_module, "_COMMON_SHARE", 0.05)
+        bm = BM25Retriever(passages, k1=1.2, b=0.75, idf=idf, analyzer=Analyzer())  # type: ignore[arg-type]
+    assert_full_ranking(bm, [" ".join(q) for q in queries], k)
+
+
+@lru_cache(maxsize=1)
+def zipf_20k() -> tuple[list[Passage], list[str]]:
+    return zipf_corpus(20_000, 300, seed=3, mean_words=30)
+
+
+@pytest.mark.parametrize("idf", ["lucene", "okapi"])
+def test_synthetic_corpus_with_stop_words_matches_full_scoring(idf: str) -> None:
+    passages, queries = zipf_20k()
+    bm = BM25Retriever(passages, k1=1.5, b=0.75, idf=idf, analyzer=Analyzer())  # type: ignore[arg-type]
+    assert (bm._df > bm._common_df).sum() > 10  # stop words kept: long posting lists to prune
+    assert_full_ranking(bm, queries, 3)
+    assert_full_ranking(bm, queries[:50], 10)
+
+
+def test_default_analysis_and_parameters_match_full_scoring(everything_common: None) -> None:
+    passages, queries = zipf_20k()
+    bm = BM25Retriever(passages[:5000])
+    assert_full_ranking(bm, queries, 5)
+
+
+def test_only_candidates_that_can_reach_the_top_are_scored_exactly() -> None:
+    """A rare term settles the top k: the common terms are looked up for a few candidates, not scored."""
+    passages = [
+        Passage(str(i), "", "the of and " + ("needle" if i % 997 == 0 else "hay")) for i in range(20_000)
+    ]
+    bm = BM25Retriever(passages, analyzer=Analyzer())
+    seen: list[int] = []
+    exact = bm._exact_scores
+
+    def spy(terms: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        seen.append(positions.shape[0])
+        return exact(terms, positions)
+
+    bm._exact_scores = spy  # type: ignore[method-assign]
+    assert_full_ranking(bm, ["the needle of and"], 3)
+    assert seen[0] <= 21  # the passages holding "needle", out of 20,000 holding "the"
+
+
+def test_negative_okapi_weights_fall_back_to_full_scoring() -> None:
+    # "x" and "y" are in every passage: their raw idf is negative and so is the average, hence the floor.
+    passages = [Passage(str(i), "", "x y" + (" z" if i == 1 else "")) for i in range(3)]
+    bm = BM25Retriever(passages, k1=1.5, b=0.75, idf="okapi", analyzer=Analyzer())
+    assert not bm._nonnegative
+    assert_full_ranking(bm, ["x", "z", "x z y", "w", ""], 2)
+
+
+def test_batches_threads_and_pickles_agree() -> None:
+    passages, queries = zipf_20k()
+    bm = BM25Retriever(passages[:8000], analyzer=Analyzer())
+    expected = [[(h.passage_id, h.score) for h in hits] for hits in bm.search(queries, 5)]
+    singles = [[(h.passage_id, h.score) for h in bm.search([q], 5)[0]] for q in queries[:40]]
+    assert singles == expected[:40]
+    results: dict[int, list[list[tuple[str, float]]]] = {}
+
+    def worker(i: int) -> None:  # each thread has its own scratch arrays
+        results[i] = [[(h.passage_id, h.score) for h in hits] for hits in bm.search(queries, 5)]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(results[i] == expected for i in range(3))
+    copy = pickle.loads(pickle.dumps(bm))
+    assert [[(h.passage_id, h.score) for h in hits] for hits in copy.search(queries, 5)] == expected
+
+
+def test_loaded_index_ranks_as_the_built_one(tmp_path: object) -> None:
+    from pathlib import Path
+
+    passages, queries = zipf_20k()
+    bm = BM25Retriever(passages[:3000], analyzer=Analyzer())
+    loaded = BM25Retriever.load(bm.save(Path(str(tmp_path)) / "index"), passages[:3000])
+    assert loaded.search(queries, 4) == bm.search(queries, 4)
+    assert_full_ranking(loaded, queries[:60], 4)
