@@ -39,6 +39,7 @@ from searchgym.agents.integrations.verl import (  # noqa: E402
     LLDS_LOSS_MODES,
     LLDSPolicyLossConfig,
     SearchQAAgentLoop,
+    displacement_metrics,
     install_lld_warning,
     response_advantages,
 )
@@ -175,8 +176,16 @@ def test_displacement_metrics_split_by_advantage_sign() -> None:
     _, metrics = core_algos.get_policy_loss_fn("llds_action")(
         b["old_log_prob"], logp, b["advantages"], b["response_mask"], config=_actor_config()
     )
-    assert metrics["lld/delta_adv_pos"] == pytest.approx(-0.25)
-    assert metrics["lld/delta_adv_zero"] == 0.0 and metrics["lld/delta_adv_neg"] == 0.0
+    assert (metrics["lld/n_adv_pos"], metrics["lld/n_adv_zero"], metrics["lld/n_adv_neg"]) == (2.0, 1.0, 1.0)
+    assert metrics["lld/sum_delta_adv_pos"] == pytest.approx(-0.5)
+    assert metrics["lld/sum_delta_adv_zero"] == 0.0 and metrics["lld/sum_delta_adv_neg"] == 0.0
+    # What verl logs for the step: micro-batch means of sums and counts (one micro-batch without A < 0).
+    step = {
+        f"actor/{k}": (v + (0.0 if "neg" in k else v)) / 2 for k, v in metrics.items() if k.startswith("lld/")
+    }
+    delta = displacement_metrics(step)
+    assert delta["lld/delta_adv_pos"] == pytest.approx(-0.25) and delta["lld/delta_adv_neg"] == 0.0
+    assert displacement_metrics({"actor/lld/n_adv_pos": 0.0})["lld/delta_adv_pos"] != 0.0  # nan: no data
 
 
 def test_per_token_advantages_are_refused() -> None:
@@ -261,10 +270,18 @@ def test_lld_warning_is_added_to_verls_logged_metrics() -> None:
     tracker.logger["recorder"] = recorder
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for step, value in enumerate([0.1, -0.2, float("nan"), -0.1, -0.3, -0.4], start=1):
-            tracker.log({"lld/delta_adv_pos": value, "x": 1.0}, step)
+        for step, value in enumerate([0.1, -0.2, None, -0.1, -0.3, -0.4], start=1):
+            # As the trainer logs the LLDS losses' metrics (an "actor/" prefix); no A > 0 response at step 3.
+            n = 0.0 if value is None else 2.0
+            tracker.log(
+                {"actor/lld/n_adv_pos": n, "actor/lld/sum_delta_adv_pos": n * (value or 0), "x": 1.0}, step
+            )
         tracker.log({"x": 2.0}, 7)
     assert [d.get("lld/warning") for d in recorder.logged] == [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, None]
+    assert [d.get("lld/delta_adv_pos") for d in recorder.logged][:2] == [
+        pytest.approx(0.1),
+        pytest.approx(-0.2),
+    ]
     assert sum("LLD early warning" in str(w.message) for w in caught) == 1
 
 
