@@ -54,8 +54,8 @@ GATES = ("action", "response", "token")
 # -- the policy losses ---------------------------------------------------------------------------------
 
 
-def _actor_config(coef: float | None = 0.3, **batch_info: Any) -> Any:
-    policy = LLDSPolicyLossConfig(loss_mode="llds_action", llds_coef=coef) if coef is not None else None
+def _actor_config(coef: float | None = 0.3, mode: str = "llds_action", **batch_info: Any) -> Any:
+    policy = LLDSPolicyLossConfig(loss_mode=mode, llds_coef=coef) if coef is not None else None
     kwargs = {"policy_loss": policy} if policy is not None else {}
     config = ActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=2, **kwargs)
     config.global_batch_info.update(batch_info)
@@ -153,6 +153,40 @@ def test_llds_uses_verls_global_token_count() -> None:
         b["log_prob"], b["old_log_prob"], b["per_response"], b["response_mask"], num_tokens=30
     )
     torch.testing.assert_close(loss, vanilla + 0.5 * term, rtol=0, atol=0)
+
+
+def test_verls_own_ppo_loss_call_site_runs_the_llds_mode() -> None:
+    """Through ``verl.workers.utils.losses.ppo_loss``, the function verl's actor workers call per micro-batch."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
+
+    b = _batch(seed=3)
+    batch, length, prompt = b["response_mask"].shape[0], b["response_mask"].shape[1], 2
+    config = _actor_config(0.4, mode="llds_response")
+    # The actor's model output: log-probs of the whole sequences, flattened (no padding), shifted by one.
+    flat = torch.zeros(batch, prompt + length)
+    flat[:, prompt - 1 : prompt - 1 + length] = b["log_prob"]
+    data = tu.get_tensordict(
+        tensor_dict={
+            "prompts": torch.ones(batch, prompt, dtype=torch.long),
+            "responses": torch.ones(batch, length, dtype=torch.long),
+            "attention_mask": torch.ones(batch, prompt + length, dtype=torch.long),
+            "response_mask": b["response_mask"].long(),
+            "old_log_probs": b["old_log_prob"],
+            "advantages": b["advantages"],
+        },
+        non_tensor_dict={"dp_size": 2, "batch_num_tokens": 64, "global_batch_size": 8},
+    )
+    loss, metrics = ppo_loss(config, {"log_probs": flat.reshape(-1)}, data)
+    vanilla, _ = core_algos.compute_policy_loss_vanilla(
+        b["old_log_prob"], b["log_prob"], b["advantages"], b["response_mask"], config=config
+    )
+    term, _ = llds_loss(
+        b["log_prob"], b["old_log_prob"], b["per_response"], b["response_mask"], "response", None, 32
+    )
+    torch.testing.assert_close(loss, vanilla + 0.4 * term)
+    torch.testing.assert_close(_grad(loss, b["log_prob"]), _grad(vanilla + 0.4 * term, b["log_prob"]))
+    assert metrics["actor/llds_loss"].aggregate() == pytest.approx(float(term.detach()))
 
 
 def test_lambda_defaults_to_the_papers_and_zero_leaves_verls_loss() -> None:
