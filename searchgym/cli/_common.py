@@ -24,7 +24,7 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--retriever",
         default="bm25",
-        help="bm25, rank_bm25, dense:INDEX_DIR, or the URL of a /retrieve server",
+        help="bm25, rank_bm25, dense:INDEX_DIR, hybrid:INDEX_DIR, or the URL of a /retrieve server",
     )
     parser.add_argument("--topk", type=int, default=3, help="passages per search")
     parser.add_argument("--max-turns", type=int, default=4, help="turn budget")

@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--retriever",
         default="bm25",
-        help="bm25, rank_bm25, or dense:INDEX_DIR (an index of this corpus built by searchgym index dense)",
+        help="bm25, rank_bm25, dense:INDEX_DIR (an index of this corpus built by searchgym index dense), or "
+        "hybrid:INDEX_DIR (BM25 and that index fused by reciprocal rank)",
     )
     parser.add_argument(
         "--device", default="cpu", help="torch device of a dense retriever's query encoder (cpu, cuda ...)"
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.data.jsonl import iter_jsonl
     from searchgym.errors import ConfigError
     from searchgym.retrieval import BM25Retriever, Retriever, make_retriever
-    from searchgym.retrieval.dense import parse_spec
+    from searchgym.retrieval.dense import retriever_from_spec
     from searchgym.server import ServerLimits, create_app, run_server
 
     limits = ServerLimits(
@@ -74,12 +75,10 @@ def run(args: argparse.Namespace) -> int:
     if args.index is not None and args.retriever != "bm25":
         raise ConfigError("--index applies to the bm25 retriever only")
     retriever: Retriever
-    dense_dir = parse_spec(args.retriever)
-    if dense_dir is not None:
-        from searchgym.retrieval.dense import DenseRetriever
-
-        retriever = DenseRetriever.load(dense_dir, passages, device=args.device)
-        print(f"loaded the dense index in {dense_dir} ({retriever.index_type}, dim {retriever.dim})")
+    found = retriever_from_spec(args.retriever, passages, device=args.device)
+    if found is not None:
+        retriever = found
+        print(f"loaded the dense index of --retriever {args.retriever}")
     elif args.index is not None and (Path(args.index) / "bm25.json").is_file():
         retriever = BM25Retriever.load(args.index, passages)  # a stale index is a ConfigError
         print(f"loaded the BM25 index in {args.index}")

@@ -6,6 +6,7 @@ Backends, by name (see :func:`make_retriever`):
 * ``"rank_bm25"``: :class:`RankBM25Retriever`, the ``rank-bm25`` reference (slow; for comparisons);
 * ``"dense:INDEX_DIR"``: :class:`~searchgym.retrieval.dense.DenseRetriever` over an index folder written by
   ``searchgym index dense`` (needs the ``dense`` extra);
+* ``"hybrid:INDEX_DIR"``: :class:`HybridRetriever`, BM25 and that dense index fused by reciprocal rank;
 * an ``http://`` or ``https://`` URL: :class:`~searchgym.retrieval.http.HttpRetriever`, a client of a
   Search-R1-compatible ``/retrieve`` server such as ``searchgym serve``.
 """
@@ -19,6 +20,7 @@ from searchgym.data.types import Passage
 from searchgym.errors import ConfigError
 from searchgym.retrieval.base import STOP_WORDS, Analyzer, Hit, Retriever, analyze
 from searchgym.retrieval.bm25 import BM25Retriever
+from searchgym.retrieval.hybrid import HybridRetriever
 from searchgym.retrieval.rank_bm25 import RankBM25Retriever
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "Analyzer",
     "BM25Retriever",
     "Hit",
+    "HybridRetriever",
     "RankBM25Retriever",
     "Retriever",
     "analyze",
@@ -43,8 +46,9 @@ def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
     Args:
         spec: A :class:`Retriever` (used as is); ``None`` or a backend name in :data:`BACKENDS` (``None``
             is ``"bm25"``); ``"dense:INDEX_DIR"``, a dense index built from ``passages`` (its query encoder
-            is the one recorded in the index, on the CPU); or the ``http(s)://`` URL of a
-            Search-R1-compatible ``/retrieve`` endpoint.
+            is the one recorded in the index, on the CPU); ``"hybrid:INDEX_DIR"``, BM25 and that dense
+            index fused by reciprocal rank; or the ``http(s)://`` URL of a Search-R1-compatible
+            ``/retrieve`` endpoint.
         passages: The corpus to index for named backends. A URL's server holds its own corpus; the hits'
             ids must be those of ``passages`` for the env's gold-retrieval figures to mean anything.
 
@@ -59,13 +63,13 @@ def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
         return BM25Retriever(passages)
     if spec == "rank_bm25":
         return RankBM25Retriever(passages)
-    if isinstance(spec, str) and spec.startswith("dense:"):
+    if isinstance(spec, str) and spec.startswith(("dense:", "hybrid:")):
         # Imported here: dense retrieval needs faiss, torch and transformers (the "dense" extra).
-        from searchgym.retrieval.dense import DenseRetriever, parse_spec
+        from searchgym.retrieval.dense import retriever_from_spec
 
-        folder = parse_spec(spec)
-        assert folder is not None
-        return DenseRetriever.load(folder, passages)
+        found = retriever_from_spec(spec, passages)
+        assert found is not None
+        return found
     if isinstance(spec, str) and spec.startswith(("http://", "https://")):
         # Imported here: the client needs httpx (the "server" extra), which plain use must not require.
         from searchgym.retrieval.http import HttpRetriever
@@ -73,5 +77,5 @@ def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
         return HttpRetriever(spec)
     raise ConfigError(
         f"unknown retriever {spec!r}; choose one of {list(BACKENDS)}, dense:INDEX_DIR (an index built by "
-        "`searchgym index dense`), an http(s):// URL of a /retrieve endpoint, or pass a Retriever"
+        "`searchgym index dense`), hybrid:INDEX_DIR (BM25 + that index), an http(s):// URL of a /retrieve endpoint, or pass a Retriever"
     )

@@ -53,6 +53,7 @@ __all__ = [
     "gold_recall",
     "load_encoder",
     "read_manifest",
+    "retriever_from_spec",
     "tiny_encoder",
 ]
 
@@ -713,11 +714,29 @@ def gold_recall(
     return Recall(k, any_hits / len(scored), all_hits / len(scored), len(scored))
 
 
-def parse_spec(spec: str) -> Path | None:
-    """The index folder of a ``"dense:INDEX_DIR"`` retriever spec, or ``None`` for another spec."""
-    if isinstance(spec, str) and spec.startswith("dense:"):
-        folder = spec[len("dense:") :]
-        if not folder:
-            raise ConfigError("retriever 'dense:' names no index folder; use dense:INDEX_DIR")
-        return Path(folder).expanduser()
-    return None
+def retriever_from_spec(spec: Any, passages: Sequence[Passage], device: str = "cpu") -> Retriever | None:
+    """The retriever of a ``"dense:INDEX_DIR"`` or ``"hybrid:INDEX_DIR"`` spec; ``None`` for other specs.
+
+    ``hybrid`` fuses :class:`~searchgym.retrieval.bm25.BM25Retriever` over ``passages`` and the dense
+    index by reciprocal rank (:class:`~searchgym.retrieval.hybrid.HybridRetriever`).
+
+    Args:
+        spec: The retriever argument.
+        passages: The corpus the index was built from.
+        device: Torch device of the query encoder.
+
+    Raises:
+        ConfigError: the spec names no folder, or the index does not fit (see :meth:`DenseRetriever.load`).
+    """
+    if not isinstance(spec, str) or not spec.startswith(("dense:", "hybrid:")):
+        return None
+    kind, _, folder = spec.partition(":")
+    if not folder:
+        raise ConfigError(f"retriever {spec!r} names no index folder; use {kind}:INDEX_DIR")
+    dense = DenseRetriever.load(Path(folder).expanduser(), passages, device=device)
+    if kind == "dense":
+        return dense
+    from searchgym.retrieval.bm25 import BM25Retriever
+    from searchgym.retrieval.hybrid import HybridRetriever
+
+    return HybridRetriever([BM25Retriever(passages), dense], passages)

@@ -15,7 +15,7 @@ import pytest
 
 from searchgym.data import Passage, generate_world
 from searchgym.errors import ConfigError, DataFormatError, MissingDependencyError
-from searchgym.retrieval import BM25Retriever, make_retriever
+from searchgym.retrieval import BM25Retriever, Hit, HybridRetriever, Retriever, make_retriever
 from searchgym.retrieval import dense as dense_module
 from searchgym.retrieval.dense import (
     DenseRetriever,
@@ -384,6 +384,60 @@ def test_missing_faiss_or_torch_names_the_extra(
         m.setitem(sys.modules, "transformers", None)
         with pytest.raises(MissingDependencyError, match=r"pip install 'searchgym\[dense\]'"):
             load_encoder("tiny")
+
+
+# -- hybrid ----------------------------------------------------------------------------------------------
+
+
+class Fixed(Retriever):
+    """Answers every query with the same ranking of passage positions; counts its calls."""
+
+    def __init__(self, corpus: list[Passage], ranking: list[int]) -> None:
+        self.corpus, self.ranking = corpus, ranking
+        self.calls: list[int] = []
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        self.calls.append(len(queries))
+        return [[Hit.of(self.corpus[i], 1.0) for i in self.ranking[:k]] for _ in queries]
+
+
+def test_hybrid_fuses_rankings_by_reciprocal_rank() -> None:
+    corpus = [Passage(str(i), f"t{i}", "x") for i in range(6)]
+    a, b = Fixed(corpus, [3, 1, 0]), Fixed(corpus, [1, 4, 3, 5])
+    hybrid = HybridRetriever([a, b], corpus, depth=4, k0=60)
+    hits = hybrid.search(["q1", "q2"], 4)
+    assert a.calls == b.calls == [2]  # one batched call per part
+    # 1: 1/62 + 1/61; 3: 1/61 + 1/63; 4: 1/62; 0: 1/63; 5: 1/64.
+    assert [h.passage_id for h in hits[0]] == ["1", "3", "4", "0"] == [h.passage_id for h in hits[1]]
+    assert hits[0][0].score == pytest.approx(1 / 62 + 1 / 61)
+    # Equal fused scores: the earlier passage first.
+    tie = HybridRetriever([Fixed(corpus, [5, 2]), Fixed(corpus, [2, 5])], corpus)
+    assert [h.passage_id for h in tie.search(["q"], 2)[0]] == ["2", "5"]
+    assert hybrid.search([], 3) == [] and hybrid.search(["q"], 0) == [[]]
+    with pytest.raises(ConfigError, match="not in the hybrid retriever's corpus"):
+        HybridRetriever([a], corpus[:2]).search(["q"], 3)
+    for kwargs, message in (({"depth": 0}, "depth must be"), ({"k0": -1}, "k0 must be")):
+        with pytest.raises(ConfigError, match=message):
+            HybridRetriever([a], corpus, **kwargs)
+    with pytest.raises(ConfigError, match="at least one retriever"):
+        HybridRetriever([], corpus)
+
+
+def test_hybrid_spec_fuses_bm25_and_the_dense_index(flat_dir: Path, passages: list[Passage]) -> None:
+    hybrid = make_retriever(f"hybrid:{flat_dir}", passages)
+    assert isinstance(hybrid, HybridRetriever) and hybrid.name == "hybrid"
+    assert [type(r) for r in hybrid.retrievers] == [BM25Retriever, DenseRetriever]
+    query = passages[7].title
+    fused: dict[str, float] = {}
+    for part in hybrid.retrievers:
+        for rank, hit in enumerate(part.search([query], 50)[0], start=1):
+            fused[hit.passage_id] = fused.get(hit.passage_id, 0.0) + 1 / (60 + rank)
+    position = {p.id: i for i, p in enumerate(passages)}
+    expected = sorted(fused, key=lambda pid: (-fused[pid], position[pid]))[:3]
+    assert [h.passage_id for h in hybrid.search([query], 3)[0]] == expected
+    assert hybrid.nbytes > DenseRetriever.load(flat_dir, passages).nbytes
+    with pytest.raises(ConfigError, match="names no index folder; use hybrid:INDEX_DIR"):
+        make_retriever("hybrid:", passages)
 
 
 # -- recall ------------------------------------------------------------------------------------------------
