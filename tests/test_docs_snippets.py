@@ -47,71 +47,28 @@ FILE_COMMENT = re.compile(r"^#\s*(?P<path>[\w./-]+\.py)\s*$")
 COMMAND_PREFIXES = ("searchgym ", ".venv/bin/searchgym ")
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
 PYTHON_TIMEOUT_S = 120
-COMMAND_TIMEOUT_S = 300
+COMMAND_TIMEOUT_S = 900  # a hang guard, not a speed check: the machine may be busy
 BIN = Path(sys.executable).parent
 
 #: Small-budget options appended to long commands (by command path). argparse keeps an option's last
 #: value, so these override the documented ones; what runs is the documented command, only shorter.
-TINY_DEMO = [
-    "--extra-worlds",
-    "0",
-    "--demos-per-world",
-    "40",
-    "--grpo-steps",
-    "1",
-    "--questions-per-step",
-    "2",
-]
-TINY_DEMO += ["--eval-questions", "4", "--layers", "1", "--no-progress"]
+TINY_DEMO = "--extra-worlds 0 --demos-per-world 40 --grpo-steps 1 --questions-per-step 1 --eval-questions 2 --layers 1"
 BUDGETS: dict[tuple[str, ...], list[str]] = {
-    ("demo",): TINY_DEMO,
-    ("eval",): ["--episodes", "8", "--no-progress"],
-    ("demos",): ["--episodes", "16"],
-    ("train", "sft"): [
-        "--demo-episodes",
-        "24",
-        "--epochs",
-        "1",
-        "--eval-questions",
-        "0",
-        "--tiny-layers",
-        "1",
-    ],
-    ("train", "grpo"): [
-        "--steps",
-        "1",
-        "--questions-per-step",
-        "2",
-        "--group-size",
-        "2",
-        "--eval-questions",
-        "0",
-    ],
-    ("train", "trl"): [
-        "--steps",
-        "1",
-        "--questions-per-step",
-        "2",
-        "--group-size",
-        "2",
-        "--eval-questions",
-        "0",
-    ],
-    ("train", "sb3"): ["--timesteps", "64", "--eval-episodes", "1"],
-    ("export-trajectories",): ["--episodes", "4"],
-    ("bench", "all"): ["--quick", "--repeats", "1"],
-    ("bench", "env"): ["--steps", "200", "--repeats", "1"],
-    ("bench", "rollout"): ["--repeats", "1", "--questions", "1", "--group-size", "2"],
-    ("bench", "retrieval"): [
-        "--passages",
-        "2000",
-        "--repeats",
-        "1",
-        "--queries",
-        "16",
-        "--reference-queries",
-        "4",
-    ],
+    tuple(command.split()): options.split()
+    for command, options in {
+        "demo": TINY_DEMO + " --no-progress",
+        "eval": "--episodes 8 --no-progress",
+        "demos": "--episodes 16",
+        "train sft": "--demo-episodes 24 --epochs 1 --eval-questions 0 --tiny-layers 1",
+        "train grpo": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0 --probe-size 0",
+        "train trl": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0",
+        "train sb3": "--timesteps 64 --eval-episodes 1",
+        "export-trajectories": "--episodes 4",
+        "bench all": "--quick --repeats 1",
+        "bench env": "--steps 200 --repeats 1",
+        "bench rollout": "--repeats 1 --questions 1 --group-size 2",
+        "bench retrieval": "--passages 2000 --repeats 1 --queries 16 --reference-queries 4",
+    }.items()
 }
 #: Commands never run here, with the reason shown as the skip.
 NOT_RUN: dict[tuple[str, ...], str] = {
@@ -265,7 +222,7 @@ def test_documented_python_runs(snippet: Snippet, tmp_path: Path) -> None:
 # --- running the documented commands --------------------------------------------------------------
 
 
-def command_path(words: list[str], parser: argparse.ArgumentParser) -> tuple[str, ...]:
+def command_path(words: list[str]) -> tuple[str, ...]:
     """The sub-command path of ``searchgym`` argv words, e.g. ``("train", "grpo")``."""
     path: list[str] = []
     for word in words:
@@ -280,7 +237,7 @@ def command_path(words: list[str], parser: argparse.ArgumentParser) -> tuple[str
     return tuple(path[:2])
 
 
-def why_not_run(snippet: Snippet, words: list[str], parser: argparse.ArgumentParser) -> str | None:
+def why_not_run(snippet: Snippet, words: list[str]) -> str | None:
     """The reason a documented command is not run here, or ``None`` when it runs."""
     if snippet.skip is not None:
         return snippet.skip
@@ -383,7 +340,6 @@ SESSIONS = shell_sessions()
 def test_documented_commands_run(
     document: str,
     tmp_path: Path,
-    parser: argparse.ArgumentParser,
     prerequisites: dict[str, Path],
 ) -> None:
     work = scratch_folder(tmp_path)
@@ -391,12 +347,12 @@ def test_documented_commands_run(
     for snippet in SESSIONS[document]:
         words = shlex.split(snippet.code, comments=True)
         words = ["demo"] if words[:2] == ["make", "demo"] else words[1:]
-        reason = why_not_run(snippet, words, parser)
+        reason = why_not_run(snippet, words)
         if reason is not None:
             skipped.append(f"{snippet.id}: {reason}")
             continue
         provide(words, work, prerequisites)
-        run_command([*words, *BUDGETS.get(command_path(words, parser), [])], work, snippet.id)
+        run_command([*words, *BUDGETS.get(command_path(words), [])], work, snippet.id)
         missing = [p for p in written_paths(words) if not (work / p).exists()]
         assert not missing, f"{snippet.id}: `{snippet.code}` exited 0 but did not write {missing}"
         ran.append(snippet.id)
@@ -421,3 +377,84 @@ def test_every_budget_names_real_options(parser: argparse.ArgumentParser) -> Non
         known = subparser(parser, path)._option_string_actions
         unknown = [o for o in options if o.startswith("--") and o not in known]
         assert not unknown, f"searchgym {' '.join(path)} has no options {unknown}"
+
+
+# --- the first hour: README's quickstart and "what next", literally, in a copy of the repository ----------
+
+
+def readme_first_hour() -> list[Snippet]:
+    """``make demo`` from the quickstart block, then every line of the block that activates ``.venv``."""
+    blocks = [b for language, b in fenced_blocks(ROOT / "README.md") if language in SHELL_LANGUAGES]
+    quickstart = next(b for b in blocks if any(line.code.startswith("make demo") for line in shell_lines(b)))
+    after = next(b for b in blocks if b.code.lstrip().startswith("source .venv/bin/activate"))
+    return [
+        *(line for line in shell_lines(quickstart) if line.code.startswith("make demo")),
+        *shell_lines(after),
+    ]
+
+
+def test_the_first_hour_is_found() -> None:
+    steps = [s.code.split("#")[0].split() for s in readme_first_hour()]
+    assert steps[0][:2] == ["make", "demo"] and steps[1] == ["source", ".venv/bin/activate"]
+    assert len(steps) >= 4 and all(words[0] == "searchgym" for words in steps[2:])
+
+
+def copy_repository(destination: Path) -> Path:
+    """The working tree's files (tracked or not ignored), without virtualenvs or run outputs."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout ({listed.stderr.strip()}): cannot tell source files from outputs")
+    for name in filter(None, listed.stdout.split("\0")):
+        if (ROOT / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, destination / name)
+    return destination
+
+
+def _first_hour(tmp_path: Path, fresh_venv: bool) -> None:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    repo = copy_repository(tmp_path / "searchgym")
+    if SHARED.is_dir():
+        (tmp_path / "shared").symlink_to(SHARED, target_is_directory=True)
+    make = ["make", f"DEMO_ARGS={TINY_DEMO}"]
+    if not fresh_venv:  # reuse the virtualenv running these tests: link it, and tell make not to refresh it
+        (repo / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+        make += ["-o", ".venv/.installed-stamp"]
+    timeout = 3600 if fresh_venv else COMMAND_TIMEOUT_S
+    outputs: list[str] = []
+    for step in readme_first_hour():
+        words = shlex.split(step.code, comments=True)
+        if words[:1] == ["source"]:
+            continue  # each later line runs in bash after `source .venv/bin/activate`
+        if words[:2] == ["make", "demo"]:
+            line = shlex.join([*make, *words[1:]])
+        else:
+            line = "source .venv/bin/activate && " + shlex.join([*words, *BUDGETS.get(tuple(words[1:2]), [])])
+        done = subprocess.run(
+            ["bash", "-c", line], cwd=repo, env=_clean_env(), capture_output=True, text=True, timeout=timeout
+        )
+        assert done.returncode == 0, f"{step.id}: `{line}` exited {done.returncode}\n{done.stderr[-4000:]}"
+        outputs.append(done.stdout)
+    assert (repo / ".venv/bin/searchgym").is_file()
+    # What the README promises each step leaves behind.
+    for expected in ("runs/demo/curves.png", "runs/demo/again.png", "runs/demo/grpo_llds/checkpoint.pt"):
+        assert (repo / expected).stat().st_size > 0, expected
+    assert (repo / "runs/demo/hf/config.json").is_file()
+    assert "checkpoint:runs/demo/grpo_llds/checkpoint.pt" in "".join(outputs)  # the eval table's row
+
+
+@pytest.mark.slow
+def test_readme_first_hour(tmp_path: Path) -> None:
+    _first_hour(tmp_path, fresh_venv=False)
+
+
+@pytest.mark.install
+def test_readme_first_hour_from_a_fresh_virtualenv(tmp_path: Path) -> None:
+    """The same with the Makefile building ``.venv`` from scratch (pip install; minutes)."""
+    _first_hour(tmp_path, fresh_venv=True)

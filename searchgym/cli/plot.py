@@ -67,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator
 
     from searchgym.agents.grpo.runtime import read_metrics
     from searchgym.errors import ConfigError
@@ -82,6 +80,27 @@ def run(args: argparse.Namespace) -> int:
         if not metrics.is_file():
             raise ConfigError(f"{path} has no metrics.jsonl; is it a run folder?")
         runs.append(read_metrics(metrics))
+    fig = draw(runs, labels, smooth=args.smooth, title=args.title)
+    out = Path(args.out) if args.out else Path(args.runs[0]) / "curves.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=72)
+    plt.close(fig)
+    print(f"wrote {out}")
+    return 0
+
+
+def draw(
+    runs: list[list[dict[str, Any]]], labels: list[str], *, smooth: int = 1, title: str | None = None
+) -> Any:
+    """The figure of :data:`PANELS` for runs' metric records (one list per run), one colour per label.
+
+    Few points get markers (a one-step run still shows), step axes have integer ticks, and a run's step-0
+    evaluation (the warm-start) is a dashed level line in the EM panel.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
     colours = {label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(labels))}
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
     for ax, (title, keys, names, log) in zip(axes.flat, PANELS, strict=True):
@@ -98,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                     if x[0] == 0:  # the initial policy (the warm-start), evaluated as step 0
                         ax.axhline(y[0], color=colour, ls="--", lw=0.8, alpha=0.6)
                 else:
-                    ys = _smooth(y, args.smooth)
+                    ys = _smooth(y, smooth)
                     marker = "o" if len(x) <= 12 else None  # single or few points stay visible
                     ax.plot(
                         x,
@@ -123,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        lo, hi = ax.get_xlim()
+        if hi - lo < 2:  # one step: widen, or the integer locator falls back to fractional ticks
+            ax.set_xlim((lo + hi) / 2 - 1, (lo + hi) / 2 + 1)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     handles, _ = axes.flat[0].get_legend_handles_labels()
@@ -130,12 +152,7 @@ def run(args: argparse.Namespace) -> int:
         if label not in {h.get_label() for h in handles}:
             handles.append(Line2D([], [], color=colours[label], label=label))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8)
-    if args.title:
-        fig.suptitle(args.title, fontsize=10)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
-    out = Path(args.out) if args.out else Path(args.runs[0]) / "curves.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=72)
-    plt.close(fig)
-    print(f"wrote {out}")
-    return 0
+    return fig
