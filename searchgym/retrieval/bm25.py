@@ -62,11 +62,8 @@ _ARRAYS_FILE = "bm25.npz"
 _PROGRESS_THRESHOLD = 50_000
 #: Size of the strided sample that bounds the k-th best score of a long row (see :func:`top_k_sparse`).
 _SAMPLE = 1024
-#: A query term is "common" when it is in more than this share of the passages, and in more than
-#: _COMMON_MIN of them: :meth:`BM25Retriever.top_k` checks whether it can stop before adding such a term
-#: (rarer terms are added without a check, which costs more than adding them).
-_COMMON_SHARE = 1 / 16
-_COMMON_MIN = 2048
+#: :meth:`BM25Retriever.top_k` adds posting lists this short without checking the bound first.
+_CHECK_MIN = 1024
 #: Relative margin of the pruning comparisons: far above the rounding of sums of a query's weights.
 _MARGIN = 1e-9
 
@@ -205,7 +202,6 @@ class BM25Retriever(Retriever):
         if filled.any():  # reduceat over the starts of non-empty rows: each segment is one row's postings
             upper[filled] = np.maximum.reduceat(w.data, w.indptr[:-1][filled])
         self._upper = np.maximum(upper, 0.0)  # a passage without the term gets 0 from it, never less
-        self._common_df = max(int(len(self.passages) * _COMMON_SHARE), _COMMON_MIN)
         # Bounds prune only when no weight is negative (Okapi's floor can be, on a tiny vocabulary).
         self._nonnegative = bool(w.data.shape[0] == 0 or w.data.min() >= 0)
         self._local = threading.local()  # per-thread scratch arrays (see _scratch)
@@ -324,12 +320,12 @@ class BM25Retriever(Retriever):
         return [self._top_k_terms(terms, k) for terms in self.query_terms(queries)]
 
     def _scratch(self) -> tuple[np.ndarray, np.ndarray]:
-        """This thread's zeroed accumulator and seen-mask over the corpus (kept zeroed between queries)."""
+        """This thread's accumulator and first-touch stamps over the corpus (kept zeroed between queries)."""
         local = self._local
         scratch = getattr(local, "scratch", None)
         if scratch is None:
             n_docs = len(self.passages)
-            scratch = local.scratch = (np.zeros(n_docs, dtype=np.float64), np.zeros(n_docs, dtype=np.bool_))
+            scratch = local.scratch = (np.zeros(n_docs, dtype=np.float64), np.zeros(n_docs, dtype=np.int64))
         return scratch
 
     def _top_k_terms(self, terms: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -388,23 +384,38 @@ class BM25Retriever(Retriever):
         """
         w = self.weights
         rest = np.concatenate((np.cumsum(bounds[::-1])[::-1], [0.0]))  # rest[i]: bounds of terms i, i+1, …
-        acc, seen = self._scratch()
+        acc, mark = self._scratch()
         chunks: list[np.ndarray] = []
         kth = -np.inf
-        added = 0
+        added = stamp = 0
+        n_terms = unique.shape[0]
         try:
-            while added < unique.shape[0]:
-                term = int(unique[added])
-                start, end = w.indptr[term], w.indptr[term + 1]
-                # Fancy indexing with int32 indices converts them on every call: convert once.
-                postings = w.indices[start:end].astype(np.intp)
-                acc[postings] = acc.take(postings) + counts[added] * w.data[start:end]
-                fresh = postings[~seen.take(postings)]
-                seen[fresh] = True
-                chunks.append(fresh)
-                added += 1
-                if added < unique.shape[0] and df[added] <= self._common_df:
-                    continue  # the next term is cheap to add: check the bound after it
+            while added < n_terms:
+                # One step adds the next term and the following ones while each list is no longer than
+                # all the lists before it (or than _CHECK_MIN): a check reads every candidate, so it is
+                # worth making only before a list longer than the candidates are many.
+                step, total = added + 1, int(df[added])
+                while step < n_terms and df[step] <= max(total, _CHECK_MIN):
+                    total += int(df[step])
+                    step += 1
+                starts, ends = w.indptr[unique[added:step]], w.indptr[unique[added:step] + 1]
+                if step - added == 1:
+                    postings = w.indices[starts[0] : ends[0]].astype(np.intp)
+                    weights = counts[added] * w.data[starts[0] : ends[0]]
+                else:
+                    spans = list(zip(starts.tolist(), ends.tolist(), strict=True))
+                    postings = np.concatenate([w.indices[a:b] for a, b in spans]).astype(np.intp)
+                    weights = np.concatenate([w.data[a:b] for a, b in spans])
+                    weights *= np.repeat(counts[added:step], ends - starts)
+                np.add.at(acc, postings, weights)  # a passage may be in several of the step's lists
+                # The passages touched for the first time, each once: stamp them with distinct numbers;
+                # where a passage got several stamps, exactly one survives the write and is kept.
+                new = postings[mark.take(postings) == 0]
+                stamps = np.arange(stamp + 1, stamp + 1 + new.shape[0], dtype=np.int64)
+                mark[new] = stamps
+                chunks.append(new[mark.take(new) == stamps])
+                stamp += new.shape[0]
+                added = step
                 candidates = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
                 chunks = [candidates]
                 if candidates.shape[0] >= k:
@@ -413,7 +424,7 @@ class BM25Retriever(Retriever):
                     # A relative margin absorbs rounding: bounds and partial scores are sums in other orders.
                     if kth > rest[added] * (1 + _MARGIN) + _MARGIN:
                         break
-            candidates = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+            candidates = chunks[0]
             partial = acc.take(candidates)
             if kth > -np.inf:
                 keep = partial + rest[added] >= kth * (1 - _MARGIN) - _MARGIN
@@ -421,7 +432,7 @@ class BM25Retriever(Retriever):
         finally:
             for chunk in chunks:  # leave the scratch zeroed for the next query
                 acc[chunk] = 0.0
-                seen[chunk] = False
+                mark[chunk] = 0
         return candidates, partial, kth, added
 
     def _lookup(self, term: int, positions: np.ndarray) -> np.ndarray:
@@ -448,19 +459,22 @@ class BM25Retriever(Retriever):
     def _exact_scores(self, terms: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Scores of the passages at sorted ``positions``, summed in query order as the full product does."""
         w = self.weights
-        weights: dict[int, np.ndarray] = {}
         scores = np.zeros(positions.shape[0], dtype=np.float64)
         if positions.shape[0] == 0:
             return scores
+        found: dict[int, np.ndarray] = {}
+        indptr = w.indptr
         for term in terms.tolist():
-            found = weights.get(term)
-            if found is None:
-                start, end = w.indptr[term], w.indptr[term + 1]
+            weights = found.get(term)
+            if weights is None:
+                start, end = int(indptr[term]), int(indptr[term + 1])
                 postings = w.indices[start:end]  # sorted: the index is built with sort_indices()
-                at = np.searchsorted(postings, positions).clip(max=end - start - 1)
-                found = np.where(postings[at] == positions, w.data[start:end][at], 0.0)
-                weights[term] = found
-            scores += found
+                at = postings.searchsorted(positions)
+                np.minimum(at, end - start - 1, out=at)
+                weights = w.data[start:end].take(at)
+                weights[postings.take(at) != positions] = 0.0
+                found[term] = weights
+            scores += weights
         return scores
 
     def _dense_scores(self, terms: np.ndarray) -> np.ndarray:
