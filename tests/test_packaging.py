@@ -34,3 +34,23 @@ def test_no_bare_envs_or_agents_imports() -> None:
             if stripped.startswith(("import envs", "import agents", "from envs", "from agents")):
                 offenders.append(f"{path}: {stripped}")
     assert offenders == []
+
+
+def test_readme_names_every_extra_and_what_all_holds() -> None:
+    """The README's extras sentence matches setup.cfg: each extra named, and `all` holding exactly those
+    listed before "`all` has them all" (issue: the README once promised TensorBoard in `all`)."""
+    import configparser
+    import re
+
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    extras = config["options.extras_require"]
+    in_all = set(re.findall(r"%\((\w+)\)s", extras["all"]))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("Optional dependencies install as extras:")
+    paragraph = (readme[start:] + "\n\n").split("\n\n", 1)[0]
+    before, marker, after = paragraph.partition("`all` has them all")
+    assert marker, "the README's extras sentence must say which extras `all` holds"
+    assert set(re.findall(r"`([\w-]+)`", before)) == in_all
+    named_after = {name for name in re.findall(r"`([\w-]+)`", after) if name in extras}
+    assert set(extras) - {"all", "dev"} == in_all | named_after
