@@ -4,9 +4,11 @@
   ``GRPOTrainer`` that plays SearchQA episodes token-exactly (tool tokens masked out of the loss by
   ``env_mask``), an LLDS-enabled ``GRPOTrainer`` subclass, and the LLD early-warning callback.
 * :mod:`searchgym.agents.integrations.verl` (extra ``searchgym[verl]``): the LLDS policy losses registered
-  with verl, a token-level SearchQA agent loop, and the ``verl.plugins`` entry point that loads both.
+  with verl (``llds_action``, ``llds_response``, ``llds_token``), a token-level SearchQA agent loop
+  (``searchgym``) and the ``lld/warning`` metric, all loaded by the ``verl.plugins`` entry point.
+* :mod:`searchgym.agents.integrations.verl_data`: the parquet files verl reads (``searchgym prepare verl``).
 * :mod:`searchgym.agents.integrations.trajectories`: episodes as the rows TRL and verl consume
-  (``searchgym export-trajectories``, ``searchgym verl prepare``).
+  (``searchgym export-trajectories``).
 
 Both engines import inward only: nothing in searchgym's core, envs or agents imports this package. The
 maths is not copied here: every loss and diagnostic comes from :mod:`searchgym.agents.grpo.losses` and
