@@ -458,6 +458,70 @@ def test_agent_loop_reproduces_the_gymnasium_episode_token_for_token(hf_tok: Any
     assert float(tensors["rm_scores"][-1]) == 1.0
 
 
+class TinyModelServer:
+    """A fake ``server_manager`` that samples from a tiny causal LM built from a transformers config."""
+
+    def __init__(self, vocab: int, eos: int, pad: int) -> None:
+        from searchgym.agents.llm import tiny_causal_lm
+
+        self.vocab = vocab
+        self.model = tiny_causal_lm(vocab, layers=1, hidden=32, seed=0, eos_token_id=eos, pad_token_id=pad)
+        self.generator = torch.Generator().manual_seed(0)
+        self.segments: list[list[int]] = []
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
+    ):
+        ids, out, lps = list(prompt_ids), [], []
+        with torch.no_grad():
+            for _ in range(int(sampling_params["max_tokens"])):
+                logits = self.model(torch.tensor([ids])).logits[0, -1, : self.vocab].float()
+                logp = torch.log_softmax(logits, dim=-1)
+                token = int(torch.multinomial(logp.exp(), 1, generator=self.generator))
+                ids.append(token)
+                out.append(token)
+                lps.append(float(logp[token]))
+        self.segments.append(out)
+        return TokenOutput(token_ids=out, log_probs=lps)
+
+
+def test_agent_loop_with_a_tiny_model_keeps_tokens_masks_and_logprobs_aligned(hf_tok: Any) -> None:
+    from searchgym.agents.llm import token_logprobs
+
+    tok = load_tokenizer(hf_tok)
+    settings = {**ENV, "max_turn_tokens": 8, "max_turns": 3}
+    question = searchgym.envs.SearchQAEnv(tokenizer=tok, **settings).questions[2]
+    server = TinyModelServer(tok.vocab_size, tok.eos_token_id, tok.pad_token_id)
+    loop = _agent_loop(server, hf_tok, rollout_name="sglang")
+    extra = {"question_id": question.id, "searchgym_env": json.dumps(settings)}
+    out = asyncio.run(loop.run({"temperature": 1.0}, extra_info=extra, raw_prompt=[]))
+
+    env = gym.make("SearchQA-v0", tokenizer=tok, **settings)
+    obs, _ = env.reset(options={"question_id": question.id})
+    reward, done = 0.0, False
+    for segment in server.segments:
+        for token in segment:
+            obs, r, terminated, truncated, info = env.step(token)
+            reward += float(r)
+            done = terminated or truncated
+            if info.get("turn_end") or done:
+                break
+    assert done
+    n = int(obs["length"][0])
+    tokens, sources = obs["tokens"][:n].tolist(), obs["sources"][:n]
+    p = len(out.prompt_ids)
+    assert out.prompt_ids + out.response_ids == tokens
+    assert out.response_mask == (sources[p:] == Source.POLICY).astype(int).tolist()
+    assert 0 in out.response_mask and out.reward_score == reward
+    # The log-probs sit on the tokens they belong to: re-scoring the transcript gives the same numbers.
+    ids = torch.tensor([tokens])
+    rescored, _ = token_logprobs(server.model, ids, torch.ones_like(ids), vocab_size=tok.vocab_size)
+    mask = torch.tensor(out.response_mask, dtype=torch.bool)
+    got = torch.tensor(out.response_logprobs)
+    torch.testing.assert_close(got[mask], rescored[0, p:][mask].float(), atol=1e-4, rtol=1e-4)
+    assert bool((got[~mask] == 0).all())
+
+
 def test_agent_loop_overrides_and_bad_rows(hf_tok: Any) -> None:
     tok = load_tokenizer(hf_tok)
     question = searchgym.envs.SearchQAEnv(tokenizer=tok, **ENV).questions[1]
