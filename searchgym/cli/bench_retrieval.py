@@ -37,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"comma-separated corpus sizes (default {DEFAULT_SIZES}; the 1M run: 10000,100000,1000000)",
     )
-    parser.add_argument("--passages", type=int, default=None, help="one corpus size (same as --sizes N)")
+    parser.add_argument(
+        "--passages", dest="sizes", type=_sizes, default=None, help="one corpus size (same as --sizes N)"
+    )
     parser.add_argument(
         "--quick", action="store_true", help=f"sizes {QUICK_SIZES}, 1 round, 128 queries (a smoke run)"
     )
@@ -83,12 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from searchgym.bench.retrieval import BM25_BACKENDS, RetrievalBenchConfig, run_retrieval_benchmark
 
-    if args.sizes is not None:
-        sizes = args.sizes
-    elif args.passages is not None:
-        sizes = (args.passages,)
-    else:
-        sizes = _sizes(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    sizes = args.sizes if args.sizes is not None else _sizes(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     queries = args.queries if args.queries is not None else (128 if args.quick else 512)
     cfg = RetrievalBenchConfig(
         passages=sizes[0],

@@ -533,12 +533,15 @@ class BM25Retriever(Retriever):
         return root
 
     @classmethod
-    def load(cls, folder: str | Path, passages: Sequence[Passage]) -> BM25Retriever:
+    def load(cls, folder: str | Path, passages: Sequence[Passage], *, mmap: bool = False) -> BM25Retriever:
         """Loads an index written by :meth:`save` for ``passages``.
 
         Args:
             folder: The index folder.
             passages: The corpus the index was built from (the hits are read from it).
+            mmap: Map the weight arrays from ``bm25.npz`` (read-only) instead of copying them into memory:
+                processes that load the same file share one copy in the page cache. Every check below runs
+                all the same (it reads the file once).
 
         Raises:
             ConfigError: no index in ``folder``, or it was built from a different corpus (stale) or by
@@ -586,7 +589,7 @@ class BM25Retriever(Retriever):
             )
         if len(vocab) != len(vocab_list):
             raise DataFormatError(str(meta_path), None, "corrupt BM25 index: the vocabulary repeats a term")
-        data, indices, indptr = _read_arrays(arrays_path)
+        data, indices, indptr = _read_arrays(arrays_path, mmap)
         _check_csr(arrays_path, data, indices, indptr, shape)
         weights = sp.csr_matrix((data, indices, indptr), shape=shape)
         weights.has_sorted_indices = True  # checked above
@@ -605,10 +608,11 @@ _ARRAY_DTYPES = {
 }
 
 
-def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _read_arrays(path: Path, mmap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The three CSR arrays of ``bm25.npz``, each checked before it is read: stored uncompressed, a 1-D
     array of the right kind whose header agrees with the member's size (so a crafted header cannot make
     NumPy allocate more than the file holds), and the member's CRC-32 (checked by :mod:`zipfile` on read).
+    With ``mmap``, arrays in native byte order are read-only maps of the file instead of copies.
 
     Raises:
         DataFormatError: anything else, naming the file.
@@ -638,9 +642,29 @@ def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                     header_size = f.tell()
                     if header_size + shape[0] * dtype.itemsize != info.file_size:
                         raise ValueError(f"{name}: the header's shape {shape} does not match the stored size")
-                    payload = f.read()  # reading to the end checks the member's CRC-32
-                arrays[name] = np.frombuffer(payload, dtype=dtype, count=shape[0]).astype(
-                    dtype.newbyteorder("="), copy=True
+                    native = dtype.newbyteorder("=")
+                    if not mmap or native != dtype:
+                        payload = f.read()  # reading to the end checks the member's CRC-32
+                        arrays[name] = np.frombuffer(payload, dtype=dtype, count=shape[0]).astype(
+                            native, copy=True
+                        )
+                        continue
+                    while f.read(1 << 24):  # the CRC-32 is checked at the end, without a copy kept
+                        pass
+                # Stored members are the file's own bytes: map them where the .npy payload begins.
+                with open(path, "rb") as raw:
+                    raw.seek(info.header_offset)
+                    local = raw.read(30)
+                    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+                        raise ValueError(f"{name}: bad local header")
+                    skip = int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+                offset = info.header_offset + 30 + skip + header_size
+                if offset + shape[0] * dtype.itemsize > path.stat().st_size:
+                    raise ValueError(f"{name}: the member runs past the end of the file")
+                arrays[name] = (
+                    np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(shape[0],))
+                    if shape[0]
+                    else np.zeros(0, dtype=dtype)
                 )
     except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError, TypeError, OverflowError) as e:
         raise DataFormatError(

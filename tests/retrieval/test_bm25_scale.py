@@ -8,10 +8,12 @@ positions must be identical and the scores equal to the last bit, ties included.
 
 from __future__ import annotations
 
+import mmap
 import pickle
 import threading
 from collections.abc import Iterator
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 
 from searchgym.bench.retrieval import zipf_corpus
 from searchgym.data import Passage
+from searchgym.errors import DataFormatError
 from searchgym.retrieval import Analyzer, BM25Retriever
 from searchgym.retrieval import bm25 as bm25_module
 from searchgym.retrieval.rank_bm25 import top_k_indices
@@ -131,11 +134,42 @@ def test_batches_threads_and_pickles_agree() -> None:
     assert [[(h.passage_id, h.score) for h in hits] for hits in copy.search(queries, 5)] == expected
 
 
-def test_loaded_index_ranks_as_the_built_one(tmp_path: object) -> None:
-    from pathlib import Path
-
+def test_loaded_index_ranks_as_the_built_one(tmp_path: Path) -> None:
     passages, queries = zipf_20k()
     bm = BM25Retriever(passages[:3000], analyzer=Analyzer())
-    loaded = BM25Retriever.load(bm.save(Path(str(tmp_path)) / "index"), passages[:3000])
+    loaded = BM25Retriever.load(bm.save(tmp_path / "index"), passages[:3000])
     assert loaded.search(queries, 4) == bm.search(queries, 4)
     assert_full_ranking(loaded, queries[:60], 4)
+
+
+def mapped_file(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory is a map of a file (somewhere down its chain of bases)."""
+    base: object = array
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return True
+        base = getattr(base, "base", None) if isinstance(base, np.ndarray) else getattr(base, "obj", None)
+    return False
+
+
+def test_memory_mapped_load_ranks_alike_and_checks_alike(tmp_path: Path) -> None:
+    passages, queries = zipf_20k()
+    passages = passages[:3000]
+    folder = BM25Retriever(passages, analyzer=Analyzer()).save(tmp_path / "index")
+    copied = BM25Retriever.load(folder, passages)
+    mapped = BM25Retriever.load(folder, passages, mmap=True)
+    for array in (mapped.weights.data, mapped.weights.indices, mapped.weights.indptr):
+        assert mapped_file(array) and not array.flags.writeable
+    assert not mapped_file(copied.weights.data)
+    assert mapped.search(queries, 5) == copied.search(queries, 5)
+    # The file's checks run in this mode too: one flipped bit of one weight is refused.
+    npz = folder / "bm25.npz"
+    whole = npz.read_bytes()
+    flipped = bytearray(whole)
+    flipped[whole.index(copied.weights.data.tobytes()[:64]) + 5] ^= 1
+    npz.write_bytes(bytes(flipped))
+    with pytest.raises(DataFormatError, match=r"bm25\.npz"):
+        BM25Retriever.load(folder, passages, mmap=True)
+    npz.write_bytes(whole[: len(whole) - 100])
+    with pytest.raises(DataFormatError, match=r"bm25\.npz"):
+        BM25Retriever.load(folder, passages, mmap=True)
