@@ -564,6 +564,25 @@ def test_prepared_parquet_is_read_by_verls_rlhf_dataset(tmp_path: Path, hf_tok: 
     assert row["extra_info"]["question_id"] == searchgym.envs.SearchQAEnv(**ENV).questions[2].id
 
 
+def test_exported_verl_trajectories_are_verl_agent_loop_outputs(tmp_path: Path) -> None:
+    """``searchgym export-trajectories --format verl`` rows, read back, convert with verl's own code."""
+    from searchgym.agents.integrations.export import export_trajectories
+    from searchgym.agents.integrations.trajectories import iter_jsonl
+
+    path = tmp_path / "traj.jsonl"
+    env = {"max_turn_tokens": 8, "max_turns": 2, "max_context_tokens": 768, "topk": 2}
+    assert export_trajectories(path, fmt="verl", episodes=4, group_size=2, batch=4, env_kwargs=env) == 4
+    keys = ("prompt_ids", "response_ids", "response_mask", "response_logprobs")
+    for record in iter_jsonl(path):
+        out = AgentLoopOutput(**{k: record[k] for k in keys}, reward_score=record["reward_score"], metrics={})
+        tensors = out.as_dict()
+        assert (
+            tensors["responses"].shape == tensors["response_mask"].shape == tensors["rollout_log_probs"].shape
+        )
+        assert set(tensors["response_mask"].tolist()) <= {0, 1} and 0 in tensors["response_mask"].tolist()
+        assert float(tensors["rm_scores"].sum()) == record["reward_score"]
+
+
 def test_verl_trajectory_records_build_verls_agent_loop_output() -> None:
     episode = EpisodeTokens(
         prompt_ids=[5, 6, 7],
