@@ -420,7 +420,8 @@ class SearchQAAgentLoop(AgentLoopBase):
                 "the row has no extra_info.question_id: write the data with `searchgym prepare verl`"
             )
         settings = _env_kwargs(extra.get("searchgym_env"), self.env_overrides)
-        key, env = _take_env(settings, self.tokenizer)
+        # The first env of a process loads the dataset and builds its retriever: off the event loop.
+        key, env = await asyncio.get_running_loop().run_in_executor(None, _take_env, settings, self.tokenizer)
         try:
             return await self._play(env, str(extra["question_id"]), sampling_params)
         finally:
