@@ -412,6 +412,7 @@ class SearchQAAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.env_overrides = _plain(env) if env is not None else {}
         self.response_length = int(self.rollout_config.response_length)
+        self.prompt_length = int(self.rollout_config.prompt_length)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         extra = _plain(kwargs.get("extra_info")) or {}
@@ -433,6 +434,12 @@ class SearchQAAgentLoop(AgentLoopBase):
         loop = asyncio.get_running_loop()
         core: SearchQAEnv = env.unwrapped  # type: ignore[assignment]
         obs, info = env.reset(options={"question_id": question_id})
+        if int(obs["length"][0]) > self.prompt_length:
+            # verl pads prompts to this length; cutting the env's prompt would break token-exactness.
+            raise ConfigError(
+                f"the prompt of question {question_id!r} has {int(obs['length'][0])} tokens, more than verl's "
+                f"rollout prompt_length {self.prompt_length}: raise data.max_prompt_length"
+            )
         request_id = uuid4().hex
         budget = core.config.max_turn_tokens
         params = dict(sampling_params)

@@ -532,6 +532,10 @@ def test_agent_loop_overrides_and_bad_rows(hf_tok: Any) -> None:
     out = asyncio.run(loop.run({}, extra_info=extra, raw_prompt=[]))
     assert all(c["max_tokens"] == 30 and "stop" not in c for c in server.calls)
     assert out.response_logprobs is not None and out.num_turns >= 4
+    short = _agent_loop(server, hf_tok)
+    short.prompt_length = 10
+    with pytest.raises(ConfigError, match=r"data\.max_prompt_length"):
+        asyncio.run(short.run({}, extra_info=extra, raw_prompt=[]))
     with pytest.raises(ConfigError, match="prepare verl"):
         asyncio.run(loop.run({}, extra_info={"index": 0}, raw_prompt=[]))
     with pytest.raises(ConfigError, match="unknown SearchQA settings"):
