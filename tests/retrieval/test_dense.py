@@ -21,6 +21,7 @@ from searchgym.retrieval.dense import (
     DenseRetriever,
     Encoder,
     build_dense_index,
+    flat_top_k,
     gold_recall,
     load_encoder,
     read_manifest,
@@ -177,6 +178,29 @@ def test_ties_go_to_the_earlier_passage_even_past_the_fetch_margin(encoder: Enco
         same = [h.passage_id for h in hits if h.title == "same"]
         expected = [p.id for p in docs if p.title == "same"][: len(same)]
         assert same == expected and len(same) >= 10
+
+
+def test_flat_top_k_is_exact_across_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import faiss
+
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((5000, 16), dtype=np.float32)
+    emb[100:140] = emb[7]  # 41 equal vectors, spread over blocks below
+    queries = np.concatenate([emb[7:8], rng.standard_normal((9, 16), dtype=np.float32)])
+    index = faiss.IndexFlatIP(16)
+    index.add(emb)
+    monkeypatch.setattr(dense_module, "_FLAT_BLOCK_ENTRIES", 10 * 1024)  # 1024 rows per block of 10 queries
+    for k in (1, 5, 60):
+        found = flat_top_k(queries, emb, k)
+        exact = queries.astype(np.float64) @ emb.T.astype(np.float64)
+        for b, (positions, scores) in enumerate(found):
+            assert len(positions) == k and np.all(np.diff(scores) <= 0)
+            np.testing.assert_allclose(scores, np.sort(exact[b])[::-1][:k], rtol=1e-5)
+        # The tied copies of vector 7 come in corpus order: 7, then 100, 101, ...
+        assert list(found[0][0][: min(k, 41)]) == [7, *range(100, 140)][: min(k, 41)]
+        _, ref = index.search(queries[1:], k)
+        assert [list(p) for p, _ in found[1:]] == [list(r) for r in ref]  # faiss agrees (no ties there)
+    assert [len(p) for p, _ in flat_top_k(queries[:2], emb[:3], 3)] == [3, 3]  # k = N
 
 
 @pytest.mark.parametrize("index_type", ["ivf", "hnsw"])
@@ -369,17 +393,22 @@ def test_load_refuses_a_truncated_or_corrupt_faiss_index(
 
 
 def test_missing_faiss_or_torch_names_the_extra(
-    flat_dir: Path, passages: list[Passage], encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, flat_dir: Path, passages: list[Passage], encoder: Encoder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    hnsw = build_dense_index(passages, encoder, tmp_path, index_type="hnsw", progress=False)
+    zeros = np.zeros((len(passages), 64), dtype=np.float32)
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "faiss", None)  # import faiss now raises ImportError
         for call in (
-            lambda: DenseRetriever.load(flat_dir, passages),
-            lambda: make_retriever(f"dense:{flat_dir}", passages),
-            lambda: DenseRetriever(passages, encoder, np.zeros((len(passages), 64), dtype=np.float32)),
+            lambda: DenseRetriever.load(hnsw, passages),
+            lambda: make_retriever(f"dense:{hnsw}", passages),
+            lambda: DenseRetriever(passages, encoder, zeros, index_type="ivf"),
+            lambda: build_dense_index(passages, encoder, tmp_path, index_type="ivf", progress=False),
         ):
             with pytest.raises(MissingDependencyError, match=r"pip install 'searchgym\[dense\]'"):
                 call()
+        # The exact (flat) search is BLAS matrix products: it runs without faiss.
+        assert len(DenseRetriever.load(flat_dir, passages, encoder=encoder).search(["q"], 3)[0]) == 3
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "transformers", None)
         with pytest.raises(MissingDependencyError, match=r"pip install 'searchgym\[dense\]'"):
