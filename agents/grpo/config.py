@@ -230,11 +230,13 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "cut each mini-batch into micro-batches of similar lengths (less padding, same gradient; pi_old is "
         "re-scored in the same shapes)",
     )
-    rescore_pi_old: bool = option(
-        True,
-        "re-score pi_old after the rollout in the first epoch's micro-batch shapes (ratio exactly 1 and LLDS "
-        "exactly 0 on the first update); off: use the sampler's log-probs (one forward pass less per step, but "
-        "LLDS then trains on float noise at the first update)",
+    rescore_pi_old: bool | None = option(
+        None,
+        "where pi_old comes from. Default (auto): the first update's own forward is pi_old for its responses "
+        "(ratio exactly 1, LLDS exactly 0 there) and the sampler's log-probs serve the rest, unless they differ "
+        "from that forward by more than 1e-3 (a bf16 model), when the rest are re-scored before the first "
+        "optimizer step. --rescore-pi-old: a separate no-grad pass re-scores all of them (exact lld/ zeros on a "
+        "step that changes nothing, one forward pass more); --no-rescore-pi-old: the sampler's log-probs for all",
     )
     clip_eps: float = option(0.2, "PPO clip range")
     ratio_cap: float = option(

@@ -22,6 +22,8 @@ import json
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,9 @@ from .sft import evaluate_checkpoint_policy
 __all__ = ["GRPOTrainer", "length_buckets", "minibatch_plan", "train_grpo"]
 
 CHECKPOINT = "checkpoint.pt"
+PI_OLD_TOLERANCE = 1e-3
+"""Largest gap between the sampler's log-probs and a full forward that ``rescore_pi_old=None`` accepts as
+``pi_old`` (a ratio within 0.1% of 1, far inside the clip); fp32 models measure ~1e-6, bf16 ones far more."""
 
 
 def _mean(values: list[float]) -> float:
@@ -223,27 +228,37 @@ class GRPOTrainer:
         overhead = _call_overhead_tokens(self.config.device)
         return [length_buckets(mb, lengths, micro, overhead) for mb in minibatches]
 
-    @torch.no_grad()
     def _score(self, model: Any, batch: RolloutBatch, micro_batches: list[Tensor]) -> Tensor:
-        """``(B, T)`` log-probs of the batch's policy tokens under ``model``, micro-batch by micro-batch."""
+        """``(B, T)`` log-probs of the batch's policy tokens under ``model``, micro-batch by micro-batch.
+
+        Runs under :data:`torch.inference_mode` (no autograd bookkeeping at all); the result is an ordinary
+        tensor, so it can enter the loss as a constant.
+        """
         out = torch.zeros(batch.logp_old.shape, dtype=torch.float32)
-        for idx in micro_batches:
-            mb = batch.select(idx).to(self.config.device)
-            logp, _ = _token_logprobs(self.policy, model, mb)
-            out[idx, : logp.shape[1]] = logp.float().cpu()
+        with self._scoring_mode():
+            for idx in micro_batches:
+                mb = batch.select(idx).to(self.config.device)
+                logp, _ = _token_logprobs(self.policy, model, mb)
+                out[idx, : logp.shape[1]] = logp.float().cpu()
         return out
+
+    _scoring_mode: Any = staticmethod(torch.inference_mode)  # the benchmark's "before" path swaps in no_grad
 
     def update(self, batch: RolloutBatch, advantages: Tensor) -> dict[str, float]:
         """``epochs`` × mini-batch optimizer updates on one rollout batch, all against the same ``pi_old``;
         then the displacement they caused on the batch's own responses.
 
-        ``pi_old`` is the policy that generated the batch, re-scored here with the exact shapes the first
-        epoch uses: the first update then sees ``pi_theta == pi_old`` bit for bit (ratio 1, LLDS exactly
-        0), which the sampler's own log-probs (cached, last-position forwards) match only to float noise.
-        (``rescore_pi_old=False`` takes the sampler's log-probs instead: one forward pass less per step,
-        but LLDS's ``max(d, 0)`` then turns that float noise into a likelihood-raising gradient on the
-        first update.) The reference needs no such exactness: it is scored in length-sorted micro-batches
-        over the whole batch.
+        ``pi_old`` is the policy that generated the batch (``rescore_pi_old`` says where its log-probs come
+        from). By default (``None``) the first update computes them itself: before the first optimizer step
+        the weights *are* ``pi_old``, so that update's own forward pass is ``pi_old`` for its responses, bit
+        for bit (ratio 1, LLDS exactly 0). The other responses take the sampler's log-probs (cached,
+        last-position forwards: equal to a full forward up to float noise, ``rollout/logp_mismatch``
+        measures it on the first update's tokens), unless that noise exceeds :data:`PI_OLD_TOLERANCE`; they
+        are then re-scored before the first optimizer step. ``True`` re-scores every response in a separate
+        pass with the first epoch's shapes (one forward pass more; an update-free step then measures exactly
+        zero displacement); ``False`` uses the sampler's log-probs throughout (the first update then sees
+        float noise, which LLDS's ``max(d, 0)`` turns into a gradient). The reference is scored in
+        length-sorted micro-batches over the whole batch.
         """
         cfg = self.config
         generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
@@ -257,6 +272,7 @@ class GRPOTrainer:
         first_epoch = [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
         model_mode = self.model.training
         self.model.eval()  # dropout off: pi_old and pi_theta must be the same function of the parameters
+        own_first = cfg.rescore_pi_old is None
         if cfg.rescore_pi_old:
             logp_old = self._score(self.model, batch, first_epoch)
             mismatch = (logp_old - batch.logp_old).abs()[batch.loss_mask]
@@ -269,10 +285,15 @@ class GRPOTrainer:
             ref_logp = self._score(self.ref_model, batch, layout)
         weights, beta = self._llds_weights(batch)
         self.update_metrics = []
-        for micro_batches in plan:
+        first, rest = torch.cat(plan[0]), [idx for mb in plan[1 : len(plan) // cfg.epochs] for idx in mb]
+        check = partial(self._check_pi_old, batch, logp_old, first, rest)
+        for k, micro_batches in enumerate(plan):
+            hook = check if k == 0 and own_first else None
             self.update_metrics.append(
-                self._update_minibatch(batch, micro_batches, advantages, logp_old, ref_logp, weights)
+                self._update_minibatch(batch, micro_batches, advantages, logp_old, ref_logp, weights, hook)
             )
+        if own_first:
+            mismatch = _pi_old_gap(batch, logp_old, first)
         self.scheduler.step()
         per_update: dict[str, list[float]] = defaultdict(list)
         for m in self.update_metrics:
@@ -291,6 +312,16 @@ class GRPOTrainer:
         self.model.train(model_mode)
         return metrics
 
+    def _check_pi_old(self, batch: RolloutBatch, logp_old: Tensor, first: Tensor, rest: list[Tensor]) -> None:
+        """Before the first optimizer step: the sampler's log-probs stand as ``pi_old`` for the ``rest``
+        micro-batches only if they match the first update's own forward within :data:`PI_OLD_TOLERANCE`;
+        otherwise ``rest`` is re-scored now, while the weights are still ``pi_old``."""
+        gap = _pi_old_gap(batch, logp_old, first)
+        if gap.numel() and float(gap.max()) > PI_OLD_TOLERANCE and rest:
+            rescored = self._score(self.model, batch, rest)
+            for idx in rest:
+                logp_old[idx] = rescored[idx]
+
     def _update_minibatch(
         self,
         batch: RolloutBatch,
@@ -299,8 +330,14 @@ class GRPOTrainer:
         logp_old: Tensor,
         ref_logp: Tensor | None,
         weights: Tensor | None,
+        before_step: Callable[[], None] | None = None,
     ) -> dict[str, float]:
-        """One optimizer update (gradients accumulated over micro-batches); skipped if anything is not finite."""
+        """One optimizer update (gradients accumulated over micro-batches); skipped if anything is not finite.
+
+        With ``before_step`` (the first update when ``rescore_pi_old`` is ``None``), each micro-batch's own
+        forward is its ``pi_old``: it is written into ``logp_old``, and ``before_step()`` runs after the
+        last backward, while the weights are still ``pi_old``.
+        """
         cfg = self.config
         num_tokens = float(batch.loss_mask[torch.cat(micro_batches)].sum().clamp(min=1))
         self.optimizer.zero_grad(set_to_none=True)
@@ -309,14 +346,18 @@ class GRPOTrainer:
         for idx in micro_batches:
             mb = batch.select(idx).to(cfg.device)
             width = mb.tokens.shape[1]
+            own = torch.empty(mb.tokens.shape, dtype=torch.float32, device=cfg.device)
             loss, m = self.loss(
                 mb,
                 advantages[idx].to(cfg.device),
-                logp_old[idx, :width].to(cfg.device),
+                None if before_step is not None else logp_old[idx, :width].to(cfg.device),
                 None if ref_logp is None else ref_logp[idx, :width].to(cfg.device),
                 None if weights is None else weights[idx, :width].to(cfg.device),
                 num_tokens,
+                **({"pi_old_out": own} if before_step is not None else {}),
             )
+            if before_step is not None:
+                logp_old[idx, :width] = own.cpu()
             finite = finite and bool(torch.isfinite(loss))
             if finite:
                 loss.backward()
@@ -327,6 +368,8 @@ class GRPOTrainer:
                     sums[k] = max(sums[k], v)
                 else:
                     sums[k] += v if k in ("loss", "pg_loss", "llds_loss", "kl", "entropy") else v * share
+        if before_step is not None:
+            before_step()
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
         finite = finite and bool(torch.isfinite(grad_norm))
@@ -340,17 +383,27 @@ class GRPOTrainer:
         self,
         mb: RolloutBatch,
         advantages: Tensor,
-        logp_old: Tensor,
+        logp_old: Tensor | None,
         ref_logp: Tensor | None,
         weights: Tensor | None,
         num_tokens: float | None = None,
+        *,
+        pi_old_out: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         """The GRPO(+LLDS) loss of one micro-batch; the policy's output layer runs on policy tokens only, so
-        prompt and tool positions get no gradient at all."""
+        prompt and tool positions get no gradient at all.
+
+        ``logp_old=None`` takes this forward's own log-probs as ``pi_old`` (valid while the weights are
+        still those that sampled the batch), copied into ``pi_old_out`` when given.
+        """
         cfg = self.config
         mask = mb.loss_mask
         logp, entropy = _token_logprobs(self.policy, self.model, mb, with_entropy=True)
         assert entropy is not None
+        if logp_old is None:
+            logp_old = logp.detach()
+            if pi_old_out is not None:
+                pi_old_out.copy_(logp_old)
         loss, metrics = grpo_llds_loss(
             logp,
             logp_old,
@@ -388,8 +441,10 @@ class GRPOTrainer:
     ) -> dict[str, float]:
         """LLD on the step's own responses: ``lld/delta_adv_{pos,zero,neg}``, after minus before its updates.
 
-        ``logp_before`` is ``pi_old`` as re-scored for the updates; the same responses are scored again
-        now, with the same micro-batch shapes, so an update-free step measures exactly 0.
+        ``logp_before`` is ``pi_old`` as the updates used it; the same responses are scored again now, with
+        the first epoch's micro-batch shapes. An update-free step so measures exactly 0 where ``pi_old`` was
+        re-scored or came from the first update's own forward, and float noise (~1e-6) where it is the
+        sampler's (``rescore_pi_old``).
         """
         self.model.eval()
         after = self._score(self.model, batch, micro_batches)
@@ -629,6 +684,11 @@ def _resume_init(config: GRPOConfig) -> GRPOConfig:
             "the reference model would change; pass --init with the original file"
         )
     return dataclasses.replace(config, init=given)
+
+
+def _pi_old_gap(batch: RolloutBatch, logp_old: Tensor, first: Tensor) -> Tensor:
+    """``|pi_old - sampler|`` on the policy tokens of the responses ``first`` (whose ``pi_old`` is exact)."""
+    return (logp_old[first] - batch.logp_old[first]).abs()[batch.loss_mask[first]]
 
 
 def _token_logprobs(

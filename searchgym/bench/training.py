@@ -10,8 +10,9 @@ on any machine:
   ``model.generate`` sampling the same number of new tokens per sequence from the same prompts, in one
   batch of the same size (no tool turns, no stops: the upper bound of a rollout's pace);
 * **updates** (:func:`run_update_benchmark`): :meth:`GRPOTrainer.update` on one rollout batch, from the same
-  weights and optimizer state each time, with length-bucketed micro-batches (today) and with the plan's
-  plain chunks (before): policy tokens per second, and the step's time split into rollout, update and
+  weights and optimizer state each time, with today's defaults and as the update ran when issue 13 was
+  filed (the plan's plain chunks, a separate ``pi_old`` re-scoring pass, no-grad scoring passes under
+  ``torch.no_grad``): policy tokens per second, and the step's time split into rollout, update and
   diagnostics (the displacement re-score and the probe set).
 
 The default model is the trainer's: the tiny offline Qwen2-style model at random weights (pass ``init`` for
@@ -249,24 +250,40 @@ def run_update_benchmark(
     overrides: dict[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """GRPO update speed with length-bucketed micro-batches against the plan's plain chunks, and the split
-    of one step's time, on the trainer's default recipe (``kl_coef`` 0.001: a reference is scored too).
+    """GRPO update speed today against the update as it was when issue 13 was filed, and the split of one
+    step's time, on the trainer's default recipe (``kl_coef`` 0.001: a reference is scored too).
 
-    Both paths start every run from the same weights and optimizer state and update on the same rollout
-    batch, so they do the same work up to padding. Arguments as :func:`run_rollout_benchmark`'s.
+    *Before* is the issue-time path: the plan's plain chunks as micro-batches, ``pi_old`` re-scored in a
+    separate pass, no-grad passes under ``torch.no_grad``. *After* is today's default (length buckets, the
+    first update's own forward as ``pi_old`` and the sampler's log-probs for the rest, ``inference_mode``).
+    *Re-scored* is today's path with ``rescore_pi_old=True``. The paths alternate within each run, start
+    from the same weights and optimizer state and update on the same rollout batch, so they do the same
+    maths. Arguments as :func:`run_rollout_benchmark`'s.
 
     Returns:
-        ``update_tokens_per_s``, ``update_tokens_per_s_before``, ``update_speedup``, ``padding_share`` and
-        ``padding_share_before`` (padded slots over all slots of the update's forward passes), and
-        ``step_rollout_s``, ``step_update_s``, ``step_diagnostics_s`` with their shares.
+        ``update_tokens_per_s``, ``update_tokens_per_s_before``, ``update_tokens_per_s_rescored``,
+        ``update_speedup`` (after over before, the median of the per-run ratios), ``padding_share`` and
+        ``padding_share_before`` (padded slots over all slots of the update's forward passes),
+        ``update_logp_mismatch`` (the largest gap between the sampler's and the first update's log-probs),
+        and ``step_rollout_s``, ``step_update_s``, ``step_diagnostics_s`` with their shares.
     """
     import torch
 
+    from searchgym.agents.grpo.config import GRPOConfig
     from searchgym.agents.grpo.losses import group_advantages
     from searchgym.agents.grpo.trainer import GRPOTrainer
 
-    rates: dict[str, list[float]] = {"after": [], "before": []}
+    paths: dict[str, dict[str, Any]] = {
+        "before": {"length_buckets": False, "rescore_pi_old": True, "scoring": torch.no_grad},
+        "after": {"length_buckets": True, "rescore_pi_old": None, "scoring": None},
+        "rescored": {"length_buckets": True, "rescore_pi_old": True, "scoring": None},
+    }
+    if GRPOConfig.__dataclass_fields__["rescore_pi_old"].default is True:  # today's default re-scores
+        paths["after"], paths["rescored"] = paths["rescored"], {**paths["after"]}
+        paths["auto"] = paths.pop("rescored")
+    rates: dict[str, list[float]] = {path: [] for path in paths}
     padding: dict[str, float] = {}
+    mismatch = 0.0
     split: dict[str, list[float]] = {"rollout": [], "update": [], "diagnostics": []}
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _config(
@@ -297,30 +314,42 @@ def run_update_benchmark(
         setattr(trainer, "displacement", timed_displacement)  # noqa: B010 - times the diagnostics
         for r in range(repeats):
             trainer.step = r + 1
+            trainer.model.load_state_dict(
+                model_state
+            )  # the batch's sampler is the weights every path starts from
             start = time.perf_counter()
             batch = trainer.rollout()
             _sync(device)
             rollout_s = time.perf_counter() - start
             advantages = group_advantages(batch.rewards, group_size)
             tokens = int(batch.loss_mask.sum()) * cfg.epochs
-            for path in ("before", "after"):
-                setattr(cfg, "length_buckets", path == "after")  # noqa: B010 - read by GRPOTrainer._micro
+            order = list(paths) if r % 2 == 0 else list(paths)[::-1]  # alternate who runs first
+            for path in order:
+                setting = paths[path]
+                # Read by GRPOTrainer.update and _micro; the scoring context by _score.
+                setattr(cfg, "length_buckets", setting["length_buckets"])  # noqa: B010
+                setattr(cfg, "rescore_pi_old", setting["rescore_pi_old"])  # noqa: B010
+                if setting["scoring"] is None:
+                    trainer.__dict__.pop("_scoring_mode", None)
+                else:
+                    trainer._scoring_mode = setting["scoring"]
                 trainer.model.load_state_dict(model_state)
                 trainer.optimizer.load_state_dict(optim_state)
                 trainer.scheduler.load_state_dict(sched_state)
                 diag_time[0] = 0.0
                 _sync(device)
                 start = time.perf_counter()
-                trainer.update(batch, advantages)
+                metrics = trainer.update(batch, advantages)
                 _sync(device)
                 update_s = time.perf_counter() - start
                 rates[path].append(tokens / update_s)
                 padding[path] = _padding_share(trainer, batch)
                 if log:
                     log(
-                        f"update {path:6s} run {r}: {tokens} policy tokens in {update_s:.2f} s = {tokens / update_s:.0f}/s"
+                        f"update {path:8s} run {r}: {tokens} policy tokens in {update_s:.2f} s = {tokens / update_s:.0f}/s"
                     )
                 if path == "after":
+                    mismatch = max(mismatch, metrics["rollout/logp_mismatch"])
                     start = time.perf_counter()
                     trainer.probe_metrics()
                     _sync(device)
@@ -330,13 +359,27 @@ def run_update_benchmark(
                     split["diagnostics"].append(diag_time[0] + probe_s)
         trainer.env.close()
         trainer.logger.close()
-    after_rate, before_rate = statistics.median(rates["after"]), statistics.median(rates["before"])
     parts = {k: statistics.median(v) for k, v in split.items()}
     total = sum(parts.values())
     return {
-        "update_tokens_per_s": after_rate,
-        "update_tokens_per_s_before": before_rate,
-        "update_speedup": after_rate / before_rate,
+        "update_tokens_per_s": statistics.median(rates["after"]),
+        "update_tokens_per_s_before": statistics.median(rates["before"]),
+        "update_speedup": statistics.median(
+            a / b for a, b in zip(rates["after"], rates["before"], strict=True)
+        ),
+        **{
+            f"update_tokens_per_s_{alt}": statistics.median(rates[alt])
+            for alt in paths
+            if alt not in ("after", "before")
+        },
+        **{
+            f"update_speedup_{alt}": statistics.median(
+                a / b for a, b in zip(rates[alt], rates["before"], strict=True)
+            )
+            for alt in paths
+            if alt not in ("after", "before")
+        },
+        "update_logp_mismatch": mismatch,
         "padding_share": padding["after"],
         "padding_share_before": padding["before"],
         **{f"step_{k}_s": v for k, v in parts.items()},

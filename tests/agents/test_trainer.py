@@ -269,8 +269,17 @@ def test_shuffle_plan_crosses_groups_and_bad_sizes_fail() -> None:
 
 def test_a_step_that_changes_nothing_measures_zero_displacement(tmp_path: Path) -> None:
     # No gradient (zero advantages, no LLDS/KL/entropy) and no weight decay: the weights stay put, and the
-    # within-step displacement must then be exactly 0 (the same responses, scored with the same shapes).
-    cfg = tiny(tmp_path, kl_coef=0.0, entropy_coef=0.0, weight_decay=0.0, llds="none", minibatch_size=2)
+    # within-step displacement must then be exactly 0 (the same responses, scored with the same shapes;
+    # pi_old re-scored, not the sampler's log-probs, which match a full forward only to float noise).
+    cfg = tiny(
+        tmp_path,
+        kl_coef=0.0,
+        entropy_coef=0.0,
+        weight_decay=0.0,
+        llds="none",
+        minibatch_size=2,
+        rescore_pi_old=True,
+    )
     trainer = GRPOTrainer(cfg)
     batch, _ = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
     metrics = trainer.update(batch, torch.zeros(4))
