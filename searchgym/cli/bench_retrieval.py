@@ -52,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="queries answered by rank-bm25 (a sample: it is slow)",
     )
     parser.add_argument("--reference-max", type=int, default=20_000, help="largest corpus rank-bm25 runs on")
-    parser.add_argument("--batch", type=int, default=64, help="batch size of the batch latency")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="batch size of the batch latency (64, at most --queries)"
+    )
     parser.add_argument(
         "--analysis",
         choices=("plain", "default"),
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         queries=queries,
         reference_queries=min(args.reference_queries, queries),
         reference_max=args.reference_max,
-        batch=args.batch,
+        batch=args.batch if args.batch is not None else min(64, queries),
         analysis=args.analysis,
         corpus=args.corpus,
         data_dir=args.data,
