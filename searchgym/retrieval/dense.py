@@ -221,7 +221,8 @@ def _build_faiss(
     count, dim = embeddings.shape
     if index_type == "ivf":
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, params["nlist"], faiss.METRIC_INNER_PRODUCT)
-        sample_size = min(count, params["nlist"] * 256)
+        # faiss's k-means uses at most 256 points per list; 1M points train even 20k lists well enough.
+        sample_size = min(count, max(39 * params["nlist"], min(256 * params["nlist"], 1_000_000)))
         rng = np.random.default_rng(0)
         rows = np.sort(rng.choice(count, size=sample_size, replace=False))
         index.train(np.ascontiguousarray(embeddings[rows]))
@@ -623,6 +624,10 @@ class DenseRetriever(Retriever):
             raise DataFormatError(str(root / MANIFEST), None, f"corrupt dense index manifest ({e})") from None
         embeddings = _open_embeddings(root / EMBEDDINGS, count, dim)
         index = _read_faiss(root / FAISS_FILE, meta) if index_type != "flat" else None
+        # A name or path is loaded with the recorded pooling, prefixes and length; an Encoder is used as is.
+        options = {
+            k: built[k] for k in ("pooling", "query_prefix", "passage_prefix", "max_length") if k in built
+        }
         if encoder is None:
             name = str(built.get("name"))
             if name != TINY and not Path(name).is_dir():
@@ -630,10 +635,9 @@ class DenseRetriever(Retriever):
                     f"the index in {root} was built with the encoder in {name}, which is gone; pass "
                     "encoder=PATH to DenseRetriever.load (the same checkpoint, moved), or rebuild the index"
                 )
-            options = {k: built[k] for k in ("pooling", "query_prefix", "passage_prefix", "max_length")}
             encoder = load_encoder(name, device=device, **options)
-        else:
-            encoder = load_encoder(encoder, device=device)
+        elif not isinstance(encoder, Encoder):
+            encoder = load_encoder(encoder, device=device, **options)
         if encoder.dim != dim:
             raise ConfigError(
                 f"dimension mismatch: the index in {root} holds {dim}-dimensional vectors but encoder "

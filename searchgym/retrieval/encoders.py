@@ -46,6 +46,28 @@ def _import_torch_transformers(purpose: str) -> tuple[Any, Any]:
     return torch, transformers
 
 
+def _check_device(device: str) -> Any:
+    """The ``torch.device`` for ``device``, checked before any model is loaded onto it.
+
+    Raises:
+        ConfigError: torch does not know the device, or it is a CUDA device this torch cannot use.
+    """
+    import torch
+
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ConfigError(f"cannot use device {device!r} for the encoder: {e}") from None
+    if found.type == "cuda" and not torch.cuda.is_available():
+        why = (
+            f"this torch ({torch.__version__}) is a CPU-only build; install a CUDA build from pytorch.org"
+            if torch.version.cuda is None
+            else "torch sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+        )
+        raise ConfigError(f"cannot use device {device!r} for the encoder: {why}, or use --device cpu")
+    return found
+
+
 class Encoder:
     """A Hugging Face encoder that embeds queries and passages into L2-normalised float32 vectors.
 
@@ -91,8 +113,8 @@ class Encoder:
         positions = getattr(model.config, "max_position_embeddings", None)
         if isinstance(positions, int) and positions > 0:
             max_length = min(max_length, positions)
+        self.device = _check_device(device)
         try:
-            self.device = torch.device(device)
             model = model.to(self.device)
         except (RuntimeError, AssertionError, ValueError) as e:
             raise ConfigError(f"cannot use device {device!r} for the encoder: {e}") from None
@@ -273,6 +295,7 @@ def load_encoder(spec: str | Encoder, device: str = "cpu", **options: Any) -> En
     if spec == TINY:
         return tiny_encoder(device=device, **options)
     _, transformers = _import_torch_transformers("Loading an encoder")
+    _check_device(device)  # before a model of hundreds of MB is read
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file():
         raise ConfigError(

@@ -100,6 +100,28 @@ def test_bad_encoder_options_are_refused(options: dict[str, Any], message: str) 
         tiny_encoder(**options)
 
 
+def test_a_cuda_device_without_a_gpu_is_a_clear_error() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match=r"cannot use device 'cuda' .* or use --device cpu"):
+        tiny_encoder(device="cuda")
+    with pytest.raises(ConfigError, match="cannot use device 'cuda:0'"):
+        load_encoder("/nonexistent", device="cuda:0")
+
+
+def test_an_encoder_named_at_load_takes_the_recorded_settings(
+    tmp_path: Path, passages: list[Passage]
+) -> None:
+    plain = tiny_encoder(query_prefix="", passage_prefix="", pooling="cls")
+    out = build_dense_index(passages[:30], plain, tmp_path, progress=False)
+    loaded = DenseRetriever.load(out, passages[:30], encoder="tiny")  # a name: the index's settings apply
+    assert (loaded.encoder.query_prefix, loaded.encoder.pooling) == ("", "cls")
+    with pytest.raises(ConfigError, match="pooling 'cls' vs 'mean'"):
+        DenseRetriever.load(out, passages[:30], encoder=tiny_encoder())  # an Encoder is taken as it is
+
+
 def test_a_saved_checkpoint_loads_by_path_and_embeds_the_same(
     tmp_path: Path, encoder: Encoder, passages: list[Passage]
 ) -> None:
