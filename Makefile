@@ -38,8 +38,8 @@ unit: venv
 	$(BIN)/pytest
 
 # verl 0.9.1 pins transformers < 5.11, so the verl integration is tested in its own virtualenv (a clean build
-# takes about 2-3 minutes, seconds once built). SEARCHGYM_REQUIRE_VERL=1 turns a missing verl into a failure:
-# in .venv its tests are skipped, here they must run.
+# took 8-11 minutes on a busy two-core machine, 2.5 of them CPU; nothing once built). SEARCHGYM_REQUIRE_VERL=1
+# turns a missing verl into a failure: in .venv its tests are skipped, here they must run.
 VERL_VENV ?= .venv-verl
 VERL_BIN := $(VERL_VENV)/bin
 VERL_STAMP := $(VERL_VENV)/.installed-stamp
