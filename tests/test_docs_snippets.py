@@ -63,11 +63,11 @@ BUDGETS: dict[tuple[str, ...], list[str]] = {
         "train grpo": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0 --probe-size 0",
         "train trl": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0",
         "train sb3": "--timesteps 64 --eval-episodes 1",
-        "export-trajectories": "--episodes 4",
+        "export-trajectories": "--episodes 4 --group-size 2",
         "bench all": "--quick --repeats 1",
         "bench env": "--steps 200 --repeats 1",
         "bench rollout": "--repeats 1 --questions 1 --group-size 2",
-        "bench retrieval": "--passages 2000 --repeats 1 --queries 16 --reference-queries 4",
+        "bench retrieval": "--sizes 2000 --repeats 1 --queries 16 --batch 8 --reference-queries 4",
     }.items()
 }
 #: Commands never run here, with the reason shown as the skip.
