@@ -94,6 +94,12 @@ def test_a_dense_index_serves_eval_and_serve(
         )
         health = httpx.get(srv.url + "/health").json()
     assert [len(hits) for hits in r.json()["result"]] == [2, 2] and health["retriever"] == "dense"
+    assert main(["serve", "--corpus", str(folder), "--retriever", f"hybrid:{out}"]) == 0
+    assert "loaded the dense index" in capsys.readouterr().out
+    with ServerThread(served[-1]) as srv:
+        assert httpx.get(srv.url + "/health").json()["retriever"] == "hybrid"
+    assert main(["serve", "--corpus", str(folder), "--retriever", "dense:"]) == 2
+    assert "names no index folder" in capsys.readouterr().err
     assert (
         main(["serve", "--corpus", str(folder), "--retriever", f"dense:{out}", "--index", str(tmp_path)]) == 2
     )
