@@ -144,9 +144,17 @@ def _encoder_difference(built: Mapping[str, Any], current: Mapping[str, Any]) ->
     for key in ("dim", "pooling", "query_prefix", "passage_prefix", "max_length"):
         if built.get(key) != current.get(key):
             return f"{key} {built.get(key)!r} vs {current.get(key)!r}"
-    probe_a = np.asarray(built.get("probe") or [], dtype=np.float64)
-    probe_b = np.asarray(current.get("probe") or [], dtype=np.float64)
-    if probe_a.shape != probe_b.shape or float(probe_a @ probe_b) < _PROBE_MIN_COSINE:
+    try:
+        probe_a = np.asarray(built.get("probe") or [], dtype=np.float64)
+        probe_b = np.asarray(current.get("probe") or [], dtype=np.float64)
+        same = (
+            probe_a.ndim == 1
+            and probe_a.shape == probe_b.shape
+            and float(probe_a @ probe_b) >= _PROBE_MIN_COSINE
+        )
+    except (TypeError, ValueError):  # a damaged record is not the same encoder
+        same = False
+    if not same:
         return (
             f"encoder {built.get('name')!r} (config {str(built.get('config_hash'))[:12]}…) vs "
             f"{current.get('name')!r} (config {str(current.get('config_hash'))[:12]}…): they embed text "
@@ -415,8 +423,13 @@ def _resume_point(root: Path, state: Mapping[str, Any]) -> int:
             and found.get("index_params") == state["index_params"]
         ):
             _open_embeddings(root / EMBEDDINGS, count, state["dim"])  # a damaged finished index is an error
-            return -1
-        (root / MANIFEST).unlink()  # same embeddings, another faiss index: rebuilt below
+            expected = (found.get("files") or {}).get(FAISS_FILE)
+            faiss_file = root / FAISS_FILE
+            if state["index_type"] == "flat" or (
+                faiss_file.is_file() and faiss_file.stat().st_size == expected
+            ):
+                return -1
+        (root / MANIFEST).unlink()  # same embeddings, another (or a lost) faiss index: built below
         return count
     if not (root / BUILDING).is_file():
         _remove(root, (PARTIAL_EMBEDDINGS, EMBEDDINGS))  # leftovers of a build that never recorded a step

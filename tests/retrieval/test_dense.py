@@ -316,6 +316,9 @@ def test_an_interrupted_build_is_never_loaded_and_resumes_where_it_stopped(
     assert counts == [20]  # finished and identical: nothing to do
     build_dense_index(passages, encoder, out, index_type="hnsw", progress=False)
     assert counts == [20] and read_manifest(out)["index_type"] == "hnsw"  # embeddings reused
+    (out / "index.faiss").unlink()  # a lost faiss file is built again, from the same embeddings
+    build_dense_index(passages, encoder, out, index_type="hnsw", progress=False)
+    assert counts == [20] and DenseRetriever.load(out, passages, encoder=encoder).index_type == "hnsw"
 
 
 def test_a_build_refuses_a_folder_of_another_encoder_or_corpus(
