@@ -605,16 +605,17 @@ class DenseRetriever(Retriever):
         Args:
             index_dir: The index folder.
             passages: The corpus the index was built from (hits are read from it).
-            encoder: The query encoder; ``None`` loads the one recorded in the index (``"tiny"`` or its
-                checkpoint folder) with the recorded pooling, prefixes and length.
-            device: Torch device of the query encoder.
+            encoder: The query encoder: ``None`` loads the one recorded in the index (``"tiny"`` or its
+                checkpoint folder); a name or folder is loaded with the recorded pooling, prefixes and
+                length; an :class:`Encoder` is used as it is (and must match them).
+            device: Torch device of the query encoder (not used for an :class:`Encoder`).
 
         Raises:
             ConfigError: no finished index in ``index_dir`` (a half-built one says how to finish it); it
                 was built from another corpus; the encoder is another one or of another dimension; the
                 recorded encoder's folder is gone.
             DataFormatError: an index file is truncated or corrupt.
-            MissingDependencyError: faiss (or torch/transformers) is not installed.
+            MissingDependencyError: faiss (for ``ivf``/``hnsw``), torch or transformers is not installed.
         """
         root = Path(index_dir)
         meta = read_manifest(root)
