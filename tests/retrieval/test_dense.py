@@ -147,6 +147,44 @@ def test_a_saved_checkpoint_loads_by_path_and_embeds_the_same(
     DenseRetriever.load(out, passages, encoder=str(tmp_path / "moved"))
 
 
+def test_a_bert_checkpoint_with_a_wordpiece_tokenizer_indexes_and_searches(
+    tmp_path: Path, passages: list[Passage]
+) -> None:
+    """e5's layout: a BertModel and a BertTokenizerFast ([CLS] ... [SEP], token type ids) in one folder."""
+    import transformers
+
+    words = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        *sorted({w.lower() for p in passages for w in p.text.split()}),
+    ]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    config = transformers.BertConfig(
+        vocab_size=len(words),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    folder = tmp_path / "e5-like"
+    transformers.BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    encoder = load_encoder(str(folder), pooling="cls", batch_size=8)
+    assert encoder.dim == 32
+    out = build_dense_index(passages[:40], encoder, tmp_path / "idx", progress=False)
+    retriever = DenseRetriever.load(out, passages[:40])  # the folder and the CLS pooling come from dense.json
+    assert retriever.encoder.pooling == "cls" and retriever.encoder.name == str(folder.resolve())
+    hits = retriever.search([passages[3].text], 3)[0]
+    q = retriever.encoder.encode_queries([passages[3].text])[0].astype(np.float64)
+    exact = np.sort(np.asarray(retriever.embeddings, dtype=np.float64) @ q)[::-1][:3]
+    # A random 1-layer model puts many passages within float32 rounding of each other: compare scores.
+    np.testing.assert_allclose([h.score for h in hits], exact, atol=1e-5)
+
+
 def test_an_encoder_that_is_not_there_says_how_to_get_one(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="huggingface-cli download intfloat/e5-base-v2"):
         load_encoder("intfloat/e5-base-v2")
