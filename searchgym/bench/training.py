@@ -251,21 +251,22 @@ def run_update_benchmark(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """GRPO update speed today against the update as it was when issue 13 was filed, and the split of one
-    step's time, on the trainer's default recipe (``kl_coef`` 0.001: a reference is scored too).
+        step's time, on the trainer's default recipe (``kl_coef`` 0.001: a reference is scored too).
 
-    *Before* is the issue-time path: the plan's plain chunks as micro-batches, ``pi_old`` re-scored in a
-    separate pass, no-grad passes under ``torch.no_grad``. *After* is today's default (length buckets, the
-    first update's own forward as ``pi_old`` and the sampler's log-probs for the rest, ``inference_mode``).
-    *Re-scored* is today's path with ``rescore_pi_old=True``. The paths alternate within each run, start
-    from the same weights and optimizer state and update on the same rollout batch, so they do the same
-    maths. Arguments as :func:`run_rollout_benchmark`'s.
+        *Before* is the issue-time path: the plan's plain chunks as micro-batches, ``pi_old`` re-scored in a
+        separate pass, no-grad passes under ``torch.no_grad``. *After* is today's default (length buckets, the
+        first update's own forward as ``pi_old`` and the sampler's log-probs for the rest, ``inference_mode``).
+        *Re-scored* is today's path with ``rescore_pi_old=True``. The paths take turns running first (after one
+    untimed warm-up update), start
+        from the same weights and optimizer state and update on the same rollout batch, so they do the same
+        maths. Arguments as :func:`run_rollout_benchmark`'s.
 
-    Returns:
-        ``update_tokens_per_s``, ``update_tokens_per_s_before``, ``update_tokens_per_s_rescored``,
-        ``update_speedup`` (after over before, the median of the per-run ratios), ``padding_share`` and
-        ``padding_share_before`` (padded slots over all slots of the update's forward passes),
-        ``update_logp_mismatch`` (the largest gap between the sampler's and the first update's log-probs),
-        and ``step_rollout_s``, ``step_update_s``, ``step_diagnostics_s`` with their shares.
+        Returns:
+            ``update_tokens_per_s``, ``update_tokens_per_s_before``, ``update_tokens_per_s_rescored``,
+            ``update_speedup`` (after over before, the median of the per-run ratios), ``padding_share`` and
+            ``padding_share_before`` (padded slots over all slots of the update's forward passes),
+            ``update_logp_mismatch`` (the largest gap between the sampler's and the first update's log-probs),
+            and ``step_rollout_s``, ``step_update_s``, ``step_diagnostics_s`` with their shares.
     """
     import torch
 
@@ -323,8 +324,12 @@ def run_update_benchmark(
             rollout_s = time.perf_counter() - start
             advantages = group_advantages(batch.rewards, group_size)
             tokens = int(batch.loss_mask.sum()) * cfg.epochs
-            order = list(paths) if r % 2 == 0 else list(paths)[::-1]  # alternate who runs first
-            for path in order:
+            names = list(paths)
+            order = names[r % len(names) :] + names[: r % len(names)]  # each path runs first in turn
+            if r == 0:  # one untimed update first: the first call of a process pays for warm-up
+                order = [order[-1], *order]
+            for n, path in enumerate(order):
+                timed = not (r == 0 and n == 0)
                 setting = paths[path]
                 # Read by GRPOTrainer.update and _micro; the scoring context by _score.
                 setattr(cfg, "length_buckets", setting["length_buckets"])  # noqa: B010
@@ -342,6 +347,8 @@ def run_update_benchmark(
                 metrics = trainer.update(batch, advantages)
                 _sync(device)
                 update_s = time.perf_counter() - start
+                if not timed:
+                    continue
                 rates[path].append(tokens / update_s)
                 padding[path] = _padding_share(trainer, batch)
                 if log:
