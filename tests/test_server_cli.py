@@ -10,9 +10,7 @@ import httpx
 import pytest
 
 from searchgym import server as server_module
-from searchgym.bench.retrieval import RetrievalBenchConfig, run_retrieval_benchmark
 from searchgym.cli import main
-from searchgym.errors import ConfigError
 from searchgym.server import ServerThread
 
 
@@ -59,25 +57,3 @@ def test_serve_a_corpus_file_and_bad_paths(tmp_path: Path, served: list[tuple[An
     folder = write_corpus(tmp_path, ["a b", "c"])
     assert main(["serve", "--corpus", str(folder / "corpus.jsonl"), "--retriever", "rank_bm25"]) == 0
     assert main(["serve", "--corpus", str(tmp_path / "missing")]) == 2  # a clear error, no traceback
-
-
-def test_benchmark_reports_the_required_keys() -> None:
-    cfg = RetrievalBenchConfig(passages=1500, repeats=1, queries=64, reference_queries=8, batch=16)
-    result = run_retrieval_benchmark(cfg, with_bm25s=True)
-    for key in (
-        "speedup_p50_vs_rank_bm25",
-        "speedup_batch64_vs_rank_bm25",
-        "top3_agreement_vs_rank_bm25",
-        "speedup_batch64_vs_bm25s",
-    ):
-        assert result[key] > 0, key
-    assert result["top3_agreement_vs_rank_bm25"] == 1.0
-    assert set(result["backends"]) == {"bm25", "bm25s", "rank_bm25"}
-    assert result["corpus"]["passages"] == 1500
-
-
-def test_benchmark_config_is_validated() -> None:
-    with pytest.raises(ConfigError):
-        RetrievalBenchConfig(queries=8, batch=64)
-    with pytest.raises(ConfigError):
-        RetrievalBenchConfig(analysis="fancy")  # type: ignore[arg-type]

@@ -10,8 +10,10 @@ For each corpus size the benchmark builds one index per back end and times, from
   timed on its own (``warmup_s``) and left out of the latencies;
 * ``rank_bm25`` (sizes up to ``reference_max`` only: it scores every passage in Python): its
   ``BM25Okapi``; it has no batch mode, so its batch figure is its mean single-query time times the batch;
-* ``dense``: the search itself of a dense retriever, faiss ``IndexFlatIP`` over random unit vectors of
-  ``dense_dim`` (384 by default, e5-small's width), queried with random unit vectors. Exhaustive search
+* ``dense``: the search itself of a dense retriever's default (``flat``) index: searchgym's blocked exact
+  scan (:func:`~searchgym.retrieval.dense.flat_top_k`) over random unit vectors of ``dense_dim``; and
+  ``dense_faiss``, faiss ``IndexFlatIP`` on the same vectors and queries, for comparison (``dense_dim`` is
+  384 by default, e5-small's width). Exhaustive search
   costs the same whatever the vectors hold, so this is the honest figure for the search;
 * ``dense_encoder`` (sizes up to ``encoder_max``): the whole :class:`~searchgym.retrieval.DenseRetriever`
   with the tiny offline encoder, query encoding included (a plumbing check of the code path; a real
@@ -428,25 +430,35 @@ def _unit_vectors(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     return out
 
 
-def _build_dense(n: int, dim: int, n_queries: int, k: int, seed: int) -> _Backend | str:
-    reason = _missing("faiss")
-    if reason is not None:
-        return reason
-    import faiss
-
+def _build_dense(n: int, dim: int, n_queries: int, k: int, seed: int, engine: str = "flat") -> _Backend | str:
+    """Exact inner-product search over ``n`` random unit vectors: searchgym's own blocked scan
+    (:func:`~searchgym.retrieval.dense.flat_top_k`, what a ``flat`` dense index runs) or faiss's
+    ``IndexFlatIP`` (``engine="faiss"``), on the same vectors and queries for a given seed."""
+    if engine == "faiss":
+        reason = _missing("faiss")
+        if reason is not None:
+            return reason
     rng = np.random.default_rng(seed)
     vectors = _unit_vectors(rng, n, dim)
     queries = list(_unit_vectors(rng, n_queries, dim))
+    if engine == "faiss":
+        import faiss
 
-    def build() -> Any:
-        index = faiss.IndexFlatIP(dim)
-        index.add(vectors)
-        return index
+        def build() -> Any:
+            index = faiss.IndexFlatIP(dim)
+            index.add(vectors)
+            return index
 
-    index, figures = _build(build)
+        index, figures = _build(build)
+        search: Callable[[Sequence[Any]], Any] = lambda qs: index.search(np.stack(qs), k)  # noqa: E731
+    else:
+        from searchgym.retrieval.dense import flat_top_k
+
+        _, figures = _build(lambda: vectors)  # nothing to build: the scan reads the vectors as stored
+        search = lambda qs: flat_top_k(np.stack(qs), vectors, k)  # noqa: E731
     figures["index_mb"] = n * dim * 4 / 2**20
     figures["dim"] = dim
-    return _Backend(lambda qs: index.search(np.stack(qs), k), queries, figures)
+    return _Backend(search, queries, figures)
 
 
 def _build_dense_encoder(
@@ -561,10 +573,11 @@ def _run_size(
         built["rank_bm25"] = _build_reference(passages, analyzer, queries[: cfg.reference_queries], cfg.k)
     with tempfile.TemporaryDirectory(prefix="searchgym-bench-") as workdir:
         if not with_dense:
-            built["dense"] = built["dense_encoder"] = "not requested (--no-dense)"
+            built["dense"] = built["dense_faiss"] = built["dense_encoder"] = "not requested (--no-dense)"
         else:
-            log(f"  dense: faiss IndexFlatIP over {size} random unit vectors of dim {cfg.dense_dim}")
+            log(f"  dense: exact search over {size} random unit vectors of dim {cfg.dense_dim} (ours, faiss)")
             built["dense"] = _build_dense(size, cfg.dense_dim, len(queries), cfg.k, cfg.seed)
+            built["dense_faiss"] = _build_dense(size, cfg.dense_dim, len(queries), cfg.k, cfg.seed, "faiss")
             if size > cfg.encoder_max:
                 built["dense_encoder"] = f"corpus larger than encoder_max ({cfg.encoder_max} passages)"
             else:

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from searchgym.bench import retrieval as bench
@@ -20,7 +21,7 @@ from searchgym.errors import ConfigError
 from searchgym.retrieval import STOP_WORDS
 
 FIGURES = ("build_s", "index_mb", "p50_ms", "p90_ms", "batch_ms")
-BACKENDS = {"bm25", "bm25s_numpy", "bm25s_numba", "rank_bm25", "dense", "dense_encoder"}
+BACKENDS = {"bm25", "bm25s_numpy", "bm25s_numba", "rank_bm25", "dense", "dense_faiss", "dense_encoder"}
 HEADLINE = ("speedup_batch64_vs_bm25s_numba", "speedup_p50_vs_bm25s_numba")
 
 
@@ -59,7 +60,7 @@ def test_every_backend_runs_or_says_why(tmp_path: Path) -> None:
     for size in result["sizes"]:
         assert set(size["backends"]) == BACKENDS
         assert size["corpus"]["kind"] == "zipf"
-        for name in ("bm25", "bm25s_numpy", "bm25s_numba", "rank_bm25", "dense"):
+        for name in ("bm25", "bm25s_numpy", "bm25s_numba", "rank_bm25", "dense", "dense_faiss"):
             assert ran(size["backends"][name]), name
         assert "encoder_max" in size["backends"]["dense_encoder"]["skipped"]
     # The top level holds the largest size's figures and the headline ratios, from the same run.
@@ -83,7 +84,7 @@ def test_every_backend_runs_or_says_why(tmp_path: Path) -> None:
     [
         ("bm25s", {"bm25s_numpy", "bm25s_numba"}),
         ("numba", {"bm25s_numba"}),
-        ("faiss", {"dense"}),
+        ("faiss", {"dense_faiss"}),  # the default flat dense search is searchgym's own: no faiss needed
         ("rank_bm25", {"rank_bm25"}),
     ],
 )
@@ -105,6 +106,17 @@ def test_a_missing_package_skips_its_backends_with_a_reason(
         assert result["top3_agreement_vs_rank_bm25"] is None
         assert module in result["agreement"]["skipped"]
     assert ran(result["backends"]["bm25"])
+
+
+def test_the_dense_rows_time_the_same_search() -> None:
+    """``dense`` (searchgym's flat scan) and ``dense_faiss`` answer the same queries with the same passages."""
+    pytest.importorskip("faiss")
+    ours = bench._build_dense(500, 16, 8, 3, seed=1)
+    theirs = bench._build_dense(500, 16, 8, 3, seed=1, engine="faiss")
+    assert not isinstance(ours, str) and not isinstance(theirs, str)
+    ids = [np.asarray(i) for i, _ in ours.search(list(ours.queries))]
+    _, faiss_ids = theirs.search(list(theirs.queries))
+    assert np.array_equal(np.stack(ids), faiss_ids)
 
 
 def test_suite_call_keeps_working() -> None:
