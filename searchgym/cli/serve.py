@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         retriever = found
         print(f"loaded the dense index of --retriever {args.retriever}")
     elif args.index is not None and (Path(args.index) / "bm25.json").is_file():
-        retriever = BM25Retriever.load(args.index, passages)  # a stale index is a ConfigError
+        # Memory-mapped: server replicas on one machine share one copy. A stale index is a ConfigError.
+        retriever = BM25Retriever.load(args.index, passages, mmap=True)
         print(f"loaded the BM25 index in {args.index}")
     else:
         retriever = make_retriever(args.retriever, passages)
