@@ -66,9 +66,6 @@ CHECKPOINT = "checkpoint.pt"
 PI_OLD_TOLERANCE = 1e-3
 """Largest gap between the sampler's log-probs and a full forward that ``rescore_pi_old=None`` accepts as
 ``pi_old`` (a ratio within 0.1% of 1, far inside the clip); fp32 models measure ~1e-6, bf16 ones far more."""
-SCORING_BATCH_FACTOR = 4
-"""No-grad scoring passes (reference, displacement, probe set) take up to this many training micro-batches'
-worth of responses per forward."""
 
 
 def _mean(values: list[float]) -> float:
@@ -231,14 +228,6 @@ class GRPOTrainer:
         overhead = _call_overhead_tokens(self.config.device)
         return [length_buckets(mb, lengths, micro, overhead) for mb in minibatches]
 
-    def _scoring_layout(self, lengths: Tensor) -> list[Tensor]:
-        """Length buckets over the whole batch for a no-grad pass, up to :data:`SCORING_BATCH_FACTOR` times
-        the training micro-batch each (a forward without autograd holds far less memory; on a CPU, 20
-        responses per call scored twice as fast as 5)."""
-        micro = self.config.micro_batch_size or self.config.minibatch_responses
-        overhead = _call_overhead_tokens(self.config.device)
-        return length_buckets(torch.arange(len(lengths)), lengths, SCORING_BATCH_FACTOR * micro, overhead)
-
     def _score(self, model: Any, batch: RolloutBatch, micro_batches: list[Tensor]) -> Tensor:
         """``(B, T)`` log-probs of the batch's policy tokens under ``model``, micro-batch by micro-batch.
 
@@ -268,9 +257,8 @@ class GRPOTrainer:
         are then re-scored before the first optimizer step. ``True`` re-scores every response in a separate
         pass with the first epoch's shapes (one forward pass more; an update-free step then measures exactly
         zero displacement); ``False`` uses the sampler's log-probs throughout (the first update then sees
-        float noise, which LLDS's ``max(d, 0)`` turns into a gradient). The reference (and the displacement,
-        unless ``pi_old`` was re-scored) is scored in larger length buckets over the whole batch
-        (:meth:`_scoring_layout`).
+        float noise, which LLDS's ``max(d, 0)`` turns into a gradient). The reference is scored in
+        length-sorted micro-batches over the whole batch.
         """
         cfg = self.config
         generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
@@ -290,11 +278,11 @@ class GRPOTrainer:
             mismatch = (logp_old - batch.logp_old).abs()[batch.loss_mask]
         else:
             logp_old, mismatch = batch.logp_old.clone(), torch.full((1,), float("nan"))
-        # No-grad passes that need no particular shapes run in larger length buckets (_scoring_layout).
-        free_layout = self._scoring_layout(lengths) if cfg.length_buckets else first_epoch
         ref_logp = None
         if self.ref_model is not None:
-            ref_logp = self._score(self.ref_model, batch, free_layout)
+            bucketed = cfg.length_buckets
+            layout = self._micro([torch.arange(len(batch))], lengths)[0] if bucketed else first_epoch
+            ref_logp = self._score(self.ref_model, batch, layout)
         weights, beta = self._llds_weights(batch)
         self.update_metrics = []
         first, rest = torch.cat(plan[0]), [idx for mb in plan[1 : len(plan) // cfg.epochs] for idx in mb]
@@ -320,9 +308,7 @@ class GRPOTrainer:
         metrics["rollout/logp_mismatch"] = float(mismatch.max()) if mismatch.numel() else 0.0
         if beta is not None:
             metrics["train/llds_ma_beta"] = beta
-        # Re-scored pi_old is compared in its own shapes, so a step that changes nothing measures exactly 0.
-        after_layout = first_epoch if cfg.rescore_pi_old else free_layout
-        metrics |= self.displacement(batch, advantages, logp_old, after_layout)
+        metrics |= self.displacement(batch, advantages, logp_old, first_epoch)
         self.model.train(model_mode)
         return metrics
 
@@ -455,9 +441,10 @@ class GRPOTrainer:
     ) -> dict[str, float]:
         """LLD on the step's own responses: ``lld/delta_adv_{pos,zero,neg}``, after minus before its updates.
 
-        ``logp_before`` is ``pi_old`` as the updates used it; the same responses are scored again now in
-        ``micro_batches`` (the first epoch's shapes when ``pi_old`` was re-scored, so an update-free step
-        measures exactly 0; otherwise larger buckets, and float noise of ~1e-7 instead of 0).
+        ``logp_before`` is ``pi_old`` as the updates used it; the same responses are scored again now, with
+        the first epoch's micro-batch shapes. An update-free step so measures exactly 0 where ``pi_old`` was
+        re-scored or came from the first update's own forward, and float noise (~1e-8) where it is the
+        sampler's (``rescore_pi_old``).
         """
         self.model.eval()
         after = self._score(self.model, batch, micro_batches)
@@ -503,9 +490,11 @@ class GRPOTrainer:
         """Mean per-token log-likelihood of the probe set, overall and per action kind (``lld/probe_logp*``)."""
         if self.probe is None:
             return {}
+        size = self.config.micro_batch_size or self.config.minibatch_responses
+        chunks = [torch.arange(i, min(i + size, len(self.probe))) for i in range(0, len(self.probe), size)]
         mode = self.model.training
         self.model.eval()
-        logp = self._score(self.model, self.probe, self._scoring_layout(self.probe.attention_mask.sum(dim=1)))
+        logp = self._score(self.model, self.probe, chunks)
         self.model.train(mode)
         return {f"lld/{k}": v for k, v in probe_metrics(logp, self.probe_masks).items()}
 
