@@ -188,6 +188,7 @@ class Episode:
     def start(self, question: Question) -> None:
         """Begins a new episode on ``question``: the transcript becomes the prompt."""
         text = format_prompt(question.question, self.config.append_question_mark)
+        prompt: Sequence[int] | np.ndarray
         if self.config.prompt_style == "chat":
             prompt = self.tokenizer.chat_prompt_ids(text)
         elif text.startswith(_PROMPT_HEAD):

@@ -287,8 +287,8 @@ class GRPOTrainer:
         self.update_metrics = []
         first, rest = torch.cat(plan[0]), [idx for mb in plan[1 : len(plan) // cfg.epochs] for idx in mb]
         check = partial(self._check_pi_old, batch, logp_old, first, rest)
-        for k, micro_batches in enumerate(plan):
-            hook = check if k == 0 and own_first else None
+        for n, micro_batches in enumerate(plan):
+            hook = check if n == 0 and own_first else None
             self.update_metrics.append(
                 self._update_minibatch(batch, micro_batches, advantages, logp_old, ref_logp, weights, hook)
             )
