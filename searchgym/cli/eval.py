@@ -41,9 +41,15 @@ def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
     path = args.agent[len("checkpoint:") :]
     if not os.path.isfile(path):
         return {}  # a Hugging Face folder carries no env settings; a missing file errors in load_agent
-    from searchgym.agents.grpo.checkpoint import load_checkpoint
+    import torch
 
-    config = load_checkpoint(path).get("config", {})
+    # Only the config is read here: the weights stay memory-mapped, untouched, and load_agent loads and checks
+    # the file once. A file torch cannot read gets its clear CheckpointError there.
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return {}
+    config = payload.get("config", {}) if isinstance(payload, dict) else {}
     names = ("max_turn_tokens", "max_context_tokens")
     return {n: int(config[n]) for n in names if getattr(args, n, None) is None and n in config}
 
