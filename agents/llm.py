@@ -145,6 +145,68 @@ def _log_probs(logits: Tensor, vocab_size: int, temperature: float) -> Tensor:
     return torch.log_softmax(logits[..., :vocab_size].float() / temperature, dim=-1)
 
 
+class _PickedLogProb(torch.autograd.Function):
+    """``log softmax(z)[target]`` and the entropy of ``softmax(z)``, row by row, with a hand-written backward.
+
+    Autograd through ``log_softmax``, ``exp`` and the entropy's product keeps several vocabulary-wide
+    tensors and makes about ten passes over them backwards; the output layer's softmax is most of a small
+    model's element-wise work. Here the forward keeps ``t = log_softmax(z)`` and ``p = exp(t)`` and the
+    backward is two passes. With ``H = -sum(p * t)``::
+
+        d t[y] / d z = onehot(y) - p          d H / d z = -p * (t + H)
+
+    so ``dL/dz = onehot(y) * g_y - p * (g_y + g_H * H + g_H * t)``. The forward's values are bit for bit
+    :func:`_picked_logprobs_reference`'s; the gradients agree to float rounding (tested, and checked against
+    finite differences in float64).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        t = torch.log_softmax(z, dim=-1)
+        p = t.exp()
+        entropy = -torch.linalg.vecdot(p, t)
+        ctx.save_for_backward(t, p, entropy, target)
+        return t.gather(-1, target.unsqueeze(-1)).squeeze(-1), entropy
+
+    @staticmethod
+    def backward(ctx: Any, g_picked: Tensor, g_entropy: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        t, p, entropy, target = ctx.saved_tensors
+        g_y, g_h = g_picked.unsqueeze(-1), g_entropy.unsqueeze(-1)
+        grad = torch.addcmul(-(g_y + g_h * entropy.unsqueeze(-1)), t, g_h, value=-1).mul_(p)
+        return grad.scatter_add_(-1, target.unsqueeze(-1), g_y), None
+
+
+def _picked_logprobs(
+    logits: Tensor, target: Tensor, vocab_size: int, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """``log p(target)`` under ``logits`` (over the first ``vocab_size`` ids, at ``temperature``) and, if
+    asked, the distribution's entropy. ``target`` must lie below ``vocab_size``. The picked log-prob is
+    the same bits with or without gradients (``pi_old`` may come from either)."""
+    z = logits[..., :vocab_size].float()
+    if temperature != 1.0:
+        z = z / temperature
+    if with_entropy and torch.is_grad_enabled() and z.requires_grad:
+        picked, entropy = _PickedLogProb.apply(z, target)
+        return picked, entropy
+    t = torch.log_softmax(z, dim=-1)
+    picked = t.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    return picked, -torch.linalg.vecdot(t.exp(), t) if with_entropy else None
+
+
+def _picked_logprobs_reference(
+    logits: Tensor, target: Tensor, vocab_size: int, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`_picked_logprobs` by plain autograd through ``log_softmax``: the test oracle, and the update
+    path as it was when issue 13 was filed (``searchgym bench update``'s *before*)."""
+    logp = _log_probs(logits, vocab_size, temperature)
+    picked = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    return picked, -(logp.exp() * logp).sum(-1) if with_entropy else None
+
+
+#: What :func:`token_logprobs` scores with (``searchgym bench update`` swaps in the reference for its *before*).
+_pick = _picked_logprobs
+
+
 def sample_tokens(
     logits: Tensor,
     vocab_size: int,
@@ -237,17 +299,15 @@ def token_logprobs(
             model, input_ids, mask, positions, score_mask, vocab, temperature, with_entropy
         )
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-    logp_all = _log_probs(logits[:, :-1], vocab, temperature)
     target = input_ids[:, 1:]
     # A token is scored when it and its predecessor are real: the first real token has no prefix.
     real = mask[:, 1:].bool() & mask[:, :-1].bool()
     valid = real & (target < vocab)
-    picked = logp_all.gather(-1, torch.where(valid, target, 0).unsqueeze(-1)).squeeze(-1)
+    picked, ent_inner = _pick(logits[:, :-1], torch.where(valid, target, 0), vocab, temperature, with_entropy)
     logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     logp[:, 1:] = torch.where(valid, picked, 0.0)
-    if not with_entropy:
+    if ent_inner is None:
         return logp, None
-    ent_inner = -(logp_all.exp() * logp_all).sum(-1)
     entropy = torch.zeros_like(logp)
     entropy[:, 1:] = torch.where(real, ent_inner, 0.0)
     return logp, entropy
@@ -273,16 +333,15 @@ def _selected_logprobs(
     target = input_ids[:, 1:]
     valid = real & (target < vocab)
     logits = model.get_output_embeddings()(hidden[:, :-1][real])
-    logp_sel = _log_probs(logits, vocab, temperature)
-    picked = logp_sel.gather(-1, torch.where(valid, target, 0)[real].unsqueeze(-1)).squeeze(-1)
+    picked, ent_sel = _pick(logits, torch.where(valid, target, 0)[real], vocab, temperature, with_entropy)
     logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     inner = torch.zeros(real.shape, dtype=torch.float32, device=input_ids.device)
     inner = inner.masked_scatter(real, torch.where(valid[real], picked, 0.0))
     logp = torch.cat([logp[:, :1], inner], dim=1)
-    if not with_entropy:
+    if ent_sel is None:
         return logp, None
     ent = torch.zeros(real.shape, dtype=torch.float32, device=input_ids.device)
-    ent = ent.masked_scatter(real, -(logp_sel.exp() * logp_sel).sum(-1))
+    ent = ent.masked_scatter(real, ent_sel)
     return logp, torch.cat([torch.zeros_like(logp[:, :1]), ent], dim=1)
 
 

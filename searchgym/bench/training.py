@@ -251,33 +251,36 @@ def run_update_benchmark(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """GRPO update speed today against the update as it was when issue 13 was filed, and the split of one
-        step's time, on the trainer's default recipe (``kl_coef`` 0.001: a reference is scored too).
+    step's time, on the trainer's default recipe (``kl_coef`` 0.001: a reference is scored too).
 
-        *Before* is the issue-time path: the plan's plain chunks as micro-batches, ``pi_old`` re-scored in a
-        separate pass, no-grad passes under ``torch.no_grad``. *After* is today's default (length buckets, the
-        first update's own forward as ``pi_old`` and the sampler's log-probs for the rest, ``inference_mode``).
-        *Re-scored* is today's path with ``rescore_pi_old=True``. The paths take turns running first (after one
-    untimed warm-up update), start
-        from the same weights and optimizer state and update on the same rollout batch, so they do the same
-        maths. Arguments as :func:`run_rollout_benchmark`'s.
+    *Before* is the issue-time path: the plan's plain chunks as micro-batches, ``pi_old`` re-scored in a
+    separate pass, no-grad passes under ``torch.no_grad``, the output layer's log-probs and entropy by
+    autograd through ``log_softmax``. *After* is today's default (length buckets, the first update's own
+    forward as ``pi_old`` and the sampler's log-probs for the rest, ``inference_mode``, the fused
+    log-prob/entropy with its hand-written backward). *Re-scored* is today's path with
+    ``rescore_pi_old=True``. The paths take turns running first (after one untimed warm-up update),
+    start from the same weights and optimizer state and update on the same rollout batch, so they do the
+    same maths. Arguments as :func:`run_rollout_benchmark`'s.
 
-        Returns:
-            ``update_tokens_per_s``, ``update_tokens_per_s_before``, ``update_tokens_per_s_rescored``,
-            ``update_speedup`` (after over before, the median of the per-run ratios), ``padding_share`` and
-            ``padding_share_before`` (padded slots over all slots of the update's forward passes),
-            ``update_logp_mismatch`` (the largest gap between the sampler's and the first update's log-probs),
-            and ``step_rollout_s``, ``step_update_s``, ``step_diagnostics_s`` with their shares.
+    Returns:
+        ``update_tokens_per_s``, ``update_tokens_per_s_before``, ``update_tokens_per_s_rescored``,
+        ``update_speedup`` (after over before, the median of the per-run ratios), ``padding_share`` and
+        ``padding_share_before`` (padded slots over all slots of the update's forward passes),
+        ``update_logp_mismatch`` (the largest gap between the sampler's and the first update's log-probs),
+        and ``step_rollout_s``, ``step_update_s``, ``step_diagnostics_s`` with their shares.
     """
     import torch
 
+    from searchgym.agents import llm
     from searchgym.agents.grpo.config import GRPOConfig
     from searchgym.agents.grpo.losses import group_advantages
     from searchgym.agents.grpo.trainer import GRPOTrainer
 
+    fused, plain = llm._picked_logprobs, llm._picked_logprobs_reference
     paths: dict[str, dict[str, Any]] = {
-        "before": {"length_buckets": False, "rescore_pi_old": True, "scoring": torch.no_grad},
-        "after": {"length_buckets": True, "rescore_pi_old": None, "scoring": None},
-        "rescored": {"length_buckets": True, "rescore_pi_old": True, "scoring": None},
+        "before": {"length_buckets": False, "rescore_pi_old": True, "scoring": torch.no_grad, "pick": plain},
+        "after": {"length_buckets": True, "rescore_pi_old": None, "scoring": None, "pick": fused},
+        "rescored": {"length_buckets": True, "rescore_pi_old": True, "scoring": None, "pick": fused},
     }
     if GRPOConfig.__dataclass_fields__["rescore_pi_old"].default is True:  # today's default re-scores
         paths["after"], paths["rescored"] = paths["rescored"], {**paths["after"]}
@@ -313,57 +316,61 @@ def run_update_benchmark(
             return out
 
         setattr(trainer, "displacement", timed_displacement)  # noqa: B010 - times the diagnostics
-        for r in range(repeats):
-            trainer.step = r + 1
-            trainer.model.load_state_dict(
-                model_state
-            )  # the batch's sampler is the weights every path starts from
-            start = time.perf_counter()
-            batch = trainer.rollout()
-            _sync(device)
-            rollout_s = time.perf_counter() - start
-            advantages = group_advantages(batch.rewards, group_size)
-            tokens = int(batch.loss_mask.sum()) * cfg.epochs
-            names = list(paths)
-            order = names[r % len(names) :] + names[: r % len(names)]  # each path runs first in turn
-            if r == 0:  # one untimed update first: the first call of a process pays for warm-up
-                order = [order[-1], *order]
-            for n, path in enumerate(order):
-                timed = not (r == 0 and n == 0)
-                setting = paths[path]
-                # Read by GRPOTrainer.update and _micro; the scoring context by _score.
-                setattr(cfg, "length_buckets", setting["length_buckets"])  # noqa: B010
-                setattr(cfg, "rescore_pi_old", setting["rescore_pi_old"])  # noqa: B010
-                if setting["scoring"] is None:
-                    trainer.__dict__.pop("_scoring_mode", None)
-                else:
-                    trainer._scoring_mode = setting["scoring"]
-                trainer.model.load_state_dict(model_state)
-                trainer.optimizer.load_state_dict(optim_state)
-                trainer.scheduler.load_state_dict(sched_state)
-                diag_time[0] = 0.0
-                _sync(device)
+        try:
+            for r in range(repeats):
+                trainer.step = r + 1
+                trainer.model.load_state_dict(
+                    model_state
+                )  # the batch's sampler is the weights every path starts from
                 start = time.perf_counter()
-                metrics = trainer.update(batch, advantages)
+                batch = trainer.rollout()
                 _sync(device)
-                update_s = time.perf_counter() - start
-                if not timed:
-                    continue
-                rates[path].append(tokens / update_s)
-                padding[path] = _padding_share(trainer, batch)
-                if log:
-                    log(
-                        f"update {path:8s} run {r}: {tokens} policy tokens in {update_s:.2f} s = {tokens / update_s:.0f}/s"
-                    )
-                if path == "after":
-                    mismatch = max(mismatch, metrics["rollout/logp_mismatch"])
-                    start = time.perf_counter()
-                    trainer.probe_metrics()
+                rollout_s = time.perf_counter() - start
+                advantages = group_advantages(batch.rewards, group_size)
+                tokens = int(batch.loss_mask.sum()) * cfg.epochs
+                names = list(paths)
+                order = names[r % len(names) :] + names[: r % len(names)]  # each path runs first in turn
+                if r == 0:  # one untimed update first: the first call of a process pays for warm-up
+                    order = [order[-1], *order]
+                for n, path in enumerate(order):
+                    timed = not (r == 0 and n == 0)
+                    setting = paths[path]
+                    # Read by GRPOTrainer.update and _micro; the scoring context by _score.
+                    setattr(cfg, "length_buckets", setting["length_buckets"])  # noqa: B010
+                    setattr(cfg, "rescore_pi_old", setting["rescore_pi_old"])  # noqa: B010
+                    llm._pick = setting["pick"]  # the output layer's log-softmax: fused, or plain autograd
+                    if setting["scoring"] is None:
+                        trainer.__dict__.pop("_scoring_mode", None)
+                    else:
+                        trainer._scoring_mode = setting["scoring"]
+                    trainer.model.load_state_dict(model_state)
+                    trainer.optimizer.load_state_dict(optim_state)
+                    trainer.scheduler.load_state_dict(sched_state)
+                    diag_time[0] = 0.0
                     _sync(device)
-                    probe_s = time.perf_counter() - start
-                    split["rollout"].append(rollout_s)
-                    split["update"].append(update_s - diag_time[0])
-                    split["diagnostics"].append(diag_time[0] + probe_s)
+                    start = time.perf_counter()
+                    metrics = trainer.update(batch, advantages)
+                    _sync(device)
+                    update_s = time.perf_counter() - start
+                    if not timed:
+                        continue
+                    rates[path].append(tokens / update_s)
+                    padding[path] = _padding_share(trainer, batch)
+                    if log:
+                        log(
+                            f"update {path:8s} run {r}: {tokens} policy tokens in {update_s:.2f} s = {tokens / update_s:.0f}/s"
+                        )
+                    if path == "after":
+                        mismatch = max(mismatch, metrics["rollout/logp_mismatch"])
+                        start = time.perf_counter()
+                        trainer.probe_metrics()
+                        _sync(device)
+                        probe_s = time.perf_counter() - start
+                        split["rollout"].append(rollout_s)
+                        split["update"].append(update_s - diag_time[0])
+                        split["diagnostics"].append(diag_time[0] + probe_s)
+        finally:
+            llm._pick = fused
         trainer.env.close()
         trainer.logger.close()
     parts = {k: statistics.median(v) for k, v in split.items()}

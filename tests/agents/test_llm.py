@@ -248,3 +248,89 @@ def test_bad_arguments() -> None:
     with pytest.raises(ConfigError, match="max_turn_tokens"):
         LLMPolicy(model, TOK, max_turn_tokens=0)
     assert LLMPolicy(model, TOK).generate_segments([]) == []
+
+
+# -- the fused log-prob and entropy of the output layer ----------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_logprob_and_entropy_match_plain_autograd(temperature: float) -> None:
+    """The hand-written backward is the gradient of the plain formula: values and gradients of every input,
+    for any mix of weights on the picked log-prob and on the entropy, with ids beyond ``vocab`` dropped."""
+    from searchgym.agents.llm import _picked_logprobs, _picked_logprobs_reference, _PickedLogProb
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(2, 7, 40, generator=gen, dtype=torch.float64)).requires_grad_()
+    target = torch.randint(0, 33, (2, 7), generator=gen)
+    g_picked, g_entropy = (
+        torch.randn(2, 7, generator=gen, dtype=torch.float64),
+        torch.randn(2, 7, generator=gen),
+    )
+
+    def run(fn: Any) -> tuple[torch.Tensor, ...]:
+        logits.grad = None
+        picked, entropy = fn(logits, target, 33, temperature, True)
+        (picked * g_picked + entropy * g_entropy).sum().backward()
+        return picked.detach(), entropy.detach(), logits.grad.clone()
+
+    fused, plain = run(_picked_logprobs), run(_picked_logprobs_reference)
+    for a, b in zip(fused, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # both compute in float32
+    assert fused[2][..., 33:].abs().max() == 0  # ids beyond the vocabulary take no gradient
+    # The backward itself, against finite differences in float64.
+    z = (logits.detach()[..., :33] / temperature).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: _PickedLogProb.apply(x, target), (z,))
+
+
+def test_fused_scoring_equals_plain_scoring_without_gradients() -> None:
+    """No-grad and entropy-free calls skip the autograd function: the same values, and the picked log-prob
+    bit for bit equal to the gradient path's (``pi_old`` may come from a forward with or without grad)."""
+    from searchgym.agents.llm import _picked_logprobs, _picked_logprobs_reference
+
+    gen = torch.Generator().manual_seed(1)
+    logits = 4 * torch.randn(64, 50, generator=gen)
+    target = torch.randint(0, 48, (64,), generator=gen)
+    for with_entropy in (False, True):
+        with torch.no_grad():
+            picked, entropy = _picked_logprobs(logits, target, 48, 1.0, with_entropy)
+            ref_picked, ref_entropy = _picked_logprobs_reference(logits, target, 48, 1.0, with_entropy)
+        torch.testing.assert_close(picked, ref_picked)
+        assert (entropy is None) == (ref_entropy is None) == (not with_entropy)
+        if entropy is not None and ref_entropy is not None:
+            torch.testing.assert_close(entropy, ref_entropy)
+    graded, _ = _picked_logprobs(logits.clone().requires_grad_(), target, 48, 1.0, True)
+    with torch.inference_mode():
+        scored, _ = _picked_logprobs(logits, target, 48, 1.0, False)
+    assert torch.equal(graded.detach(), scored)
+
+
+def test_token_logprobs_gradients_match_the_plain_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the whole model, with and without ``score_mask``: the fused output layer gives the same
+    log-probs, entropies and parameter gradients as autograd through ``log_softmax`` (an embedding padded
+    beyond the tokenizer's vocabulary, with such an id in a sequence)."""
+    import searchgym.agents.llm as llm
+
+    model = tiny_causal_lm(VOCAB + 64, seed=3)
+
+    ids, mask = right_padded([[5, 9, 120, 7, 3, 2000], [11, 12, 13], [40, VOCAB + 3, 41, 42]])
+    score = torch.zeros_like(mask, dtype=torch.bool)
+    score[:, 2:] = True
+
+    def run(score_mask: torch.Tensor | None) -> list[torch.Tensor]:
+        model.zero_grad()
+        logp, entropy = token_logprobs(
+            model, ids, mask, vocab_size=VOCAB, temperature=0.9, with_entropy=True, score_mask=score_mask
+        )
+        assert entropy is not None
+        (logp.sum() + 0.1 * entropy.sum()).backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return [logp.detach(), entropy.detach(), *grads]
+
+    for score_mask in (None, score):
+        fused = run(score_mask)
+        monkeypatch.setattr(llm, "_pick", llm._picked_logprobs_reference)
+        plain = run(score_mask)
+        monkeypatch.undo()
+        assert len(fused) == len(plain) > 2
+        for a, b in zip(fused, plain, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
