@@ -18,6 +18,11 @@ are one sparse product ``(B, V) @ (V, N)``. The top k (:meth:`BM25Retriever.top_
 lists are added shortest first into a dense accumulator until the k-th best passage touched beats any
 passage not touched yet (MaxScore), the long lists of common terms are then only looked up for the few
 candidates left, and those are scored exactly. The result is the full scores' ranking, to the last bit.
+
+Two engines run that search. When numba is installed (``pip install numba``; the ``bench`` extra has it),
+a compiled kernel (:mod:`searchgym.retrieval._bm25_kernels`) answers a whole batch in one call; it is
+compiled once per machine and cached on disk (``cache=True``), so later processes only load it. Without
+numba, or when it fails to load, the same algorithm runs in numpy. Both return identical results.
 """
 
 from __future__ import annotations
@@ -26,28 +31,34 @@ import hashlib
 import json
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal, get_args
 
 import numpy as np
 import scipy.sparse as sp
 
 from searchgym.data.types import Passage
-from searchgym.errors import ConfigError, DataFormatError
+from searchgym.errors import ConfigError, DataFormatError, MissingDependencyError
 from searchgym.retrieval.base import STOP_WORDS, Analyzer, Hit, Retriever
 
 __all__ = [
     "DEFAULT_ANALYZER",
     "BM25Params",
     "BM25Retriever",
+    "Engine",
     "IdfVariant",
     "corpus_hash",
+    "numba_kernel",
     "top_k_sparse",
 ]
 
 IdfVariant = Literal["lucene", "okapi"]
+#: How :meth:`BM25Retriever.top_k` runs: ``"auto"`` (numba when it loads, else numpy), ``"numba"``, ``"numpy"``.
+Engine = Literal["auto", "numba", "numpy"]
 
 #: The default analysis: lower case, ``\w+`` tokens, :data:`~searchgym.retrieval.base.STOP_WORDS` removed,
 #: plural folding by :func:`~searchgym.retrieval.base.s_stem` (it lifts HotpotQA top-3 recall from 0.914 to
@@ -96,6 +107,58 @@ class BM25Params:
             raise ConfigError(f"idf must be one of {list(get_args(IdfVariant))}, got {self.idf!r}")
         if not (isinstance(self.epsilon, int | float) and self.epsilon >= 0):
             raise ConfigError(f"epsilon must be a number >= 0, got {self.epsilon!r}")
+
+
+_kernel_lock = threading.Lock()
+_kernel: ModuleType | None = None
+_kernel_failure: str | None = None  # why the kernel is unavailable, once tried
+
+
+def numba_kernel() -> ModuleType | None:
+    """The compiled top-k (:mod:`searchgym.retrieval._bm25_kernels`), or ``None`` when numba is unavailable.
+
+    Imported on first use, once per process: importing numba takes about half a second, and the kernel's
+    machine code is then read from numba's cache (compiled on the first call of the first process on a
+    machine). numba missing is silent (the numpy path runs); numba present but failing to load the kernel
+    warns once, with the reason, and falls back to numpy too.
+    """
+    global _kernel, _kernel_failure
+    if _kernel is not None or _kernel_failure is not None:
+        return _kernel
+    with _kernel_lock:
+        if _kernel is None and _kernel_failure is None:
+            import importlib
+            import importlib.util
+
+            if importlib.util.find_spec("numba") is None:
+                _kernel_failure = "numba is not installed"
+                return None
+            try:
+                _kernel = importlib.import_module("searchgym.retrieval._bm25_kernels")
+            except Exception as e:  # numba's import or its cache setup: any failure means numpy
+                _kernel_failure = f"{type(e).__name__}: {e}"
+                warnings.warn(
+                    f"the compiled BM25 kernel could not be loaded ({_kernel_failure}); BM25 runs in numpy. "
+                    "If numba cannot write its cache next to searchgym, set NUMBA_CACHE_DIR to a writable "
+                    "folder.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+    return _kernel
+
+
+def _check_engine(engine: Any) -> Engine:
+    """``engine`` when it is valid and, for ``"numba"``, when the kernel loads."""
+    if engine not in get_args(Engine):
+        raise ConfigError(f"engine must be one of {list(get_args(Engine))}, got {engine!r}")
+    if engine == "numba" and numba_kernel() is None:
+        if _kernel_failure == "numba is not installed":
+            raise MissingDependencyError("numba", "bench", "the compiled BM25 kernel (engine='numba')")
+        raise ConfigError(
+            f"engine='numba': the compiled BM25 kernel could not be loaded ({_kernel_failure}); use "
+            "engine='auto' or 'numpy', or set NUMBA_CACHE_DIR to a writable folder"
+        )
+    return engine
 
 
 def corpus_hash(passages: Sequence[Passage]) -> str:
@@ -153,8 +216,8 @@ class BM25Retriever(Retriever):
 
     Each passage is indexed as ``title + " " + text`` (as :class:`RankBM25Retriever` does). Rankings are
     deterministic: ties are broken by corpus position. The index is read-only after construction and each
-    thread queries with its own scratch arrays (two of ``N`` entries, made on its first query), so one
-    instance can serve several threads.
+    thread queries with its own scratch arrays (of ``N`` entries each, made on its first query), so one
+    instance can serve several threads; the compiled kernel releases the interpreter lock while it runs.
 
     Args:
         passages: The corpus.
@@ -166,9 +229,13 @@ class BM25Retriever(Retriever):
             :class:`RankBM25Retriever`, pass ``Analyzer()``.
         progress: Show a progress bar while indexing; ``None`` shows one for corpora of 50,000 passages
             or more.
+        engine: How queries run (same results either way): ``"auto"`` uses the compiled kernel when numba
+            is installed and loads (see :func:`numba_kernel`), else numpy; ``"numba"`` requires it;
+            ``"numpy"`` never uses it.
 
     Raises:
         ConfigError: a parameter is out of range.
+        MissingDependencyError: ``engine="numba"`` without numba installed.
     """
 
     name = "bm25"
@@ -182,7 +249,9 @@ class BM25Retriever(Retriever):
         epsilon: float = 0.25,
         analyzer: Analyzer | None = None,
         progress: bool | None = None,
+        engine: Engine = "auto",
     ) -> None:
+        self.engine = _check_engine(engine)
         self.params = BM25Params(k1=k1, b=b, idf=idf, epsilon=epsilon)
         self.analyzer = analyzer if analyzer is not None else DEFAULT_ANALYZER
         self.passages = list(passages)
@@ -213,6 +282,7 @@ class BM25Retriever(Retriever):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("engine", "auto")  # pickled before engines existed
         self._local = threading.local()
 
     # -- indexing ----------------------------------------------------------------------------------------
@@ -317,16 +387,64 @@ class BM25Retriever(Retriever):
             raise TypeError("queries must be a sequence of strings, not one string")
         if k <= 0:
             return [(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)) for _ in queries]
-        return [self._top_k_terms(terms, k) for terms in self.query_terms(queries)]
+        terms = self.query_terms(queries)
+        kernel = numba_kernel() if self.engine != "numpy" and len(self.passages) else None
+        if kernel is not None:
+            return self._top_k_compiled(kernel, terms, k)
+        return [self._top_k_terms(t, k) for t in terms]
+
+    def _accumulator(self) -> np.ndarray:
+        """This thread's ``(N,)`` float64 accumulator (kept zeroed between queries, by both engines)."""
+        local = self._local
+        acc = getattr(local, "acc", None)
+        if acc is None:
+            acc = local.acc = np.zeros(len(self.passages), dtype=np.float64)
+        return acc
 
     def _scratch(self) -> tuple[np.ndarray, np.ndarray]:
         """This thread's accumulator and first-touch stamps over the corpus (kept zeroed between queries)."""
         local = self._local
-        scratch = getattr(local, "scratch", None)
-        if scratch is None:
-            n_docs = len(self.passages)
-            scratch = local.scratch = (np.zeros(n_docs, dtype=np.float64), np.zeros(n_docs, dtype=np.int64))
-        return scratch
+        mark = getattr(local, "mark", None)
+        if mark is None:
+            mark = local.mark = np.zeros(len(self.passages), dtype=np.int64)
+        return self._accumulator(), mark
+
+    def _top_k_compiled(
+        self, kernel: ModuleType, terms: list[np.ndarray], k: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`top_k` of a batch by the compiled kernel, in one call (same results as the numpy path)."""
+        n_docs = len(self.passages)
+        k = min(k, n_docs)
+        local = self._local
+        flags = getattr(local, "kernel_scratch", None)
+        if flags is None:  # first-touch flags and the touched passages' list
+            flags = local.kernel_scratch = (
+                np.zeros(n_docs, dtype=np.bool_),
+                np.empty(n_docs, dtype=np.int64),
+            )
+        pointers = np.zeros(len(terms) + 1, dtype=np.int64)
+        np.cumsum([t.shape[0] for t in terms], out=pointers[1:])
+        flat = np.concatenate(terms) if terms else np.zeros(0, dtype=np.int64)
+        positions = np.empty((len(terms), k), dtype=np.int64)
+        scores = np.empty((len(terms), k), dtype=np.float64)
+        w = self.weights
+        # asarray: a memory-mapped index's np.memmap arrays are passed as plain (read-only) views.
+        kernel.top_k_batch(
+            np.asarray(w.indptr),
+            np.asarray(w.indices),
+            np.asarray(w.data),
+            self._upper,
+            self._nonnegative,
+            pointers,
+            flat,
+            k,
+            self._accumulator(),
+            flags[0],
+            flags[1],
+            positions,
+            scores,
+        )
+        return list(zip(positions, scores, strict=True))
 
     def _top_k_terms(self, terms: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` of one query given as term ids in query order (see :meth:`top_k`)."""
@@ -533,7 +651,9 @@ class BM25Retriever(Retriever):
         return root
 
     @classmethod
-    def load(cls, folder: str | Path, passages: Sequence[Passage], *, mmap: bool = False) -> BM25Retriever:
+    def load(
+        cls, folder: str | Path, passages: Sequence[Passage], *, mmap: bool = False, engine: Engine = "auto"
+    ) -> BM25Retriever:
         """Loads an index written by :meth:`save` for ``passages``.
 
         Args:
@@ -542,12 +662,15 @@ class BM25Retriever(Retriever):
             mmap: Map the weight arrays from ``bm25.npz`` (read-only) instead of copying them into memory:
                 processes that load the same file share one copy in the page cache. Every check below runs
                 all the same (it reads the file once).
+            engine: How queries run (see :class:`BM25Retriever`).
 
         Raises:
             ConfigError: no index in ``folder``, or it was built from a different corpus (stale) or by
                 another format version; the message says how to rebuild.
             DataFormatError: the index files are corrupt.
+            MissingDependencyError: ``engine="numba"`` without numba installed.
         """
+        engine = _check_engine(engine)
         root = Path(folder)
         meta_path, arrays_path = root / _META_FILE, root / _ARRAYS_FILE
         if not meta_path.is_file() or not arrays_path.is_file():
@@ -594,6 +717,7 @@ class BM25Retriever(Retriever):
         weights = sp.csr_matrix((data, indices, indptr), shape=shape)
         weights.has_sorted_indices = True  # checked above
         self = cls.__new__(cls)
+        self.engine = engine
         self.params, self.analyzer, self.passages = params, analyzer, passages
         self.corpus_hash, self.vocab, self.weights = expected, vocab, weights
         self._prepare()

@@ -6,6 +6,7 @@ import json
 import math
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,8 +30,11 @@ from searchgym.retrieval.bm25 import corpus_hash, top_k_sparse
 from searchgym.retrieval.http import HttpRetriever
 from searchgym.retrieval.rank_bm25 import top_k_indices
 
+#: Query engines (same results): numpy always, the compiled kernel where numba is installed.
+ENGINES = ["numpy"] + (["numba"] if bm25_module.numba_kernel() is not None else [])
 
-def okapi(passages: list[Passage], **kwargs: float) -> BM25Retriever:
+
+def okapi(passages: list[Passage], **kwargs: Any) -> BM25Retriever:
     """Ours in the configuration of :class:`RankBM25Retriever` (its analysis, k1 1.5, b 0.75)."""
     return BM25Retriever(passages, k1=1.5, b=0.75, idf="okapi", analyzer=Analyzer(), **kwargs)
 
@@ -108,10 +112,13 @@ def test_repeated_query_terms_count_as_often_as_they_occur() -> None:
     query=st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f", "g", "doc"]), min_size=0, max_size=4),
     k=st.integers(1, 14),
 )
-def test_rankings_equal_reference_on_random_corpora(docs: list[list[str]], query: list[str], k: int) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rankings_equal_reference_on_random_corpora(
+    engine: str, docs: list[list[str]], query: list[str], k: int
+) -> None:
     # Every passage holds the title term "doc": a term in all passages has a negative raw okapi idf.
     passages = [Passage(str(i), "doc", " ".join(d)) for i, d in enumerate(docs)]
-    ours, ref = okapi(passages), RankBM25Retriever(passages)
+    ours, ref = okapi(passages, engine=engine), RankBM25Retriever(passages)
     text = " ".join(query)
     expected = ref.scores(text)
     np.testing.assert_allclose(ours.scores(text), expected, rtol=1e-9, atol=1e-12)
@@ -126,10 +133,12 @@ def test_rankings_equal_reference_on_random_corpora(docs: list[list[str]], query
     query=st.lists(st.sampled_from("abcdefghz"), min_size=0, max_size=6),
     k=st.integers(1, 6),
 )
-def test_common_term_pruning_is_exact(docs: list[list[str]], query: list[str], k: int) -> None:
-    """With the bound checked before every posting list, pruned rankings equal full scoring's (tie-aware)."""
+@pytest.mark.parametrize("engine", ENGINES)
+def test_common_term_pruning_is_exact(engine: str, docs: list[list[str]], query: list[str], k: int) -> None:
+    """With the bound checked before every posting list (numpy; the kernel checks before any list as long
+    as the candidates), pruned rankings equal full scoring's (tie-aware)."""
     passages = [Passage(str(i), "", " ".join(d)) for i, d in enumerate(docs)]
-    bm = BM25Retriever(passages, analyzer=Analyzer())
+    bm = BM25Retriever(passages, analyzer=Analyzer(), engine=engine)  # type: ignore[arg-type]
     text = " ".join(query)
     dense = bm.scores(text)
     with pytest.MonkeyPatch.context() as patch:
@@ -143,9 +152,10 @@ def test_common_term_pruning_is_exact(docs: list[list[str]], query: list[str], k
     assert got[1][0].tolist() == top_k_indices(bm.scores("a"), k).tolist()
 
 
-def test_pruning_on_a_large_corpus_matches_full_scoring() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_pruning_on_a_large_corpus_matches_full_scoring(engine: str) -> None:
     passages, queries = worlds_10k()
-    bm = BM25Retriever(passages, analyzer=Analyzer())  # stop words kept: "in", "was" are common terms
+    bm = BM25Retriever(passages, analyzer=Analyzer(), engine=engine)  # type: ignore[arg-type]  # stop words kept: "in", "was" are common terms
     assert (bm._df > len(passages) // 16).sum() > 0
     for query, (positions, _) in zip(queries, bm.top_k(queries, 5), strict=True):
         assert positions.tolist() == top_k_indices(bm.scores(query), 5).tolist()
@@ -154,11 +164,11 @@ def test_pruning_on_a_large_corpus_matches_full_scoring() -> None:
 # -- ties and edge cases -----------------------------------------------------------------------------------
 
 
-def test_ties_are_broken_by_corpus_position() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_ties_are_broken_by_corpus_position(engine: str) -> None:
     passages = corpus("x y", "q", "x y", "x y", "q q")
-    bm = BM25Retriever(passages, analyzer=Analyzer())
     passages = [Passage(p.id, "same", p.text) for p in passages]  # equal titles: pure ties
-    bm = BM25Retriever(passages, analyzer=Analyzer())
+    bm = BM25Retriever(passages, analyzer=Analyzer(), engine=engine)  # type: ignore[arg-type]
     assert [h.passage_id for h in bm.search(["x"], 3)[0]] == ["0", "2", "3"]
     # Fewer matches than k: the rest are zero-score passages in corpus order.
     assert [h.passage_id for h in bm.search(["q q q"], 3)[0]] == ["4", "1", "0"]
@@ -166,8 +176,9 @@ def test_ties_are_broken_by_corpus_position() -> None:
     assert [h.score for h in bm.search(["nothing"], 2)[0]] == [0.0, 0.0]
 
 
-def test_k_larger_than_corpus_and_empty_batches() -> None:
-    bm = BM25Retriever(corpus("a", "b"))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_k_larger_than_corpus_and_empty_batches(engine: str) -> None:
+    bm = BM25Retriever(corpus("a", "b"), engine=engine)  # type: ignore[arg-type]
     assert len(bm.search(["a"], 10)[0]) == 2
     assert bm.search([], 3) == []
     assert bm.search(["a"], 0) == [[]]
