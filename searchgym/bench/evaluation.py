@@ -32,8 +32,9 @@ def default_data_dir() -> Path | None:
     return None
 
 
-def _oracle_rates(episodes: int, dataset: str | None) -> tuple[float, float]:
-    """Oracle episodes/s in a fresh env with an empty token cache, then again on the same questions."""
+def _oracle_rates(episodes: int, dataset: str | None) -> tuple[float, float, float]:
+    """Oracle episodes/s in a fresh env with an empty token cache, then again on the same questions; and
+    the first pass's env steps/s (episodes of different lengths compared per step)."""
     import gymnasium as gym
 
     import searchgym  # noqa: F401 - registers the env ids
@@ -45,11 +46,12 @@ def _oracle_rates(episodes: int, dataset: str | None) -> tuple[float, float]:
         base: Any = env.unwrapped
         base.tokenizer.clear_cache()
         agent = OracleAgent(base.dataset, base.split, base.tokenizer, base.config.max_turns)
-        first = evaluate(env, agent, episodes, seed=0, progress=False).episodes_per_s
+        first = evaluate(env, agent, episodes, seed=0, progress=False)
         again = evaluate(env, agent, episodes, seed=0, progress=False).episodes_per_s
     finally:
         env.close()
-    return first, again
+    steps_per_episode = sum(r.steps for r in first.records) / max(len(first.records), 1)
+    return first.episodes_per_s, again, first.episodes_per_s * steps_per_episode
 
 
 def run_eval_benchmark(
@@ -68,12 +70,15 @@ def run_eval_benchmark(
         ``eval_episodes_per_s_world`` and ``eval_episodes_per_s_world_repeat``; when ``data_dir`` (default
         :func:`default_data_dir`) holds the HotpotQA sample, ``eval_episodes_per_s_hotpotqa``,
         ``eval_episodes_per_s_hotpotqa_repeat``, ``hotpotqa_vs_world`` and ``hotpotqa_vs_world_repeat``
-        (medians of the per-run ratios).
+        (medians of the per-run ratios); ``eval_steps_per_s_*`` (env steps/s of the first pass) and
+        ``hotpotqa_vs_world_per_step``, the first-pass ratio per env step: HotpotQA's oracle episodes are
+        about 1.5 times as long as the world's (more question and answer tokens, more searches), which
+        bounds the per-episode ratio whatever each step costs.
     """
     figures: dict[str, Any] = {"eval_episodes": episodes, "eval_repeats": repeats}
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     hotpot = str(root / HOTPOTQA) if root is not None and (root / HOTPOTQA).is_dir() else None
-    runs: dict[str, list[tuple[float, float]]] = {"world": [], "hotpotqa": []}
+    runs: dict[str, list[tuple[float, float, float]]] = {"world": [], "hotpotqa": []}
     for _ in range(repeats):
         runs["world"].append(_oracle_rates(episodes, None))
         if hotpot is not None:
@@ -83,6 +88,7 @@ def run_eval_benchmark(
             continue
         figures[f"eval_episodes_per_s_{name}"] = statistics.median(r[0] for r in rates)
         figures[f"eval_episodes_per_s_{name}_repeat"] = statistics.median(r[1] for r in rates)
+        figures[f"eval_steps_per_s_{name}"] = statistics.median(r[2] for r in rates)
         if log:
             log(
                 f"oracle on {name}: {figures[f'eval_episodes_per_s_{name}']:.0f} episodes/s, "
@@ -92,4 +98,5 @@ def run_eval_benchmark(
         pairs = list(zip(runs["world"], runs["hotpotqa"], strict=True))
         figures["hotpotqa_vs_world"] = statistics.median(h[0] / w[0] for w, h in pairs)
         figures["hotpotqa_vs_world_repeat"] = statistics.median(h[1] / w[1] for w, h in pairs)
+        figures["hotpotqa_vs_world_per_step"] = statistics.median(h[2] / w[2] for w, h in pairs)
     return figures

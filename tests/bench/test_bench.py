@@ -74,6 +74,20 @@ def test_eval_and_env_benchmarks(tmp_path: Path) -> None:
     assert set(us) == {"1", "8"} and all(v > 0 for v in us.values())
 
 
+def test_eval_benchmark_compares_hotpotqa_per_episode_and_per_step(hotpot_dir: Path) -> None:
+    figures = run_eval_benchmark(episodes=6, repeats=1, data_dir=hotpot_dir.parent)
+    positive(figures, "eval_episodes_per_s_hotpotqa", "eval_steps_per_s_hotpotqa", "eval_steps_per_s_world")
+    for name in ("world", "hotpotqa"):  # every episode takes several steps
+        assert figures[f"eval_steps_per_s_{name}"] > 5 * figures[f"eval_episodes_per_s_{name}"]
+    # One run: each ratio is that run's ratio of the two rates.
+    assert figures["hotpotqa_vs_world"] == pytest.approx(
+        figures["eval_episodes_per_s_hotpotqa"] / figures["eval_episodes_per_s_world"]
+    )
+    assert figures["hotpotqa_vs_world_per_step"] == pytest.approx(
+        figures["eval_steps_per_s_hotpotqa"] / figures["eval_steps_per_s_world"]
+    )
+
+
 def test_bench_commands_are_registered() -> None:
     parser = build_parser()
     args = parser.parse_args(["bench", "all", "--quick", "--json"])
