@@ -4,7 +4,11 @@ For each corpus size the benchmark builds one index per back end and times, from
 
 * ``bm25``: ours (:class:`~searchgym.retrieval.BM25Retriever`), Lucene idf with k1 1.5 and b 0.75, the
   very formula ``bm25s`` computes, so the two rank alike (bm25s keeps float32 scores, so near-ties may
-  differ);
+  differ). It runs its compiled kernel when numba is installed (``engine``: ``"numba"``), else numpy. The
+  kernel's cost before the first query of a process is timed in fresh processes, apart from the latencies:
+  ``warmup_s`` with numba's cache filled (what every process pays: importing numba and loading the
+  machine code) and ``compile_s`` with an empty cache (paid once per machine);
+* ``bm25_numpy``: the same index queried by its numpy engine (what runs without numba);
 * ``bm25s_numpy`` and ``bm25s_numba``: one ``bm25s`` index (Lucene, same k1 and b) queried by its numpy
   back end and by its numba back end. numba compiles on the first query of each process: that warm-up is
   timed on its own (``warmup_s``) and left out of the latencies;
@@ -35,8 +39,14 @@ first size's corpus): ours in Okapi mode with rank-bm25's parameters against ``B
 
 from __future__ import annotations
 
+import copy
+import functools
 import gc
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -49,7 +59,7 @@ import numpy as np
 from searchgym.data import Passage, generate_world
 from searchgym.errors import ConfigError
 from searchgym.retrieval.base import STOP_WORDS, Analyzer
-from searchgym.retrieval.bm25 import DEFAULT_ANALYZER, BM25Retriever
+from searchgym.retrieval.bm25 import DEFAULT_ANALYZER, BM25Retriever, numba_kernel
 from searchgym.retrieval.rank_bm25 import top_k_indices
 
 __all__ = [
@@ -61,7 +71,7 @@ __all__ = [
 ]
 
 #: The back ends every report names (each one either has figures or says why it was skipped).
-BM25_BACKENDS = ("bm25", "bm25s_numpy", "bm25s_numba", "rank_bm25")
+BM25_BACKENDS = ("bm25", "bm25_numpy", "bm25s_numpy", "bm25s_numba", "rank_bm25")
 HOTPOTQA = "hotpotqa_dev_distractor_1100"
 Log = Callable[[str], None]
 
@@ -354,12 +364,74 @@ def _missing(module: str) -> str | None:
     return None
 
 
-def _build_ours(passages: list[Passage], analyzer: Analyzer, queries: list[str], k: int) -> _Backend:
+def _build_ours(
+    passages: list[Passage], analyzer: Analyzer, queries: list[str], k: int
+) -> dict[str, _Backend]:
+    """``bm25`` (the compiled kernel when numba loads, else numpy) and ``bm25_numpy`` over one index."""
     ours, figures = _build(
         lambda: BM25Retriever(passages, k1=1.5, b=0.75, idf="lucene", analyzer=analyzer, progress=False)
     )
     figures["index_mb"] = ours.nbytes / 2**20
-    return _Backend(lambda qs: ours.search(qs, k), queries, figures)
+    ours.top_k(queries[:1], k)  # loads the kernel in this process (timed apart: kernel_warmup)
+    plain = copy.copy(ours)  # the same arrays, queried by numpy
+    plain.engine = "numpy"
+    engine = "numba" if numba_kernel() is not None else "numpy"
+    return {
+        "bm25": _Backend(lambda qs: ours.search(qs, k), queries, {**figures, "engine": engine}),
+        "bm25_numpy": _Backend(lambda qs: plain.search(qs, k), queries, {**figures, "engine": "numpy"}),
+    }
+
+
+#: Run in a fresh process: the seconds from nothing loaded to the first query answered by the kernel.
+_WARMUP_PROBE = """
+import json, sys, time
+from searchgym.data import Passage
+from searchgym.retrieval.bm25 import BM25Retriever, numba_kernel
+index = BM25Retriever([Passage(str(i), "", f"w{i % 7} w{i % 3} x") for i in range(64)])
+for name in ("indptr", "indices"):  # the dtypes of the benchmarked index: one compiled version each
+    setattr(index.weights, name, getattr(index.weights, name).astype(sys.argv[1 if name == "indptr" else 2]))
+start = time.perf_counter()
+kernel = numba_kernel()
+index.top_k(["w1 x", "w2"], 3)
+print(json.dumps({"seconds": time.perf_counter() - start, "compiled": kernel is not None}))
+"""
+
+
+@functools.cache
+def kernel_warmup(index_dtypes: tuple[str, str] = ("int32", "int32")) -> dict[str, Any]:
+    """The compiled BM25 kernel's cost before a process's first query, timed in fresh processes (once per
+    process: the answer is kept).
+
+    Args:
+        index_dtypes: The dtypes of the weight matrix's ``indptr`` and ``indices`` (numba compiles one
+            version of the kernel per dtype).
+
+    Returns:
+        ``{"compile_s": ..., "warmup_s": ...}``: an empty numba cache (the first process on a machine:
+        import, compilation, writing the cache), then the same cache filled (every later process: import
+        and load), each from ``import numba`` to the first batch answered; or ``{"skipped": reason}``.
+    """
+    if numba_kernel() is None:
+        return {"skipped": "numba is not installed or the kernel does not load: bm25 runs numpy"}
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="searchgym-numba-cache-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}  # numba reads its cache from there, and only there
+        for key in ("compile_s", "warmup_s"):
+            done = subprocess.run(
+                [sys.executable, "-c", _WARMUP_PROBE, *index_dtypes],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            try:
+                probe = json.loads(done.stdout.strip().splitlines()[-1])
+            except (IndexError, json.JSONDecodeError):
+                return {"skipped": f"the warm-up probe failed: {done.stderr.strip()[-500:]}"}
+            if not probe["compiled"]:
+                return {"skipped": "the kernel did not load in a fresh process"}
+            out[key] = probe["seconds"]
+    return out
 
 
 def _build_bm25s(
@@ -540,7 +612,26 @@ def _ratios(backends: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         ran = "p50_ms" in figures
         out[f"speedup_p50_vs_{other}"] = figures["p50_ms"] / ours["p50_ms"] if ran else None
         out[f"speedup_batch64_vs_{other}"] = figures["batch_ms"] / ours["batch_ms"] if ran else None
+    plain = backends.get("bm25_numpy", {})
+    numba = backends.get("bm25s_numba", {})
+    both = "batch_ms" in plain and "batch_ms" in numba
+    out["speedup_batch64_numpy_engine_vs_bm25s_numba"] = (
+        numba["batch_ms"] / plain["batch_ms"] if both else None
+    )
     return out
+
+
+def _warmup_ratios(size: dict[str, Any], warmup: dict[str, Any], numba_warmup_s: float | None) -> None:
+    """Adds the figures that count warm-ups to one size's results (see :func:`run_retrieval_benchmark`)."""
+    ours, theirs = size["backends"]["bm25"], size["backends"]["bm25s_numba"]
+    ours_warmup = warmup.get("warmup_s", 0.0) if ours.get("engine") == "numba" else 0.0
+    first = gain = None
+    if "batch_ms" in theirs and numba_warmup_s is not None:
+        first = (numba_warmup_s + theirs["batch_ms"] / 1e3) / (ours_warmup + ours["batch_ms"] / 1e3)
+        saved = (theirs["batch_ms"] - ours["batch_ms"]) / 1e3
+        gain = ours_warmup / saved if saved > 0 else None
+    size["speedup_first_batch64_vs_bm25s_numba"] = first
+    size["bm25_warmup_batches"] = gain
 
 
 def _run_size(
@@ -558,7 +649,7 @@ def _run_size(
     analyzer = cfg.analyzer
     built: dict[str, _Backend | str] = {}
     log("  bm25: building")
-    built["bm25"] = _build_ours(passages, analyzer, queries, cfg.k)
+    built |= _build_ours(passages, analyzer, queries, cfg.k)
     if with_bm25s is not False:
         log("  bm25s: building")
         built |= _build_bm25s(passages, analyzer, queries, cfg.k, log)
@@ -621,13 +712,27 @@ def run_retrieval_benchmark(
     Returns:
         ``{"config", "sizes": [per size: {"passages", "corpus", "backends", "speedup_…"}], "corpus",
         "backends", "speedup_p50_vs_bm25s_numba", "speedup_batch64_vs_bm25s_numba", …,
+        "numba_warmup_s", "bm25_warmup_s", "bm25_compile_s", "bm25_kernel_warmup",
+        "speedup_first_batch64_vs_bm25s_numba", "bm25_warmup_batches",
         "top3_agreement_vs_rank_bm25", "agreement"}``. The top-level ``corpus``, ``backends`` and ratios
-        are those of the largest size. ``backends`` always names ``bm25``, ``bm25s_numpy``,
-        ``bm25s_numba``, ``rank_bm25``, ``dense`` and ``dense_encoder``; a back end that did not run holds
-        ``{"skipped": reason}`` and its ratios are ``None``. ``batch64`` in a key stands for the configured
-        batch size.
+        are those of the largest size. ``backends`` always names ``bm25``, ``bm25_numpy``,
+        ``bm25s_numpy``, ``bm25s_numba``, ``rank_bm25``, ``dense``, ``dense_faiss`` and ``dense_encoder``;
+        a back end that did not run holds ``{"skipped": reason}`` and its ratios are ``None``. ``batch64``
+        in a key stands for the configured batch size.
+
+        Warm-ups, each timed apart from the latencies: ``numba_warmup_s``, bm25s-numba's first query in
+        this process (it compiles in every process); ``bm25_warmup_s`` and ``bm25_compile_s``, our kernel's
+        cost before the first query of a fresh process with numba's cache filled and empty (see
+        :func:`kernel_warmup`; ``None`` without numba, when ``bm25`` runs numpy and has none).
+        ``speedup_first_batch64_vs_bm25s_numba`` counts them: bm25s-numba's warm-up plus one batch over
+        ours plus one batch, a fresh process's first batch. ``bm25_warmup_batches``: after how many
+        batches our warm-up is repaid by the time each batch saves against bm25s-numba's steady speed
+        (``None`` when none is saved). ``speedup_batch64_numpy_engine_vs_bm25s_numba``: the same ratio
+        as ``speedup_batch64_vs_bm25s_numba`` for ``bm25_numpy``.
     """
     say = log or (lambda _: None)
+    say("bm25: timing the compiled kernel's warm-up in fresh processes (empty numba cache, then filled)")
+    warmup = kernel_warmup() if numba_kernel() is not None else kernel_warmup.__wrapped__()
     sizes = [
         _run_size(
             cfg, size, with_bm25s=with_bm25s, with_reference=with_reference, with_dense=with_dense, log=say
@@ -640,6 +745,14 @@ def run_retrieval_benchmark(
     # numba compiles once per process: the first size's warm-up is the one a process pays.
     warmups = [s["backends"]["bm25s_numba"].get("warmup_s") for s in sizes]
     result["numba_warmup_s"] = next((w for w in warmups if w is not None), None)
+    result["bm25_kernel_warmup"] = warmup
+    result["bm25_warmup_s"] = warmup.get("warmup_s")
+    result["bm25_compile_s"] = warmup.get("compile_s")
+    for size in sizes:
+        _warmup_ratios(size, warmup, result["numba_warmup_s"])
+        size["backends"]["bm25"] |= {k: warmup[k] for k in ("warmup_s", "compile_s") if k in warmup}
+    for key in ("speedup_first_batch64_vs_bm25s_numba", "bm25_warmup_batches"):
+        result[key] = largest[key]
     if with_reference:
         agreement = _reference_agreement(cfg, say)
         result["agreement"] = agreement

@@ -19,9 +19,19 @@ from searchgym.bench.retrieval import RetrievalBenchConfig, run_retrieval_benchm
 from searchgym.cli import main
 from searchgym.errors import ConfigError
 from searchgym.retrieval import STOP_WORDS
+from searchgym.retrieval import bm25 as bm25_module
 
 FIGURES = ("build_s", "index_mb", "p50_ms", "p90_ms", "batch_ms")
-BACKENDS = {"bm25", "bm25s_numpy", "bm25s_numba", "rank_bm25", "dense", "dense_faiss", "dense_encoder"}
+BACKENDS = {
+    "bm25",
+    "bm25_numpy",
+    "bm25s_numpy",
+    "bm25s_numba",
+    "rank_bm25",
+    "dense",
+    "dense_faiss",
+    "dense_encoder",
+}
 HEADLINE = ("speedup_batch64_vs_bm25s_numba", "speedup_p50_vs_bm25s_numba")
 
 
@@ -60,8 +70,10 @@ def test_every_backend_runs_or_says_why(tmp_path: Path) -> None:
     for size in result["sizes"]:
         assert set(size["backends"]) == BACKENDS
         assert size["corpus"]["kind"] == "zipf"
-        for name in ("bm25", "bm25s_numpy", "bm25s_numba", "rank_bm25", "dense", "dense_faiss"):
+        for name in ("bm25", "bm25_numpy", "bm25s_numpy", "bm25s_numba", "rank_bm25", "dense", "dense_faiss"):
             assert ran(size["backends"][name]), name
+        assert size["backends"]["bm25"]["engine"] == "numba"
+        assert size["backends"]["bm25_numpy"]["engine"] == "numpy"
         assert "encoder_max" in size["backends"]["dense_encoder"]["skipped"]
     # The top level holds the largest size's figures and the headline ratios, from the same run.
     top = result["backends"]
@@ -73,7 +85,25 @@ def test_every_backend_runs_or_says_why(tmp_path: Path) -> None:
     )
     assert result["speedup_p50_vs_bm25s_numba"] == top["bm25s_numba"]["p50_ms"] / top["bm25"]["p50_ms"]
     assert result["numba_warmup_s"] == result["sizes"][0]["backends"]["bm25s_numba"]["warmup_s"] > 0
-    assert "warmup_s" not in top["bm25s_numpy"]
+    assert "warmup_s" not in top["bm25s_numpy"] and "warmup_s" not in top["bm25_numpy"]
+    # Our kernel's warm-up, timed in fresh processes: with numba's cache empty, then filled.
+    assert result["bm25_compile_s"] > 0 and result["bm25_warmup_s"] > 0
+    assert top["bm25"]["warmup_s"] == result["bm25_warmup_s"]
+    assert result["bm25_kernel_warmup"] == {
+        "compile_s": result["bm25_compile_s"],
+        "warmup_s": result["bm25_warmup_s"],
+    }
+    ours, theirs = top["bm25"]["batch_ms"] / 1e3, top["bm25s_numba"]["batch_ms"] / 1e3
+    first = (result["numba_warmup_s"] + theirs) / (result["bm25_warmup_s"] + ours)
+    assert result["speedup_first_batch64_vs_bm25s_numba"] == pytest.approx(first, rel=1e-12)
+    if theirs > ours:
+        expected = result["bm25_warmup_s"] / (theirs - ours)
+        assert result["bm25_warmup_batches"] == pytest.approx(expected, rel=1e-12)
+    else:
+        assert result["bm25_warmup_batches"] is None
+    assert result["speedup_batch64_numpy_engine_vs_bm25s_numba"] == (
+        top["bm25s_numba"]["batch_ms"] / top["bm25_numpy"]["batch_ms"]
+    )
     assert result["agreement"]["corpus"] == "zipf"
     assert result["top3_agreement_vs_rank_bm25"] == 1.0
     assert json.loads(json.dumps(result)) == result
@@ -106,6 +136,18 @@ def test_a_missing_package_skips_its_backends_with_a_reason(
         assert result["top3_agreement_vs_rank_bm25"] is None
         assert module in result["agreement"]["skipped"]
     assert ran(result["backends"]["bm25"])
+
+
+def test_without_numba_bm25_runs_numpy_and_has_no_warmup(tmp_path: Path) -> None:
+    with pytest.MonkeyPatch.context() as patch:  # as if numba were not installed
+        patch.setattr(bm25_module, "_kernel", None)
+        patch.setattr(bm25_module, "_kernel_failure", "numba is not installed")
+        result = run_retrieval_benchmark(tiny(data_dir=str(tmp_path)), with_bm25s=False, with_reference=False)
+    assert result["backends"]["bm25"]["engine"] == result["backends"]["bm25_numpy"]["engine"] == "numpy"
+    assert "warmup_s" not in result["backends"]["bm25"]
+    assert result["bm25_warmup_s"] is None and result["bm25_compile_s"] is None
+    assert "numba" in result["bm25_kernel_warmup"]["skipped"]
+    assert result["speedup_first_batch64_vs_bm25s_numba"] is None
 
 
 def test_the_dense_rows_time_the_same_search() -> None:
