@@ -23,22 +23,20 @@ MARGIN = 1e-9
 
 
 @njit(cache=True, nogil=True)
-def _kth_largest(values: np.ndarray, n: int, k: int, heap: np.ndarray) -> float:  # pragma: no cover
-    """The ``k``-th largest of ``values[:n]`` (``n >= k``), with a min-heap of ``k`` entries."""
-    for i in range(k):  # heapify the first k
-        heap[i] = values[i]
-        j = i
+def _offer(heap: np.ndarray, size: int, k: int, value: float) -> int:  # pragma: no cover
+    """Offers ``value`` to ``heap``, a min-heap of the ``k`` largest values offered; returns its new size."""
+    if size < k:
+        j = size
+        heap[j] = value
         while j > 0:
             parent = (j - 1) >> 1
             if heap[parent] <= heap[j]:
                 break
             heap[parent], heap[j] = heap[j], heap[parent]
             j = parent
-    for i in range(k, n):
-        v = values[i]
-        if v <= heap[0]:
-            continue
-        heap[0] = v  # replace the smallest and sift it down
+        return size + 1
+    if value > heap[0]:
+        heap[0] = value  # replace the smallest and sift it down
         j = 0
         while True:
             child = 2 * j + 1
@@ -50,7 +48,65 @@ def _kth_largest(values: np.ndarray, n: int, k: int, heap: np.ndarray) -> float:
                 break
             heap[j], heap[child] = heap[child], heap[j]
             j = child
-    return heap[0]
+    return size
+
+
+@njit(cache=True, nogil=True)
+def _kth_largest(values: np.ndarray, n: int, k: int, heap: np.ndarray) -> float:  # pragma: no cover
+    """The ``k``-th largest of ``values[:n]`` (``-inf`` when ``n < k``)."""
+    size = 0
+    for i in range(n):
+        if size < k or values[i] > heap[0]:  # the common case, a value below the k-th, costs one compare
+            size = _offer(heap, size, k, values[i])
+    return heap[0] if size == k else -np.inf
+
+
+@njit(cache=True, nogil=True)
+def _kth_of_candidates(
+    acc: np.ndarray, cand: np.ndarray, n: int, k: int, heap: np.ndarray, left: float
+) -> tuple[float, int]:  # pragma: no cover
+    """The ``k``-th largest partial score ``acc[cand[c]]`` of the ``n`` candidates (``-inf`` when ``n < k``),
+    and how many candidates reach the running k-th best with ``left`` added (a bound on the survivors)."""
+    size = 0
+    reach = 0
+    floor = -np.inf
+    for c in range(n):
+        a = acc[cand[c]]
+        if size < k or a > heap[0]:
+            size = _offer(heap, size, k, a)
+            if size == k:
+                floor = heap[0] * (1 - MARGIN) - MARGIN
+        if a + left >= floor:
+            reach += 1
+    return (heap[0] if size == k else -np.inf), reach
+
+
+@njit(cache=True, nogil=True)
+def _dense_pass(
+    acc: np.ndarray, left: float, k: int, heap: np.ndarray, out: np.ndarray, limit: int
+) -> tuple[int, float]:  # pragma: no cover
+    """One read of the whole accumulator: the ``k``-th best partial score over the passages scoring above 0
+    (``-inf`` when fewer than ``k`` do), and in ``out``, by ascending position, a superset of the passages
+    above 0 whose partial score plus ``left`` reaches it (the running k-th best only grows). Returns
+    ``(count written, k-th best)``, or ``(limit + 1, -inf)`` as soon as more than ``limit`` are written.
+    """
+    size = 0
+    n = 0
+    floor = -np.inf
+    for d in range(acc.shape[0]):
+        a = acc[d]
+        if (size == k and a + left < floor) or a <= 0.0:  # most passages: one well-predicted branch
+            continue
+        if size < k or a > heap[0]:
+            size = _offer(heap, size, k, a)
+            if size == k:
+                floor = heap[0] * (1 - MARGIN) - MARGIN
+        if a + left >= floor:
+            if n == limit:
+                return n + 1, -np.inf
+            out[n] = d
+            n += 1
+    return n, (heap[0] if size == k else -np.inf)
 
 
 @njit(cache=True, nogil=True)
@@ -203,54 +259,86 @@ def _one_query(
         rest[i] = rest[i + 1] + bounds[order[i]]
 
     # 1. Whole posting lists into the accumulator, shortest first, until no untouched passage can reach the
-    #    top k. The check reads every candidate, so it runs only before a list at least that long.
+    #    top k. The passages touched are listed (cand) while few; once the lists would touch a large share
+    #    of the corpus, the accumulator is read whole instead (dense), which costs less than listing.
+    n_docs = acc.shape[0]
     n_cand = 0
+    dense = False
+    n_pass = 0  # dense: the superset of survivors written into cand by the last pass
     added = 0
     kth = -np.inf
-    partial = np.empty(0, dtype=np.float64)
     for i in range(m):
         u = order[i]
         lo, hi = indptr[unique[u]], indptr[unique[u] + 1]
-        if n_cand >= k and hi - lo >= n_cand:
-            partial = np.empty(n_cand, dtype=np.float64)
+        if not dense and n_cand + (hi - lo) >= n_docs // 2:
+            dense = True
             for c in range(n_cand):
-                partial[c] = acc[cand[c]]
-            kth = _kth_largest(partial, n_cand, k, heap)
-            # A relative margin absorbs rounding: bounds and partial scores are sums in other orders.
+                seen[cand[c]] = False
+        # The check reads every candidate (or the whole accumulator): it runs only before a list at least
+        # that long. A relative margin absorbs rounding: bounds and partial scores are sums in other orders.
+        if dense and i > 0:
+            # Stopping leaves the terms left to be looked up for each survivor (a search each), which is
+            # worth it only when the survivors are far fewer than the next list's postings: the pass gives
+            # up as soon as they are not.
+            n_pass, kth = _dense_pass(acc, rest[i], k, heap, cand, (hi - lo) // 8)
             if kth > rest[i] * (1 + MARGIN) + MARGIN:
                 break
+        elif not dense and n_cand >= k and hi - lo >= n_cand:
+            kth, reach = _kth_of_candidates(acc, cand, n_cand, k, heap, rest[i])
+            # Not when more candidates would survive than the next list holds: adding it reads less.
+            if kth > rest[i] * (1 + MARGIN) + MARGIN and reach < hi - lo:
+                break
         weight_count = counts[u]
-        for p in range(lo, hi):
-            d = indices[p]
-            if not seen[d]:
-                seen[d] = True
-                cand[n_cand] = d
-                n_cand += 1
-            acc[d] += weight_count * data[p]
+        if dense:
+            for p in range(lo, hi):
+                acc[indices[p]] += weight_count * data[p]
+        else:
+            for p in range(lo, hi):
+                d = indices[p]
+                if not seen[d]:
+                    seen[d] = True
+                    cand[n_cand] = d
+                    n_cand += 1
+                acc[d] += weight_count * data[p]
         added = i + 1
-    if added == m and n_cand >= k:
-        partial = np.empty(n_cand, dtype=np.float64)
-        for c in range(n_cand):
-            partial[c] = acc[cand[c]]
-        kth = _kth_largest(partial, n_cand, k, heap)
-
-    # 2. The candidates that can still reach the k-th best partial score, by ascending position.
     left = rest[added]
+    if added == m:  # every list added (no early stop): the final k-th best partial score
+        if dense:
+            n_pass, kth = _dense_pass(acc, left, k, heap, cand, n_docs)
+        else:
+            kth = _kth_of_candidates(acc, cand, n_cand, k, heap, 0.0)[0]
+
+    # 2. The passages that can still reach the k-th best partial score, by ascending position. Passages at
+    #    0 cannot (a stop needs the k-th best above the bounds left; with every list added they score 0).
     floor = kth * (1 - MARGIN) - MARGIN
-    survivors = np.empty(n_cand, dtype=np.int64)
-    n_surv = 0
-    for c in range(n_cand):
-        d = cand[c]
-        if kth == -np.inf or acc[d] + left >= floor:
-            survivors[n_surv] = d
-            n_surv += 1
-    survivors = np.sort(survivors[:n_surv])
+    if dense:
+        survivors = np.empty(n_pass, dtype=np.int64)
+        n_surv = 0
+        for c in range(n_pass):
+            d = cand[c]
+            if acc[d] + left >= floor:
+                survivors[n_surv] = d
+                n_surv += 1
+    else:
+        survivors = np.empty(n_cand, dtype=np.int64)
+        n_surv = 0
+        for c in range(n_cand):
+            d = cand[c]
+            if acc[d] > 0.0 and acc[d] + left >= floor:
+                survivors[n_surv] = d
+                n_surv += 1
+    survivors = survivors[:n_surv]
+    if not dense:
+        survivors = np.sort(survivors)
     scores = np.empty(n_surv, dtype=np.float64)
     for s in range(n_surv):
         scores[s] = acc[survivors[s]]
-    for c in range(n_cand):  # leave the scratch zeroed for the next query
-        acc[cand[c]] = 0.0
-        seen[cand[c]] = False
+    if dense:  # leave the scratch zeroed for the next query
+        acc[:] = 0.0
+    else:
+        for c in range(n_cand):
+            acc[cand[c]] = 0.0
+            seen[cand[c]] = False
 
     # 3. The terms not added, largest bound first, looked up for the survivors only; after each, the
     #    survivors that can no longer reach the k-th best partial score are dropped.
