@@ -313,6 +313,69 @@ def token_logprobs(
     return logp, entropy
 
 
+#: A prefix every row shares is read once by :func:`_hidden_states` when it is at least this long (0: never;
+#: ``searchgym bench update`` turns it off for its *before* path).
+_SHARED_PREFIX_MIN = 16
+
+
+def _shared_prefix(input_ids: Tensor, mask: Tensor) -> int:
+    """How many leading tokens every row has, identical and real (0 for a single row)."""
+    if input_ids.shape[0] < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(dim=0) & mask.bool().all(dim=0)
+    return int(same.long().cumprod(dim=0).sum())
+
+
+def _outputs(out: Any) -> tuple[Tensor, Any]:
+    """The last hidden states and the cache of a base model's output (any ``transformers`` version)."""
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    keys = out.keys() if hasattr(out, "keys") else ()
+    return hidden, next((out[k] for k in ("cache", "past_key_values") if k in keys), None)
+
+
+def _checkpointing(model: Any) -> bool:
+    flag = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x's name
+    return bool(flag if flag is not None else getattr(model, "is_gradient_checkpointing", False))
+
+
+def _hidden_states(base: Any, input_ids: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+    """``(B, T, H)`` last hidden states of right-padded rows, differentiable.
+
+    When the rows start with the same tokens (a GRPO group's prompt, or a shared instruction template), that
+    prefix is read once, for one row, and its keys and values are repeated for every row through the KV
+    cache: the prefix's work is not done ``B`` times, and its gradient is the sum over the rows, as autograd
+    takes it through the repeat. The result equals one forward over the whole batch up to float rounding
+    (tested, gradients included). Models without a row-selectable cache, or with gradient checkpointing,
+    take the whole batch in one forward.
+    """
+    prefix = _shared_prefix(input_ids, mask)
+    shareable = (
+        _SHARED_PREFIX_MIN and _SHARED_PREFIX_MIN <= prefix < input_ids.shape[1] and not _checkpointing(base)
+    )
+    if shareable:
+        cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        head, cache = _outputs(
+            base(input_ids=input_ids[:1, :prefix], position_ids=positions[:1, :prefix], use_cache=True)
+        )
+        index = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+        cache = _select_rows(cache, index) if cache is not None else None
+        if cache is not None:
+            tail, _ = _outputs(
+                base(
+                    input_ids=input_ids[:, prefix:],
+                    attention_mask=mask,
+                    position_ids=positions[:, prefix:],
+                    use_cache=True,
+                    **{cache_kw: cache},
+                )
+            )
+            return torch.cat([head.expand(input_ids.shape[0], -1, -1), tail], dim=1)
+    hidden, _ = _outputs(
+        base(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    )
+    return hidden
+
+
 def _selected_logprobs(
     model: Any,
     input_ids: Tensor,
@@ -324,10 +387,7 @@ def _selected_logprobs(
     with_entropy: bool,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`token_logprobs` restricted to ``score_mask``: the output layer runs on those positions only."""
-    hidden = model.base_model(
-        input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False
-    )
-    hidden = hidden.last_hidden_state if hasattr(hidden, "last_hidden_state") else hidden[0]
+    hidden = _hidden_states(model.base_model, input_ids, mask, positions)
     # Token t is predicted from the hidden state at t - 1; the first token has no prefix.
     real = mask[:, 1:].bool() & mask[:, :-1].bool() & score_mask[:, 1:].bool()
     target = input_ids[:, 1:]

@@ -255,9 +255,10 @@ def run_update_benchmark(
 
     *Before* is the issue-time path: the plan's plain chunks as micro-batches, ``pi_old`` re-scored in a
     separate pass, no-grad passes under ``torch.no_grad``, the output layer's log-probs and entropy by
-    autograd through ``log_softmax``. *After* is today's default (length buckets, the first update's own
-    forward as ``pi_old`` and the sampler's log-probs for the rest, ``inference_mode``, the fused
-    log-prob/entropy with its hand-written backward). *Re-scored* is today's path with
+    autograd through ``log_softmax``, every row read whole. *After* is today's default (length buckets, the
+    first update's own forward as ``pi_old`` and the sampler's log-probs for the rest, ``inference_mode``,
+    the fused log-prob/entropy with its hand-written backward, a prefix all rows of a micro-batch share
+    read once). *Re-scored* is today's path with
     ``rescore_pi_old=True``. The paths take turns running first (after one untimed warm-up update),
     start from the same weights and optimizer state and update on the same rollout batch, so they do the
     same maths. Arguments as :func:`run_rollout_benchmark`'s.
@@ -276,11 +277,18 @@ def run_update_benchmark(
     from searchgym.agents.grpo.losses import group_advantages
     from searchgym.agents.grpo.trainer import GRPOTrainer
 
-    fused, plain = llm._picked_logprobs, llm._picked_logprobs_reference
+    fused, plain, share = llm._picked_logprobs, llm._picked_logprobs_reference, llm._SHARED_PREFIX_MIN
+    today = {"scoring": None, "pick": fused, "share": share}
     paths: dict[str, dict[str, Any]] = {
-        "before": {"length_buckets": False, "rescore_pi_old": True, "scoring": torch.no_grad, "pick": plain},
-        "after": {"length_buckets": True, "rescore_pi_old": None, "scoring": None, "pick": fused},
-        "rescored": {"length_buckets": True, "rescore_pi_old": True, "scoring": None, "pick": fused},
+        "before": {
+            "length_buckets": False,
+            "rescore_pi_old": True,
+            "scoring": torch.no_grad,
+            "pick": plain,
+            "share": 0,
+        },
+        "after": {"length_buckets": True, "rescore_pi_old": None, **today},
+        "rescored": {"length_buckets": True, "rescore_pi_old": True, **today},
     }
     if GRPOConfig.__dataclass_fields__["rescore_pi_old"].default is True:  # today's default re-scores
         paths["after"], paths["rescored"] = paths["rescored"], {**paths["after"]}
@@ -339,6 +347,7 @@ def run_update_benchmark(
                     setattr(cfg, "length_buckets", setting["length_buckets"])  # noqa: B010
                     setattr(cfg, "rescore_pi_old", setting["rescore_pi_old"])  # noqa: B010
                     llm._pick = setting["pick"]  # the output layer's log-softmax: fused, or plain autograd
+                    llm._SHARED_PREFIX_MIN = setting["share"]  # shared prefixes read once, or per row
                     if setting["scoring"] is None:
                         trainer.__dict__.pop("_scoring_mode", None)
                     else:
@@ -370,7 +379,7 @@ def run_update_benchmark(
                         split["update"].append(update_s - diag_time[0])
                         split["diagnostics"].append(diag_time[0] + probe_s)
         finally:
-            llm._pick = fused
+            llm._pick, llm._SHARED_PREFIX_MIN = fused, share
         trainer.env.close()
         trainer.logger.close()
     parts = {k: statistics.median(v) for k, v in split.items()}

@@ -128,3 +128,68 @@ def test_a_parameter_update_invalidates_the_kept_cache() -> None:
     (fresh,) = policy.generate_segments([follow])
     assert kept.tokens == fresh.tokens
     assert torch.allclose(kept.logprobs, fresh.logprobs, atol=1e-4)
+
+
+# -- scoring: a prefix the rows share is read once ----------------------------------------------------
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2])
+@pytest.mark.parametrize("rows", [4, 1])
+def test_scoring_reads_a_shared_prefix_once_with_the_same_values_and_gradients(
+    build: Any, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right-padded rows that start with the same 40 tokens (a group's prompt): log-probs, entropies and
+    every parameter's gradient equal the whole-batch forward's, and the prefix runs through the model once."""
+    import searchgym.agents.llm as llm
+
+    model = build()
+    gen = torch.Generator().manual_seed(5)
+    lengths = [90, 71, 64, 55][:rows]
+    ids = torch.full((rows, 90), TOK.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    prefix = torch.randint(0, TOK.vocab_size, (40,), generator=gen)
+    for i, n in enumerate(lengths):
+        ids[i, :40] = prefix
+        ids[i, 40:n] = torch.randint(0, TOK.vocab_size, (n - 40,), generator=gen)
+        mask[i, :n] = 1
+    score = mask.bool().clone()
+    score[:, :30] = False  # policy tokens start inside the shared prefix, as a first "<search>" may
+    seen: list[int] = []
+    hook = model.base_model.register_forward_pre_hook(
+        lambda _m, args, kwargs: seen.append(int(kwargs["input_ids"].numel())), with_kwargs=True
+    )
+
+    def run() -> list[torch.Tensor]:
+        model.zero_grad()
+        logp, entropy = llm.token_logprobs(model, ids, mask, with_entropy=True, score_mask=score)
+        assert entropy is not None
+        (logp.sum() + 0.1 * entropy.sum()).backward()
+        return [
+            logp.detach(),
+            entropy.detach(),
+            *(p.grad.clone() for p in model.parameters() if p.grad is not None),
+        ]
+
+    shared = run()
+    shared_tokens = sum(seen)
+    seen.clear()
+    monkeypatch.setattr(llm, "_SHARED_PREFIX_MIN", 0)
+    whole = run()
+    hook.remove()
+    assert sum(seen) == ids.numel()
+    # One row: nothing to share. Several: the 40-token prefix is read once, not once per row.
+    assert shared_tokens == (ids.numel() if rows == 1 else ids.numel() - 40 * (rows - 1))
+    assert len(shared) == len(whole) > 2
+    for a, b in zip(shared, whole, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_shared_prefix_length() -> None:
+    from searchgym.agents.llm import _shared_prefix
+
+    ids = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 5, 6], [1, 2, 3, 4, 7]])
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert _shared_prefix(ids, mask) == 3
+    assert _shared_prefix(ids[[0, 2]], mask[[0, 2]]) == 4  # the pad at 4 is not shared
+    assert _shared_prefix(ids[:1], mask[:1]) == 0
+    assert _shared_prefix(ids[:, 1:], mask[:, 1:]) == 2

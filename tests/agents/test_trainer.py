@@ -57,7 +57,10 @@ def rollout_with_rewards(trainer: GRPOTrainer, rewards: list[float]) -> tuple[Ro
     return batch, group_advantages(batch.rewards, trainer.config.group_size)
 
 
-def test_tool_and_prompt_positions_get_no_gradient(tmp_path: Path) -> None:
+def test_tool_and_prompt_positions_get_no_gradient(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import searchgym.agents.llm as llm
+
+    monkeypatch.setattr(llm, "_SHARED_PREFIX_MIN", 0)  # one forward, so the hook sees all positions at once
     trainer = GRPOTrainer(tiny(tmp_path))
     batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
     assert (batch.sources == Source.TOOL).any(), "the transcripts should hold tool text (corrective messages)"
