@@ -314,8 +314,10 @@ def token_logprobs(
 
 
 #: A prefix every row shares is read once by :func:`_hidden_states` when it is at least this long (0: never;
-#: ``searchgym bench update`` turns it off for its *before* path).
+#: ``searchgym bench update`` turns it off for its *before* path) and saves at least
+#: :data:`_SHARED_PREFIX_SAVING` of the batch's token slots (else a second forward call is not worth it).
 _SHARED_PREFIX_MIN = 16
+_SHARED_PREFIX_SAVING = 0.05
 
 
 def _shared_prefix(input_ids: Tensor, mask: Tensor) -> int:
@@ -349,15 +351,19 @@ def _hidden_states(base: Any, input_ids: Tensor, mask: Tensor, positions: Tensor
     take the whole batch in one forward.
     """
     prefix = _shared_prefix(input_ids, mask)
+    rows, width = input_ids.shape
     shareable = (
-        _SHARED_PREFIX_MIN and _SHARED_PREFIX_MIN <= prefix < input_ids.shape[1] and not _checkpointing(base)
+        _SHARED_PREFIX_MIN
+        and _SHARED_PREFIX_MIN <= prefix < width
+        and prefix * (rows - 1) >= _SHARED_PREFIX_SAVING * rows * width
+        and not _checkpointing(base)
     )
     if shareable:
         cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         head, cache = _outputs(
             base(input_ids=input_ids[:1, :prefix], position_ids=positions[:1, :prefix], use_cache=True)
         )
-        index = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+        index = torch.zeros(rows, dtype=torch.long, device=input_ids.device)
         cache = _select_rows(cache, index) if cache is not None else None
         if cache is not None:
             tail, _ = _outputs(
@@ -369,7 +375,7 @@ def _hidden_states(base: Any, input_ids: Tensor, mask: Tensor, positions: Tensor
                     **{cache_kw: cache},
                 )
             )
-            return torch.cat([head.expand(input_ids.shape[0], -1, -1), tail], dim=1)
+            return torch.cat([head.expand(rows, -1, -1), tail], dim=1)
     hidden, _ = _outputs(
         base(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
     )
