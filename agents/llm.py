@@ -161,7 +161,7 @@ class _PickedLogProb(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def forward(ctx: Any, z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         t = torch.log_softmax(z, dim=-1)
         p = t.exp()
         entropy = -torch.linalg.vecdot(p, t)
@@ -169,7 +169,7 @@ class _PickedLogProb(torch.autograd.Function):
         return t.gather(-1, target.unsqueeze(-1)).squeeze(-1), entropy
 
     @staticmethod
-    def backward(ctx: Any, g_picked: Tensor, g_entropy: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, g_picked: Tensor, g_entropy: Tensor) -> tuple[Tensor, None]:
         t, p, entropy, target = ctx.saved_tensors
         g_y, g_h = g_picked.unsqueeze(-1), g_entropy.unsqueeze(-1)
         grad = torch.addcmul(-(g_y + g_h * entropy.unsqueeze(-1)), t, g_h, value=-1).mul_(p)
