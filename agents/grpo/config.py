@@ -52,7 +52,9 @@ class CommonConfig:
         "replace the run RUN_DIR already holds (checkpoint, metrics, events); without it that is refused",
     )
     model: str | None = option(
-        None, "Hugging Face model name or path (default: the tiny offline model built from a config)"
+        None,
+        "Hugging Face model name or path, or config:FILE (or config:qwen2-0.5b) for random weights of that "
+        "architecture (default: the tiny offline model built from a config)",
     )
     tokenizer: str | None = option(None, "tokenizer name or path (default: the model's, else built-in)")
     init: str | None = option(None, "checkpoint to start from (e.g. the SFT model's checkpoint.pt)")

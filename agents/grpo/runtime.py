@@ -8,6 +8,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,12 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
         if config.tokenizer is not None:
             arch["tokenizer"] = config.tokenizer
         _check_arch(arch, str(config.init))
+    elif config.model is not None and config.model.startswith(CONFIG_PREFIX):
+        arch = {
+            "kind": "config",
+            "config": read_model_config(config.model[len(CONFIG_PREFIX) :]),
+            "tokenizer": config.tokenizer,
+        }
     elif config.model is not None:
         arch = {"kind": "pretrained", "name": config.model, "tokenizer": config.tokenizer or config.model}
     else:
@@ -115,6 +122,8 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
+    elif arch["kind"] == "config":
+        model = _model_from_config(arch["config"], tokenizer, config.seed)
     else:
         from ..llm import _import_transformers
 
@@ -129,6 +138,62 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
             ) from None
     model = model.to(device=config.device, dtype=_DTYPES[config.dtype])
     return LLMPolicy(model, tokenizer, **policy_kwargs), arch
+
+
+CONFIG_PREFIX = "config:"
+"""``--model config:SPEC``: a model of that architecture with random weights (see :func:`read_model_config`)."""
+
+
+def read_model_config(spec: str) -> dict[str, Any]:
+    """A ``transformers`` model config as a plain dict: a ``config.json`` file, a folder holding one, or
+    the name of one shipped with searchgym (``qwen2-0.5b``: Qwen2-0.5B's architecture).
+
+    Raises:
+        ConfigError: nothing readable there, or a config without ``model_type``.
+    """
+    assets = resources.files("searchgym").joinpath("assets")
+    path: Any = Path(spec)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists() and assets.joinpath(f"model-{spec}.json").is_file():
+        path = assets.joinpath(f"model-{spec}.json")
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        shipped = sorted(p.name[6:-5] for p in assets.iterdir() if p.name.startswith("model-"))
+        raise ConfigError(
+            f"--model {CONFIG_PREFIX}{spec}: cannot read a model config there ({type(e).__name__}: {e}); give a "
+            f"config.json, a folder holding one, or one of {shipped}"
+        ) from None
+    if not isinstance(values, dict) or not isinstance(values.get("model_type"), str):
+        raise ConfigError(
+            f"--model {CONFIG_PREFIX}{spec}: {path} has no 'model_type' (not a transformers config)"
+        )
+    return values
+
+
+def _model_from_config(values: Mapping[str, Any], tokenizer: Any, seed: int) -> Any:
+    """Random weights (seeded) for the architecture ``values`` describes, sized to ``tokenizer``'s vocabulary."""
+    from ..llm import _import_transformers
+
+    tf = _import_transformers("Building a model from a config")
+    fields = {
+        k: v for k, v in values.items() if k not in ("model_type", "architectures", "transformers_version")
+    }
+    fields |= {
+        "vocab_size": tokenizer.vocab_size,  # the embedding must cover the tokenizer the run uses
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.eos_token_id,
+    }
+    try:
+        config = tf.AutoConfig.for_model(values["model_type"], **fields)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"model config of type {values['model_type']!r} is not usable: {e}") from None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = tf.AutoModelForCausalLM.from_config(config)
+    return model.eval()
 
 
 def _check_arch(arch: dict[str, Any], path: str) -> None:
@@ -146,8 +211,16 @@ def _check_arch(arch: dict[str, Any], path: str) -> None:
     elif kind == "pretrained":
         if not isinstance(arch.get("name"), str) or not isinstance(arch.get("tokenizer"), str):
             raise CheckpointError(f"{path}: arch 'name' and 'tokenizer' must be strings")
+    elif kind == "config":
+        values = arch.get("config")
+        if not isinstance(values, dict) or not isinstance(values.get("model_type"), str):
+            raise CheckpointError(f"{path}: arch 'config' must be a transformers config with a 'model_type'")
+        if arch.get("tokenizer") is not None and not isinstance(arch["tokenizer"], str):
+            raise CheckpointError(f"{path}: arch 'tokenizer' must be a string or null")
     else:
-        raise CheckpointError(f"{path}: unknown model kind {kind!r} (expected 'tiny' or 'pretrained')")
+        raise CheckpointError(
+            f"{path}: unknown model kind {kind!r} (expected 'tiny', 'config' or 'pretrained')"
+        )
 
 
 def make_optimizer(

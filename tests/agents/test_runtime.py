@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -19,3 +21,85 @@ def test_cuda_without_a_usable_gpu_is_a_config_error(device: str) -> None:
     if torch.version.cuda is None:  # the CPU build: the message says what to install, in one command
         assert "pip install torch --index-url https://download.pytorch.org/whl/cu" in str(caught.value)
         assert "constraints.txt" in str(caught.value)
+
+
+# -- --model config:SPEC: an architecture with random weights ----------------------------------------
+
+
+def _llama_config(tmp_path: Any) -> Any:
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 32000,  # replaced by the tokenizer's
+            }
+        )
+    )
+    return path
+
+
+def test_model_config_builds_that_architecture_seeded_and_sized_to_the_tokenizer(tmp_path: Any) -> None:
+    path = _llama_config(tmp_path)
+    policy, arch = build_policy(SFTConfig(model=f"config:{path}", seed=3))
+    assert type(policy.model).__name__ == "LlamaForCausalLM"
+    assert policy.model.config.num_hidden_layers == 2 and policy.model.config.hidden_size == 32
+    assert policy.model.get_input_embeddings().weight.shape[0] == policy.tokenizer.vocab_size
+    assert arch["kind"] == "config" and arch["config"]["model_type"] == "llama"
+    again, _ = build_policy(SFTConfig(model=f"config:{tmp_path}", seed=3))  # a folder holding config.json
+    other, _ = build_policy(SFTConfig(model=f"config:{path}", seed=4))
+    same = [
+        torch.equal(a, b) for a, b in zip(policy.model.parameters(), again.model.parameters(), strict=True)
+    ]
+    differ = [
+        torch.equal(a, b) for a, b in zip(policy.model.parameters(), other.model.parameters(), strict=True)
+    ]
+    assert all(same) and not all(differ)
+
+
+def test_a_config_model_checkpoint_rebuilds_it(tmp_path: Any) -> None:
+    from searchgym.agents.grpo.checkpoint import save_checkpoint
+
+    policy, arch = build_policy(SFTConfig(model=f"config:{_llama_config(tmp_path)}", seed=3))
+    ckpt = save_checkpoint(
+        tmp_path / "checkpoint.pt",
+        {"kind": "sft", "step": 1, "model": policy.model.state_dict(), "arch": arch, "config": {}},
+    )
+    loaded, loaded_arch = build_policy(SFTConfig(init=str(ckpt), seed=99))  # the weights come from the file
+    assert loaded_arch == arch
+    for a, b in zip(policy.model.parameters(), loaded.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_shipped_model_configs_and_bad_specs(tmp_path: Any) -> None:
+    from searchgym.agents.grpo.runtime import read_model_config
+
+    qwen = read_model_config("qwen2-0.5b")
+    assert qwen["model_type"] == "qwen2" and qwen["hidden_size"] == 896 and qwen["num_hidden_layers"] == 24
+    with pytest.raises(ConfigError, match=r"cannot read a model config.*qwen2-0\.5b"):
+        read_model_config(str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text('{"hidden_size": 8}')
+    with pytest.raises(ConfigError, match="no 'model_type'"):
+        read_model_config(str(tmp_path / "bad.json"))
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="JSONDecodeError"):
+        read_model_config(str(tmp_path / "broken.json"))
+
+
+def test_a_checkpoint_with_a_malformed_config_arch_is_refused(tmp_path: Any) -> None:
+    from searchgym.agents.grpo.checkpoint import CheckpointError, save_checkpoint
+
+    for arch in ({"kind": "config", "config": "llama"}, {"kind": "config", "config": {"hidden_size": 8}}):
+        ckpt = save_checkpoint(
+            tmp_path / "c.pt", {"kind": "sft", "step": 1, "model": {}, "arch": arch, "config": {}}
+        )
+        with pytest.raises(CheckpointError, match="'model_type'"):
+            build_policy(SFTConfig(init=str(ckpt)))
