@@ -5,12 +5,15 @@ when numba is installed: ``import searchgym`` never imports numba. Every functio
 ``cache=True``: the first process on a machine compiles them (seconds) and writes the machine code next to
 this file (``__pycache__``) or under ``NUMBA_CACHE_DIR``; later processes load it from there instead.
 
-The algorithm is the numpy path's (see :meth:`BM25Retriever.top_k`), step for step, and returns the same
-thing to the last bit: posting lists are added shortest first into a dense accumulator until the k-th best
-touched passage beats the bounds of the terms left (MaxScore), the terms left are looked up for the
-surviving candidates only, and the survivors are scored exactly, their query's tokens added in query order
-from 0.0 as the full sparse product adds them. Without numpy's per-call overhead, each posting costs a few
-nanoseconds and each query a few microseconds besides.
+The algorithm is the numpy path's (see :meth:`BM25Retriever.top_k`) and returns the same thing to the
+last bit: posting lists are added shortest first into a dense accumulator until the k-th best touched
+passage beats the bounds of the terms left (MaxScore), the terms left are looked up for the surviving
+candidates only, and the survivors are scored exactly, their query's tokens added in query order from 0.0
+as the full sparse product adds them. Where it differs is in what is cheap once compiled: the touched
+passages are listed while they are few, and once the lists would touch a quarter of the corpus the
+accumulator is read whole instead (a sequential read beats gathering from a long list); a stop is taken
+only when fewer candidates survive than the next list holds (looking a list up for every survivor would
+read more than adding it). Each posting costs a few nanoseconds and each query a few microseconds besides.
 """
 
 from __future__ import annotations
@@ -225,7 +228,6 @@ def _one_query(
     terms: np.ndarray,
     k: int,
     acc: np.ndarray,
-    seen: np.ndarray,
     cand: np.ndarray,
     heap: np.ndarray,
     out_pos: np.ndarray,
@@ -259,7 +261,7 @@ def _one_query(
         rest[i] = rest[i + 1] + bounds[order[i]]
 
     # 1. Whole posting lists into the accumulator, shortest first, until no untouched passage can reach the
-    #    top k. The passages touched are listed (cand) while few; once the lists would touch a large share
+    #    top k. The passages touched are listed (cand) while few; once the lists would touch a quarter
     #    of the corpus, the accumulator is read whole instead (dense), which costs less than listing.
     n_docs = acc.shape[0]
     n_cand = 0
@@ -270,10 +272,8 @@ def _one_query(
     for i in range(m):
         u = order[i]
         lo, hi = indptr[unique[u]], indptr[unique[u] + 1]
-        if not dense and n_cand + (hi - lo) >= n_docs // 2:
+        if not dense and n_cand + (hi - lo) >= n_docs // 4:
             dense = True
-            for c in range(n_cand):
-                seen[cand[c]] = False
         # The check reads every candidate (or the whole accumulator): it runs only before a list at least
         # that long. A relative margin absorbs rounding: bounds and partial scores are sums in other orders.
         if dense and i > 0:
@@ -294,12 +294,14 @@ def _one_query(
                 acc[indices[p]] += weight_count * data[p]
         else:
             for p in range(lo, hi):
-                d = indices[p]
-                if not seen[d]:
-                    seen[d] = True
-                    cand[n_cand] = d
-                    n_cand += 1
-                acc[d] += weight_count * data[p]
+                w = data[p]
+                if w > 0.0:  # a passage is touched once its partial score is above 0 (weights are >= 0)
+                    d = indices[p]
+                    a = acc[d]
+                    if a == 0.0:
+                        cand[n_cand] = d
+                        n_cand += 1
+                    acc[d] = a + weight_count * w
         added = i + 1
     left = rest[added]
     if added == m:  # every list added (no early stop): the final k-th best partial score
@@ -338,7 +340,6 @@ def _one_query(
     else:
         for c in range(n_cand):
             acc[cand[c]] = 0.0
-            seen[cand[c]] = False
 
     # 3. The terms not added, largest bound first, looked up for the survivors only; after each, the
     #    survivors that can no longer reach the k-th best partial score are dropped.
@@ -397,7 +398,6 @@ def top_k_batch(
     query_terms: np.ndarray,
     k: int,
     acc: np.ndarray,
-    seen: np.ndarray,
     cand: np.ndarray,
     out_pos: np.ndarray,
     out_score: np.ndarray,
@@ -414,8 +414,7 @@ def top_k_batch(
         query_terms: The queries' term ids in query order, repeats kept.
         k: Passages per query, ``1 <= k <= N``.
         acc: ``(N,)`` float64 scratch, all zero (left zero).
-        seen: ``(N,)`` bool scratch, all false (left false).
-        cand: ``(N,)`` int64 scratch.
+        cand: ``(N,)`` int64 scratch (the passages a query touches).
         out_pos: ``(B, k)`` int64 output positions, best first.
         out_score: ``(B, k)`` float64 output scores.
     """
@@ -429,6 +428,4 @@ def top_k_batch(
         elif not nonnegative:
             _full_scores(indptr, indices, data, terms, k, acc, out_pos[q], out_score[q])
         else:
-            _one_query(
-                indptr, indices, data, upper, terms, k, acc, seen, cand, heap, out_pos[q], out_score[q]
-            )
+            _one_query(indptr, indices, data, upper, terms, k, acc, cand, heap, out_pos[q], out_score[q])

@@ -416,12 +416,9 @@ class BM25Retriever(Retriever):
         n_docs = len(self.passages)
         k = min(k, n_docs)
         local = self._local
-        flags = getattr(local, "kernel_scratch", None)
-        if flags is None:  # first-touch flags and the touched passages' list
-            flags = local.kernel_scratch = (
-                np.zeros(n_docs, dtype=np.bool_),
-                np.empty(n_docs, dtype=np.int64),
-            )
+        touched = getattr(local, "touched", None)
+        if touched is None:  # the kernel's list of the passages a query touches
+            touched = local.touched = np.empty(n_docs, dtype=np.int64)
         pointers = np.zeros(len(terms) + 1, dtype=np.int64)
         np.cumsum([t.shape[0] for t in terms], out=pointers[1:])
         flat = np.concatenate(terms) if terms else np.zeros(0, dtype=np.int64)
@@ -439,8 +436,7 @@ class BM25Retriever(Retriever):
             flat,
             k,
             self._accumulator(),
-            flags[0],
-            flags[1],
+            touched,
             positions,
             scores,
         )
