@@ -48,6 +48,12 @@ ROWS = [
     ("update policy tokens/s, pi_old re-scored (--rescore-pi-old)", "update_tokens_per_s_rescored", "{:.0f}"),
     ("update speed-up (target >= 1.5)", "update_speedup", "{:.2f}"),
     ("update speed-up, pi_old re-scored", "update_speedup_rescored", "{:.2f}"),
+    (
+        "update policy tokens/s with the displacement diagnostics",
+        "update_tokens_per_s_with_diagnostics",
+        "{:.0f}",
+    ),
+    ("update speed-up with the displacement diagnostics", "update_speedup_with_diagnostics", "{:.2f}"),
     ("pi_old gap, sampler vs first update's forward", "update_logp_mismatch", "{:.1e}"),
     ("padding share of update slots", "padding_share", "{:.3f}"),
     ("padding share before", "padding_share_before", "{:.3f}"),

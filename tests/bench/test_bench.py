@@ -60,6 +60,12 @@ def test_update_benchmark_reports_the_speedup_and_the_step_split() -> None:
     assert figures["update_speedup"] == pytest.approx(
         figures["update_tokens_per_s"] / figures["update_tokens_per_s_before"]
     )
+    assert figures["update_speedup_with_diagnostics"] == pytest.approx(
+        figures["update_tokens_per_s_with_diagnostics"]
+        / figures["update_tokens_per_s_before_with_diagnostics"]
+    )
+    # Diagnostics time is excluded from the update's own rate, so counting it can only lower the rate.
+    assert 0 < figures["update_tokens_per_s_with_diagnostics"] < figures["update_tokens_per_s"]
     assert 0 <= figures["update_logp_mismatch"] < 1e-3  # the sampler's log-probs stand in for pi_old
     assert 0 <= figures["padding_share"] <= figures["padding_share_before"] < 1
     shares = sum(figures[f"step_{k}_share"] for k in ("rollout", "update", "diagnostics"))
