@@ -14,7 +14,11 @@ HELP = "run every speed benchmark and print one table with the ratios measured i
 def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by the benchmarks that run the LLM policy."""
     parser.add_argument("--init", default=None, help="a trainer checkpoint to load (default: the tiny model)")
-    parser.add_argument("--model", default=None, help="a Hugging Face model folder or name instead")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a Hugging Face model folder or name instead, or config:FILE|qwen2-0.5b (that architecture, random weights)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")

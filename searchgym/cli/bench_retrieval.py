@@ -132,10 +132,16 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(rows, columns))
         print("\n".join(skipped))
         for key, value in size.items():
-            if key.startswith("speedup_") and value is not None:
+            if (key.startswith("speedup_") or key == "bm25_warmup_batches") and value is not None:
                 print(f"{key}: {value:.3f}")
     if result.get("numba_warmup_s") is not None:
         print(f"\nnumba_warmup_s (bm25s, first query in this process): {result['numba_warmup_s']:.2f}")
+    for key, what in (
+        ("bm25_warmup_s", "our kernel's load in a fresh process, numba's cache filled"),
+        ("bm25_compile_s", "our kernel's compile in a fresh process, numba's cache empty: once per machine"),
+    ):
+        if result.get(key) is not None:
+            print(f"{key} ({what}): {result[key]:.2f}")
     if result.get("top3_agreement_vs_rank_bm25") is not None:
         agreement = result["agreement"]
         print(
