@@ -154,18 +154,27 @@ def _select(
     count = 0
     for i in range(n):
         s = scores[i]
-        if s <= 0.0 or (count == k and s <= out_score[k - 1]):
-            continue
-        j = count if count < k else k - 1
-        while j > 0 and out_score[j - 1] < s:
-            out_score[j] = out_score[j - 1]
-            out_pos[j] = out_pos[j - 1]
-            j -= 1
-        out_score[j] = s
-        out_pos[j] = positions[i]
-        if count < k:
-            count += 1
+        if s > 0.0:
+            count = _insert(positions[i], s, count, k, out_pos, out_score)
     return count
+
+
+@njit(cache=True, nogil=True)
+def _insert(
+    position: int, score: float, count: int, k: int, out_pos: np.ndarray, out_score: np.ndarray
+) -> int:  # pragma: no cover
+    """Offers ``(position, score)`` to the top ``k`` held in ``out_*[:count]`` (by decreasing score; an
+    equal score never displaces an entry already there, offered earlier); returns the new count."""
+    if count == k and score <= out_score[k - 1]:
+        return count
+    j = count if count < k else k - 1
+    while j > 0 and out_score[j - 1] < score:
+        out_score[j] = out_score[j - 1]
+        out_pos[j] = out_pos[j - 1]
+        j -= 1
+    out_score[j] = score
+    out_pos[j] = position
+    return count + 1 if count < k else count
 
 
 @njit(cache=True, nogil=True)
@@ -204,18 +213,7 @@ def _full_scores(
             acc[indices[p]] += data[p]
     count = 0
     for d in range(n_docs):  # by ascending position: a tie never displaces an earlier passage
-        s = acc[d]
-        if count == k and s <= out_score[k - 1]:
-            continue
-        j = count if count < k else k - 1
-        while j > 0 and out_score[j - 1] < s:
-            out_score[j] = out_score[j - 1]
-            out_pos[j] = out_pos[j - 1]
-            j -= 1
-        out_score[j] = s
-        out_pos[j] = d
-        if count < k:
-            count += 1
+        count = _insert(d, acc[d], count, k, out_pos, out_score)
     acc[:] = 0.0
 
 
