@@ -155,9 +155,9 @@ class _PickedLogProb(torch.autograd.Function):
 
         d t[y] / d z = onehot(y) - p          d H / d z = -p * (t + H)
 
-    so ``dL/dz = onehot(y) * g_y - p * (g_y + g_H * H + g_H * t)``. The forward's values are bit for bit
-    :func:`_picked_logprobs_reference`'s; the gradients agree to float rounding (tested, and checked against
-    finite differences in float64).
+    so ``dL/dz = onehot(y) * g_y - p * (g_y + g_H * H + g_H * t)``. The picked log-probs are bit for bit
+    :func:`_picked_logprobs_reference`'s; the entropies and the gradients agree to float rounding (tested,
+    and the backward checked against finite differences in float64).
     """
 
     @staticmethod
