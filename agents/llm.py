@@ -132,17 +132,26 @@ class _ModelIO:
         if last_only and self.keep_last:
             kwargs["logits_to_keep"] = 1
         out = model(**kwargs)
-        keys = out.keys()
-        new_cache = next((out[k] for k in ("cache", "past_key_values") if k in keys), None)
-        return out.logits[:, -1], new_cache
+        return out.logits[:, -1], _cache_of(out)
+
+
+def _cache_of(out: Any) -> Any:
+    """The KV cache a model returned (its name changed across ``transformers`` versions), or ``None``."""
+    keys = out.keys() if hasattr(out, "keys") else ()
+    return next((out[k] for k in ("cache", "past_key_values") if k in keys), None)
 
 
 # -- log-probabilities ---------------------------------------------------------------------------------
 
 
-def _log_probs(logits: Tensor, vocab_size: int, temperature: float) -> Tensor:
+def _scaled_logits(logits: Tensor, vocab_size: int, temperature: float) -> Tensor:
     # Dropping the ids beyond the real vocabulary is the same as setting their logits to -inf, and cheaper.
-    return torch.log_softmax(logits[..., :vocab_size].float() / temperature, dim=-1)
+    z = logits[..., :vocab_size].float()
+    return z if temperature == 1.0 else z / temperature
+
+
+def _log_probs(logits: Tensor, vocab_size: int, temperature: float) -> Tensor:
+    return torch.log_softmax(_scaled_logits(logits, vocab_size, temperature), dim=-1)
 
 
 class _PickedLogProb(torch.autograd.Function):
@@ -182,9 +191,7 @@ def _picked_logprobs(
     """``log p(target)`` under ``logits`` (over the first ``vocab_size`` ids, at ``temperature``) and, if
     asked, the distribution's entropy. ``target`` must lie below ``vocab_size``. The picked log-prob is
     the same bits with or without gradients (``pi_old`` may come from either)."""
-    z = logits[..., :vocab_size].float()
-    if temperature != 1.0:
-        z = z / temperature
+    z = _scaled_logits(logits, vocab_size, temperature)
     if with_entropy and torch.is_grad_enabled() and z.requires_grad:
         picked, entropy = _PickedLogProb.apply(z, target)
         return picked, entropy
@@ -331,8 +338,7 @@ def _shared_prefix(input_ids: Tensor, mask: Tensor) -> int:
 def _outputs(out: Any) -> tuple[Tensor, Any]:
     """The last hidden states and the cache of a base model's output (any ``transformers`` version)."""
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    keys = out.keys() if hasattr(out, "keys") else ()
-    return hidden, next((out[k] for k in ("cache", "past_key_values") if k in keys), None)
+    return hidden, _cache_of(out)
 
 
 def _checkpointing(model: Any) -> bool:
@@ -359,7 +365,7 @@ def _hidden_states(base: Any, input_ids: Tensor, mask: Tensor, positions: Tensor
         and not _checkpointing(base)
     )
     if shareable:
-        cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        cache_kw = _ModelIO(base).cache_kw
         head, cache = _outputs(
             base(input_ids=input_ids[:1, :prefix], position_ids=positions[:1, :prefix], use_cache=True)
         )

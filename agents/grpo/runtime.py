@@ -160,7 +160,11 @@ def read_model_config(spec: str) -> dict[str, Any]:
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        shipped = sorted(p.name[6:-5] for p in assets.iterdir() if p.name.startswith("model-"))
+        shipped = sorted(
+            p.name.removeprefix("model-").removesuffix(".json")
+            for p in assets.iterdir()
+            if p.name.startswith("model-")
+        )
         raise ConfigError(
             f"--model {CONFIG_PREFIX}{spec}: cannot read a model config there ({type(e).__name__}: {e}); give a "
             f"config.json, a folder holding one, or one of {shipped}"

@@ -258,10 +258,9 @@ def run_update_benchmark(
     autograd through ``log_softmax``, every row read whole. *After* is today's default (length buckets, the
     first update's own forward as ``pi_old`` and the sampler's log-probs for the rest, ``inference_mode``,
     the fused log-prob/entropy with its hand-written backward, a prefix all rows of a micro-batch share
-    read once). *Re-scored* is today's path with
-    ``rescore_pi_old=True``. The paths take turns running first (after one untimed warm-up update),
-    start from the same weights and optimizer state and update on the same rollout batch, so they do the
-    same maths. Arguments as :func:`run_rollout_benchmark`'s.
+    read once). *Re-scored* is today's path with ``rescore_pi_old=True``. The paths take turns running
+    first (after one untimed warm-up update), start from the same weights and optimizer state and update
+    on the same rollout batch, so they do the same maths. Arguments as :func:`run_rollout_benchmark`'s.
 
     Returns:
         ``update_tokens_per_s``, ``update_tokens_per_s_before``, ``update_tokens_per_s_rescored``,
@@ -386,7 +385,7 @@ def run_update_benchmark(
                         _sync(device)
                         probe_s = time.perf_counter() - start
                         split["rollout"].append(rollout_s)
-                        split["update"].append(update_s - diag_time[0])
+                        split["update"].append(train_s)
                         split["diagnostics"].append(diag_time[0] + probe_s)
         finally:
             llm._pick, llm._SHARED_PREFIX_MIN = fused, share

@@ -393,21 +393,21 @@ class BM25Retriever(Retriever):
             return self._top_k_compiled(kernel, terms, k)
         return [self._top_k_terms(t, k) for t in terms]
 
+    def _thread_array(self, name: str, dtype: type) -> np.ndarray:
+        """This thread's ``(N,)`` scratch array ``name``, zeros when made on its first use."""
+        array = getattr(self._local, name, None)
+        if array is None:
+            array = np.zeros(len(self.passages), dtype=dtype)
+            setattr(self._local, name, array)
+        return array
+
     def _accumulator(self) -> np.ndarray:
         """This thread's ``(N,)`` float64 accumulator (kept zeroed between queries, by both engines)."""
-        local = self._local
-        acc = getattr(local, "acc", None)
-        if acc is None:
-            acc = local.acc = np.zeros(len(self.passages), dtype=np.float64)
-        return acc
+        return self._thread_array("acc", np.float64)
 
     def _scratch(self) -> tuple[np.ndarray, np.ndarray]:
         """This thread's accumulator and first-touch stamps over the corpus (kept zeroed between queries)."""
-        local = self._local
-        mark = getattr(local, "mark", None)
-        if mark is None:
-            mark = local.mark = np.zeros(len(self.passages), dtype=np.int64)
-        return self._accumulator(), mark
+        return self._accumulator(), self._thread_array("mark", np.int64)
 
     def _top_k_compiled(
         self, kernel: ModuleType, terms: list[np.ndarray], k: int
@@ -415,10 +415,7 @@ class BM25Retriever(Retriever):
         """:meth:`top_k` of a batch by the compiled kernel, in one call (same results as the numpy path)."""
         n_docs = len(self.passages)
         k = min(k, n_docs)
-        local = self._local
-        touched = getattr(local, "touched", None)
-        if touched is None:  # the kernel's list of the passages a query touches
-            touched = local.touched = np.empty(n_docs, dtype=np.int64)
+        touched = self._thread_array("touched", np.int64)  # the kernel's list of the passages a query touches
         pointers = np.zeros(len(terms) + 1, dtype=np.int64)
         np.cumsum([t.shape[0] for t in terms], out=pointers[1:])
         flat = np.concatenate(terms) if terms else np.zeros(0, dtype=np.int64)
