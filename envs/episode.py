@@ -13,8 +13,8 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from searchgym.protocol import (
     parse_action,
 )
 from searchgym.retrieval.base import Hit
+from searchgym.retrieval.faults import FAULT_KINDS
 from searchgym.rewards import exact_match, f1_score, get_metric, sub_exact_match
 from searchgym.tokenization import Tokenizer
 
@@ -36,6 +37,7 @@ __all__ = [
     "END_REASONS",
     "Episode",
     "EpisodeConfig",
+    "EpisodeSnapshot",
     "Event",
     "Source",
     "Turn",
@@ -139,16 +141,79 @@ class EpisodeConfig:
         get_metric(self.reward)  # fails early, listing the valid names
 
 
-@dataclass
+@dataclass(frozen=True)
 class Turn:
-    """One finished turn: where its policy tokens lie, how it was parsed, and what the tool answered."""
+    """One finished turn: where its policy tokens lie, how it was parsed, and what the tool answered.
+
+    Frozen, so that a snapshot can hold the turns of an episode without copying them.
+    """
 
     start: int
     end: int
     kind: str
     content: str
     stop: str  # "</search>", "</answer>", "eos", "max_turn_tokens" or "context_limit"
-    hit_ids: list[str] = field(default_factory=list)
+    hit_ids: tuple[str, ...] = ()
+
+
+class EpisodeSnapshot(NamedTuple):
+    """The state of an episode at one token, immutable (``SearchQAEnv.snapshot()``).
+
+    Restoring it (``SearchQAEnv.restore``, ``SearchQAVectorEnv.restore``) puts an environment back exactly
+    there: stepping the same tokens afterwards gives identical observations, rewards and infos. A snapshot
+    holds only the episode (its arrays are read-only copies of the transcript so far; the question, turns
+    and configuration are shared, immutable objects); the corpus, the retriever and the tokenizer stay
+    with the environment and are never copied.
+
+    Attributes:
+        config: The episode dynamics it was taken under (a restore checks they match).
+        question: The question.
+        tokens: ``(length,)`` int64 read-only copy of the transcript's token ids.
+        sources: ``(length,)`` int8 read-only copy of the source marks.
+        prompt_length: Tokens of the prompt.
+        turns: The finished turns.
+        queries: The executed searches' queries.
+        search_hits: The passage ids each executed search returned.
+        search_faults: The retriever faults drawn for each executed search (empty without faults).
+        answer: The parsed answer, or ``None``.
+        pending_query: A search waiting for its results (after a failed retrieval), or ``None``.
+        end_reason: Why the episode ended, or ``None`` while it runs.
+        cut_observations: Tool observations cut to ``max_obs_tokens``.
+        truncated: The episode ended at the context limit.
+        reward: The final reward (0 until the end).
+        done: The episode has ended.
+        turn_start: Where the current turn's policy tokens start.
+        scanner: The stop scanner's state within the current turn (see ``StopScanner.state``).
+        fault_rng: The bit-generator state of the retriever-fault generator, or ``None`` without faults.
+        rng: The environment's ``np_random`` state (single env), or ``None`` (a vector env's sub-env, whose
+            generator is shared by all sub-envs and not part of one episode).
+    """
+
+    config: EpisodeConfig
+    question: Question
+    tokens: np.ndarray
+    sources: np.ndarray
+    prompt_length: int
+    turns: tuple[Turn, ...]
+    queries: tuple[str, ...]
+    search_hits: tuple[tuple[str, ...], ...]
+    search_faults: tuple[tuple[str, ...], ...]
+    answer: str | None
+    pending_query: str | None
+    end_reason: str | None
+    cut_observations: int
+    truncated: bool
+    reward: float
+    done: bool
+    turn_start: int
+    scanner: tuple[bytes, str, int]
+    fault_rng: dict[str, Any] | None
+    rng: dict[str, Any] | None
+
+    @property
+    def length(self) -> int:
+        """Tokens in the transcript."""
+        return int(self.tokens.shape[0])
 
 
 class Episode:
@@ -182,6 +247,8 @@ class Episode:
         self.length = 0
         self.question: Question | None = None
         self.done = True
+        # Draws the retriever faults of this episode's searches (set by the env when it injects faults).
+        self.fault_rng: np.random.Generator | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
@@ -208,7 +275,8 @@ class Episode:
         self.prompt_length = self.length
         self.turns: list[Turn] = []
         self.queries: list[str] = []
-        self.search_hits: list[list[str]] = []  # one entry per executed search, aligned with queries
+        self.search_hits: list[tuple[str, ...]] = []  # one entry per executed search, aligned with queries
+        self.search_faults: list[tuple[str, ...]] = []  # retriever faults of each executed search
         self.answer: str | None = None
         self.pending_query: str | None = None
         self.end_reason: str | None = None
@@ -296,14 +364,18 @@ class Episode:
             return self._finish("context_limit")
         return self._append_tool(self._invalid_ids)
 
-    def deliver(self, hits: Sequence[Hit]) -> Event:
+    def deliver(self, hits: Sequence[Hit], faults: tuple[str, ...] = ()) -> Event:
         """Appends the ``<information>`` block for the pending search and starts the next turn.
 
         The block is encoded one passage at a time through the tokenizer's bounded cache
         (:meth:`~searchgym.tokenization.Tokenizer.encode_parts`), so a passage met again at the same rank is
         not tokenised again; the ids are exactly those of encoding the whole block.
+
+        Args:
+            hits: The passages to show, in rank order.
+            faults: The retriever faults injected into this search (counted in ``info``).
         """
-        self._take_pending([h.passage_id for h in hits])
+        self._take_pending([h.passage_id for h in hits], faults)
         text = format_documents([h.contents for h in hits], self.config.max_passage_words)
         return self._append_tool(self.tokenizer.encode_parts(_DOCUMENT_CUT.split(text)))
 
@@ -313,15 +385,107 @@ class Episode:
         text = f"\n\n<information>Search failed: {message}</information>\n\n"
         return self._append_tool(self.tokenizer.encode(text))
 
-    def _take_pending(self, hit_ids: list[str]) -> None:
+    def _take_pending(self, hit_ids: list[str], faults: tuple[str, ...] = ()) -> None:
         if self.pending_query is None:
             raise SearchGymError(
                 "no search is pending: deliver results only after feed() returned Event.SEARCH"
             )
+        ids = tuple(hit_ids)
         self.queries.append(self.pending_query)
-        self.search_hits.append(hit_ids)
-        self.turns[-1].hit_ids = hit_ids
+        self.search_hits.append(ids)
+        self.search_faults.append(faults)
+        self.turns[-1] = replace(self.turns[-1], hit_ids=ids)
         self.pending_query = None
+
+    # -- snapshots ---------------------------------------------------------------------------------------
+
+    def snapshot(self, rng: dict[str, Any] | None = None) -> EpisodeSnapshot:
+        """The episode's state now, as an immutable :class:`EpisodeSnapshot`.
+
+        Args:
+            rng: The owner's generator state to carry along (a single env's ``np_random``).
+
+        Raises:
+            SearchGymError: the episode has not started.
+        """
+        if self.question is None:
+            raise SearchGymError("the episode has not started: call reset() before snapshot()")
+        n = self.length
+        tokens = self.tokens[:n].copy()
+        sources = self.sources[:n].copy()
+        tokens.flags.writeable = False
+        sources.flags.writeable = False
+        fault_rng = self.fault_rng
+        return EpisodeSnapshot(
+            self.config,
+            self.question,
+            tokens,
+            sources,
+            self.prompt_length,
+            tuple(self.turns),
+            tuple(self.queries),
+            tuple(self.search_hits),
+            tuple(self.search_faults),
+            self.answer,
+            self.pending_query,
+            self.end_reason,
+            self.cut_observations,
+            self.truncated,
+            self.reward,
+            self.done,
+            self._turn_start,
+            self._scanner.state(),
+            None if fault_rng is None else fault_rng.bit_generator.state,
+            rng,
+        )
+
+    def restore(self, snap: EpisodeSnapshot) -> None:
+        """Puts the episode back in the state of ``snap`` (taken from this or a compatible episode).
+
+        The transcript is written into this episode's own buffers (a vector env's rows stay in place).
+        The fault generator takes the snapshot's state; the owner restores its own generator (``snap.rng``).
+
+        Raises:
+            ConfigError: ``snap`` is not an :class:`EpisodeSnapshot`, or was taken under other episode
+                dynamics (``EpisodeConfig``).
+        """
+        if not isinstance(snap, EpisodeSnapshot):
+            raise ConfigError(f"restore() needs an EpisodeSnapshot (from snapshot()), got {type(snap).__name__}")
+        if snap.config is not self.config and snap.config != self.config:
+            raise ConfigError(
+                f"the snapshot was taken under other episode settings ({snap.config}) than this env's "
+                f"({self.config}); restore it into an env made with the same arguments"
+            )
+        if (snap.fault_rng is None) != (self.fault_rng is None):
+            raise ConfigError(
+                "the snapshot and this env disagree on retriever faults (one injects them, the other does "
+                "not); restore it into an env made with the same retriever_faults"
+            )
+        n = snap.tokens.shape[0]
+        old = self.length
+        self.tokens[:n] = snap.tokens
+        self.sources[:n] = snap.sources
+        if old > n:  # the buffers are zero past the transcript
+            self.tokens[n:old] = 0
+            self.sources[n:old] = Source.PAD
+        self.length = n
+        self.question = snap.question
+        self.prompt_length = snap.prompt_length
+        self.turns = list(snap.turns)
+        self.queries = list(snap.queries)
+        self.search_hits = list(snap.search_hits)
+        self.search_faults = list(snap.search_faults)
+        self.answer = snap.answer
+        self.pending_query = snap.pending_query
+        self.end_reason = snap.end_reason
+        self.cut_observations = snap.cut_observations
+        self.truncated = snap.truncated
+        self.reward = snap.reward
+        self.done = snap.done
+        self._turn_start = snap.turn_start
+        self._scanner.set_state(snap.scanner)
+        if self.fault_rng is not None and snap.fault_rng is not None:
+            self.fault_rng.bit_generator.state = snap.fault_rng
 
     # -- reporting ---------------------------------------------------------------------------------------
 
@@ -332,6 +496,14 @@ class Episode:
             "sources": self.sources.copy(),
             "length": np.array([self.length], dtype=np.int64),
         }
+
+    def fault_counts(self) -> dict[str, int]:
+        """How many times each retriever fault was injected into this episode's searches."""
+        counts = dict.fromkeys(FAULT_KINDS, 0)
+        for faults in self.search_faults:
+            for kind in faults:
+                counts[kind] += 1
+        return counts
 
     @property
     def retrieved_ids(self) -> list[list[str]]:
@@ -347,7 +519,7 @@ class Episode:
         gold = q.golden_answers
         support = set(q.supporting_ids)
         retrieved = {pid for ids in self.retrieved_ids for pid in ids}
-        return {
+        info = {
             "question_id": q.id,
             "question": q.question,
             "golden_answers": list(gold),
@@ -368,6 +540,9 @@ class Episode:
             "length": self.length,
             "end_reason": self.end_reason,
         }
+        if self.fault_rng is not None:  # only an env that injects retriever faults reports them
+            info["retrieval_faults"] = self.fault_counts()
+        return info
 
     def render_text(self) -> str:
         """The transcript as text with each segment marked by its source."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +16,12 @@ from gymnasium import spaces
 from searchgym.data import Dataset, Question, load_dataset
 from searchgym.errors import ConfigError, EpisodeFinishedError, RetrieverError, UnknownQuestionError
 from searchgym.retrieval import Retriever, make_retriever
+from searchgym.retrieval.faults import RetrieverFaults, apply_faults, parse_faults
 from searchgym.tokenization import Tokenizer, load_tokenizer
 
-from .episode import Episode, EpisodeConfig, Event, Source, check_token
+from .episode import Episode, EpisodeConfig, EpisodeSnapshot, Event, Source, check_token
 
-__all__ = ["SearchQAEnv", "acquire_retriever", "release_retriever", "searchr1_options"]
+__all__ = ["SearchQAEnv", "acquire_retriever", "fault_rng", "release_retriever", "searchr1_options"]
 
 _LEASES_LOCK = threading.Lock()
 
@@ -67,6 +69,12 @@ def release_retriever(dataset: Dataset, spec: str | None) -> None:
             return
         del dataset.retrievers[key]
     lease.retriever.close()
+
+
+def fault_rng(faults: RetrieverFaults, *keys: int) -> np.random.Generator:
+    """The generator of an episode's retriever faults: seeded by the faults' seed and ``keys`` (the reset
+    seed, a sub-env's index), never by the env's ``np_random`` or the agent's."""
+    return np.random.default_rng([faults.seed, *keys])
 
 
 def searchr1_options(
@@ -184,9 +192,22 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
       does (True, default), so prompts are byte-identical to Search-R1's.
     * ``on_retrieval_error``: ``"raise"`` (default) re-raises :class:`~searchgym.errors.RetrieverError`;
       ``"observe"`` appends ``<information>Search failed: …</information>`` as tool tokens and goes on.
+    * ``retriever_faults``: inject seeded retriever faults (empty results, shuffled results, random
+      passages, truncated passages, latency) with given probabilities: a
+      :class:`~searchgym.retrieval.RetrieverFaults`, a mapping of its fields, or ``"empty=0.1,seed=3"``
+      (``None``, default: none). Their generator is seeded by the faults' ``seed`` and ``reset(seed=...)``
+      only, so faults are reproducible and independent of the agent; ``info["retrieval_faults"]`` counts
+      them per kind.
     * ``world_seed``: seed of the generated world (0).
     * ``render_mode``: ``"ansi"`` (``render()`` returns the transcript with ``[prompt]…[/prompt]``-style
       segment marks) or ``"human"`` (prints it).
+
+    ## Snapshots
+
+    ``snapshot()`` returns the episode's state at the current token as an immutable
+    :class:`~searchgym.envs.EpisodeSnapshot` (question, transcript, source marks, turn state, searches so
+    far, the RNG states); ``restore(snap)`` puts the env back there, so that stepping the same tokens gives
+    identical observations, rewards and infos. Snapshots share the corpus, the retriever and the tokenizer.
 
     ## Version History
 
@@ -194,7 +215,8 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
       episodes unchanged: a ``"?"`` is added to questions that lack one, the ``<information>`` block shows a
       document's title line as the corpus stores it and drops the last document's trailing white space
       (both as Search-R1), ``max_obs_tokens`` and ``append_question_mark`` were added, and F1 applies the
-      yes/no/noanswer rule.
+      yes/no/noanswer rule. Added, with episodes unchanged: ``snapshot()``/``restore()`` and
+      ``retriever_faults`` (off by default).
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}  # noqa: RUF012 - Gymnasium's convention
@@ -217,6 +239,7 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         render_mode: str | None = None,
         max_obs_tokens: int | None = None,
         append_question_mark: bool = True,
+        retriever_faults: Any = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             # Tools such as SB3's make_vec_env pass "rgb_array" by default: warn and render nothing.
@@ -249,7 +272,10 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         self._release = weakref.finalize(self, release_retriever, self.dataset, retriever) if owned else None
         self.on_retrieval_error = on_retrieval_error
         self.render_mode = render_mode
+        self.retriever_faults: RetrieverFaults | None = parse_faults(retriever_faults)
         self.episode = Episode(self.tokenizer, self.config)
+        if self.retriever_faults is not None:
+            self.episode.fault_rng = fault_rng(self.retriever_faults)
 
         vocab, size = self.tokenizer.vocab_size, self.config.max_context_tokens
         self.action_space = spaces.Discrete(vocab)  # type: ignore[assignment]  # ids arrive as int or np.int64
@@ -267,6 +293,8 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         super().reset(seed=seed)
+        if self.retriever_faults is not None and seed is not None:
+            self.episode.fault_rng = fault_rng(self.retriever_faults, seed)
         self.episode.start(self._pick_question(options or {}))
         return self.episode.observation(), {**self.episode.info(), "turn_end": False}
 
@@ -299,6 +327,25 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
             release()
         super().close()
 
+    def snapshot(self) -> EpisodeSnapshot:
+        """The episode's state at the current token, with the RNG states (see ## Snapshots).
+
+        Raises:
+            SearchGymError: no episode has started (call ``reset()`` first).
+        """
+        return self.episode.snapshot(self.np_random.bit_generator.state)
+
+    def restore(self, snap: EpisodeSnapshot) -> None:
+        """Puts the env back in the state of ``snap`` (from :meth:`snapshot` of this env or of one made with
+        the same arguments, or a vector env's sub-env, whose snapshot carries no ``np_random`` state).
+
+        Raises:
+            ConfigError: ``snap`` is not a snapshot, or was taken under other episode settings.
+        """
+        self.episode.restore(snap)
+        if snap.rng is not None:
+            self.np_random.bit_generator.state = snap.rng
+
     def render(self) -> str | None:
         if self.episode.question is None:
             return None
@@ -325,7 +372,12 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
             if self.on_retrieval_error == "raise":
                 raise
             return ep.deliver_failure(str(e))
-        return ep.deliver(hits)
+        if self.retriever_faults is None or ep.fault_rng is None:
+            return ep.deliver(hits)
+        hits, fired, delay = apply_faults(hits, self.retriever_faults, ep.fault_rng, self.dataset.passages)
+        if delay:
+            time.sleep(delay)
+        return ep.deliver(hits, fired)
 
     def _pick_question(self, options: dict[str, Any]) -> Question:
         unknown = set(options) - {"question_id", "question_index"}

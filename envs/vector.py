@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,9 +12,10 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError, RetrieverError
+from searchgym.retrieval.faults import apply_faults
 
-from .episode import Episode, Event, check_segment
-from .search_qa import SearchQAEnv
+from .episode import Episode, EpisodeSnapshot, Event, check_segment
+from .search_qa import SearchQAEnv, fault_rng
 
 __all__ = ["SearchQAVectorEnv", "SegmentStep"]
 
@@ -67,6 +69,15 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
 
     **Segments.** :meth:`step_segments` feeds one token segment per sub-env (``None`` to skip one), each until
     its turn or episode ends, and reports how many tokens each accepted.
+
+    **Branching.** :meth:`snapshot` and :meth:`restore` save and put back one sub-env's episode;
+    :meth:`fork` continues one sub-env's state in others (tree rollouts, step-level groups): branches fed
+    the same tokens stay identical, branches fed different tokens diverge from the shared prefix.
+
+    **Retriever faults** (``retriever_faults=``, as the single env's): each sub-env draws its own faults from
+    a generator seeded by the faults' seed, ``reset(seed=...)`` and its index, so a sub-env's faults do not
+    depend on what the others search; a batch whose searches draw latency faults waits once, for the
+    longest.
     """
 
     def __init__(
@@ -104,6 +115,10 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         ]
         self._autoreset = np.zeros(num_envs, dtype=bool)
         self.group_size = 1
+        self.retriever_faults = self.template.retriever_faults
+        if self.retriever_faults is not None:
+            for i, ep in enumerate(self.episodes):
+                ep.fault_rng = fault_rng(self.retriever_faults, i)
 
     # -- reset -------------------------------------------------------------------------------------------
 
@@ -143,6 +158,8 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         else:
             picks = [int(self.np_random.integers(len(self.questions))) for _ in range(n_groups)]
         for i in np.flatnonzero(mask):
+            if self.retriever_faults is not None and seed is not None:
+                self.episodes[i].fault_rng = fault_rng(self.retriever_faults, seed, int(i))
             self.episodes[i].start(self.questions[picks[i // group]])
             self._autoreset[i] = False
         infos: dict[str, Any] = {}
@@ -253,8 +270,78 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
             for i in indices:
                 events[i] = self.episodes[i].deliver_failure(str(e))
             return
+        faults = self.retriever_faults
+        delay = 0.0
         for i, hits in zip(indices, results, strict=True):
-            events[i] = self.episodes[i].deliver(hits)
+            ep = self.episodes[i]
+            if faults is None or ep.fault_rng is None:
+                events[i] = ep.deliver(hits)
+                continue
+            faulted, fired, latency = apply_faults(hits, faults, ep.fault_rng, self.dataset.passages)
+            delay = max(delay, latency)
+            events[i] = ep.deliver(faulted, fired)
+        if delay:  # the batch's searches run together: one wait, the longest
+            time.sleep(delay)
+
+    # -- branching ---------------------------------------------------------------------------------------
+
+    def _check_index(self, i: Any, what: str = "sub-env") -> int:
+        if isinstance(i, bool | np.bool_) or not isinstance(i, int | np.integer) or not 0 <= i < self.num_envs:
+            raise ConfigError(f"{what} index must be an integer in [0, {self.num_envs}), got {i!r}")
+        return int(i)
+
+    def snapshot(self, i: int) -> EpisodeSnapshot:
+        """Sub-env ``i``'s episode at its current token (without the vector env's shared ``np_random``).
+
+        Raises:
+            ConfigError: ``i`` is not a sub-env index.
+            SearchGymError: the sub-env has not been reset.
+        """
+        return self.episodes[self._check_index(i)].snapshot()
+
+    def restore(self, i: int, snap: EpisodeSnapshot) -> None:
+        """Puts sub-env ``i`` in the state of ``snap`` (from any sub-env, or a single env made with the same
+        arguments). A finished episode restored under ``"NextStep"`` autoreset resets on the next step, as
+        one that just ended.
+
+        Raises:
+            ConfigError: a bad index, or a snapshot taken under other episode settings.
+        """
+        i = self._check_index(i)
+        self.episodes[i].restore(snap)
+        self._autoreset[i] = snap.done and self.autoreset_mode == AutoresetMode.NEXT_STEP
+
+    def fork(self, i: int, targets: int | Sequence[int]) -> list[int]:
+        """Continues sub-env ``i``'s episode in other sub-envs: the building block of tree rollouts.
+
+        Args:
+            i: The sub-env to branch from (its own state is kept).
+            targets: An int ``n``: the block of ``n`` sub-envs ``i, i + 1, …, i + n - 1`` (so after
+                ``fork(0, G)`` sub-envs ``0…G-1`` hold sub-env 0's state); or the indices of the sub-envs that
+                take the state (their episodes are replaced).
+
+        Returns:
+            The indices that now hold sub-env ``i``'s state (``i`` included when it is one of them).
+
+        Raises:
+            ConfigError: an index out of range, or a block that runs past the last sub-env.
+            SearchGymError: sub-env ``i`` has not been reset.
+        """
+        i = self._check_index(i, "source sub-env")
+        if isinstance(targets, int | np.integer) and not isinstance(targets, bool | np.bool_):
+            if not 1 <= targets <= self.num_envs - i:
+                raise ConfigError(
+                    f"fork({i}, n) needs 1 <= n <= {self.num_envs - i} (the block i..i+n-1 of "
+                    f"{self.num_envs} sub-envs), got n={targets}"
+                )
+            chosen = list(range(i, i + int(targets)))
+        else:
+            chosen = [self._check_index(t, "target sub-env") for t in targets]
+        snap = self.episodes[i].snapshot()
+        for t in chosen:
+            if t != i:
+                self.restore(t, snap)
+        return chosen
 
     # -- views -------------------------------------------------------------------------------------------
 

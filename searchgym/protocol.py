@@ -199,6 +199,15 @@ class StopScanner:
             self.stop, self.cut = "eos", len(buf)
         return bool(self.stop)
 
+    def state(self) -> tuple[bytes, str, int]:
+        """The scanner's state within the current turn (for episode snapshots): bytes so far, stop, cut."""
+        return bytes(self._buf), self.stop, self.cut
+
+    def set_state(self, state: tuple[bytes, str, int]) -> None:
+        """Puts back a state returned by :meth:`state`."""
+        buf, self.stop, self.cut = state
+        self._buf = bytearray(buf)
+
     def text(self, cut: int | None = None) -> str:
         """The turn's text up to ``cut`` bytes (default: all), invalid UTF-8 replaced."""
         return bytes(self._buf[: len(self._buf) if cut is None else cut]).decode("utf-8", errors="replace")

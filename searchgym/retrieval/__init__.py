@@ -8,7 +8,11 @@ Backends, by name (see :func:`make_retriever`):
   ``searchgym index dense`` (needs the ``dense`` extra);
 * ``"hybrid:INDEX_DIR"``: :class:`HybridRetriever`, BM25 and that dense index fused by reciprocal rank;
 * an ``http://`` or ``https://`` URL: :class:`~searchgym.retrieval.http.HttpRetriever`, a client of a
-  Search-R1-compatible ``/retrieve`` server such as ``searchgym serve``.
+  Search-R1-compatible ``/retrieve`` server such as ``searchgym serve``;
+* ``"cassette:PATH"``: :class:`Cassette`, the searches recorded in PATH replayed with no index
+  (``"cassette:PATH;record=SPEC"`` records SPEC's, ``";record-missing=SPEC"`` fills the gaps).
+
+:class:`FaultyRetriever` and :class:`RetrieverFaults` inject seeded retriever faults.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from searchgym.data.types import Passage
 from searchgym.errors import ConfigError
 from searchgym.retrieval.base import STOP_WORDS, Analyzer, Hit, Retriever, analyze
 from searchgym.retrieval.bm25 import BM25Retriever
+from searchgym.retrieval.cassette import Cassette, CassetteMissError, cassette_from_spec
+from searchgym.retrieval.faults import FaultyRetriever, RetrieverFaults
 from searchgym.retrieval.hybrid import HybridRetriever
 from searchgym.retrieval.rank_bm25 import RankBM25Retriever
 
@@ -28,10 +34,14 @@ __all__ = [
     "STOP_WORDS",
     "Analyzer",
     "BM25Retriever",
+    "Cassette",
+    "CassetteMissError",
+    "FaultyRetriever",
     "Hit",
     "HybridRetriever",
     "RankBM25Retriever",
     "Retriever",
+    "RetrieverFaults",
     "analyze",
     "make_retriever",
 ]
@@ -48,7 +58,8 @@ def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
             is ``"bm25"``); ``"dense:INDEX_DIR"``, a dense index built from ``passages`` (its query encoder
             is the one recorded in the index, on the CPU); ``"hybrid:INDEX_DIR"``, BM25 and that dense
             index fused by reciprocal rank; or the ``http(s)://`` URL of a Search-R1-compatible
-            ``/retrieve`` endpoint.
+            ``/retrieve`` endpoint; or ``"cassette:PATH"`` (a :class:`Cassette` replaying PATH, no index),
+            ``"cassette:PATH;record=SPEC"`` or ``"cassette:PATH;record-missing=SPEC"`` (recording SPEC).
         passages: The corpus to index for named backends. A URL's server holds its own corpus; the hits'
             ids must be those of ``passages`` for the env's gold-retrieval figures to mean anything.
 
@@ -70,6 +81,8 @@ def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
         found = retriever_from_spec(spec, passages)
         assert found is not None
         return found
+    if isinstance(spec, str) and spec.startswith("cassette:"):
+        return cassette_from_spec(spec, lambda inner: make_retriever(inner, passages))
     if isinstance(spec, str) and spec.startswith(("http://", "https://")):
         # Imported here: the client needs httpx (the "server" extra), which plain use must not require.
         from searchgym.retrieval.http import HttpRetriever
@@ -77,5 +90,6 @@ def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
         return HttpRetriever(spec)
     raise ConfigError(
         f"unknown retriever {spec!r}; choose one of {list(BACKENDS)}, dense:INDEX_DIR (an index built by "
-        "`searchgym index dense`), hybrid:INDEX_DIR (BM25 + that index), an http(s):// URL of a /retrieve endpoint, or pass a Retriever"
+        "`searchgym index dense`), hybrid:INDEX_DIR (BM25 + that index), an http(s):// URL of a /retrieve endpoint, cassette:PATH (a "
+        "recorded cassette), or pass a Retriever"
     )
