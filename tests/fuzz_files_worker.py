@@ -105,7 +105,7 @@ def fuzz_checkpoint(cases: int) -> None:
         "kind": "grpo",
         "step": 2,
         "model": model.state_dict(),
-        "arch": {"kind": "tiny", "layers": 1, "hidden": 8, "tokenizer": None},
+        "arch": {"kind": "tiny", "layers": 1, "hidden": 4, "tokenizer": None},  # 2 * 4**2 <= 72 weights
         "optimizer": optimizer.state_dict(),
         "rng": get_rng_state(),
         "config": {"lr": 0.1, "seed": 0},

@@ -64,7 +64,7 @@ def small_payload() -> dict[str, Any]:
         "kind": "grpo",
         "step": 3,
         "model": model.state_dict(),
-        "arch": {"kind": "tiny", "layers": 1, "hidden": 8, "tokenizer": None},
+        "arch": {"kind": "tiny", "layers": 1, "hidden": 4, "tokenizer": None},  # 2 * 4**2 <= 72 weights
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": get_rng_state(torch.Generator().manual_seed(1)),

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 from searchgym.agents.evaluate import EvalSummary
-from searchgym.cli._common import add_env_arguments, format_table, load_agent, make_env
+from searchgym.cli._common import add_env_arguments, env_kwargs, format_table, load_agent, make_env
 
 COMMAND = ("eval",)
 HELP = "evaluate an agent (random, oracle, heuristic, or package.module:Class) on an environment"
@@ -28,6 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument(
+        "--record-retrieval",
+        default=None,
+        metavar="PATH",
+        help="record every search and its results to this cassette (replay it with --retriever cassette:PATH)",
+    )
+    parser.add_argument(
+        "--retriever-faults",
+        default=None,
+        metavar="SPEC",
+        help="inject seeded retriever faults, e.g. 'empty=0.1,shuffle=0.2,replace=0.1,replace_k=2,"
+        "truncate=0.1,truncate_words=20,latency=0.05,latency_s=0.2,seed=0' (default: none)",
+    )
 
 
 def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
@@ -43,6 +57,8 @@ def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
         return {}  # a Hugging Face folder carries no env settings; a missing file errors in load_agent
     import torch
 
+    from searchgym.agents.grpo.checkpoint import check_config
+
     # Only the config is read here: the weights stay memory-mapped, untouched, and load_agent loads and checks
     # the file once. A file torch cannot read gets its clear CheckpointError there.
     try:
@@ -50,6 +66,7 @@ def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
     except Exception:
         return {}
     config = payload.get("config", {}) if isinstance(payload, dict) else {}
+    check_config(config, payload.get("kind"), path)  # types and sizes, before the env is sized by them
     names = ("max_turn_tokens", "max_context_tokens")
     return {n: int(config[n]) for n in names if getattr(args, n, None) is None and n in config}
 
@@ -58,7 +75,16 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.agents import evaluate
     from searchgym.data.jsonl import replace_on_success
 
-    env = make_env(args, **checkpoint_env_defaults(args))
+    from searchgym.cli._manifest import warn_on_data_mismatch, write_run_manifest
+
+    overrides: dict[str, Any] = dict(checkpoint_env_defaults(args))
+    if args.retriever_faults is not None:
+        overrides["retriever_faults"] = args.retriever_faults
+    settings = {**env_kwargs(args), **overrides}
+    warn_on_data_mismatch(args.agent, settings)
+    if args.record_retrieval is not None:  # the cassette is written when the env releases it (env.close())
+        overrides["retriever"] = f"cassette:{args.record_retrieval};record={args.retriever}"
+    env = make_env(args, **overrides)
     agent = load_agent(args.agent, env, seed=args.seed)
     if args.out is None:
         summary = evaluate(env, agent, args.episodes, seed=args.seed, progress=not args.no_progress)
@@ -69,9 +95,14 @@ def run(args: argparse.Namespace) -> int:
             summary = evaluate(
                 env, agent, args.episodes, seed=args.seed, out=partial, progress=not args.no_progress
             )
+    env.close()
+    if args.out is not None:
+        config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+        write_run_manifest(args.out, "eval", settings, folder=False, seeds={"seed": args.seed}, config=config)
     metrics = summary.metrics()
     if args.json:
         print(json.dumps(metrics))
-    else:
-        print(format_table([{"agent": args.agent, **metrics}], COLUMNS))
+    else:  # the faults column only when faults were injected
+        columns = [c for c in COLUMNS if c != "retrieval_faults" or metrics.get(c) is not None]
+        print(format_table([{"agent": args.agent, **metrics}], columns))
     return 0

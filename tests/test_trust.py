@@ -1,0 +1,248 @@
+"""Trust, second round (issue 22): each input the audit broke, fed as it was, gives a typed error or a safe
+result.
+
+One test (or more) per numbered item of the issue; ``test_safety.py`` keeps the first round's (issue 12).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from searchgym.data import Passage
+from searchgym.errors import CheckpointError, ConfigError, DataFormatError
+from searchgym.retrieval import BM25Retriever
+
+torch = pytest.importorskip("torch")
+
+from searchgym.agents.grpo.checkpoint import (  # noqa: E402
+    MAX_CONTEXT_TOKENS,
+    check_config,
+    load_checkpoint,
+    load_training_state,
+    save_checkpoint,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def linear_run(seed: int = 0) -> tuple[Any, Any, Any]:
+    """A model, its AdamW after one step, and a scheduler: the states a GRPO checkpoint holds."""
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return model, optimizer, scheduler
+
+
+def grpo_payload(**changes: Any) -> dict[str, Any]:
+    model, optimizer, scheduler = linear_run()
+    payload = {
+        "kind": "grpo",
+        "step": 1,
+        "model": model.state_dict(),
+        "arch": {"kind": "tiny", "layers": 1, "hidden": 4, "tokenizer": None},
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "config": {"lr": 1e-3, "seed": 0, "max_turn_tokens": 48, "max_context_tokens": 1024},
+    }
+    payload.update(changes)
+    return payload
+
+
+# -- 2. unbounded model construction ------------------------------------------------------------------------------
+
+
+def test_a_small_checkpoint_describing_a_huge_tiny_model_is_refused(tmp_path: Path) -> None:
+    from searchgym.agents.grpo.config import SFTConfig
+    from searchgym.agents.grpo.runtime import build_policy
+
+    arch = {"kind": "tiny", "layers": 65536, "hidden": 65536, "tokenizer": None}
+    path = save_checkpoint(tmp_path / "c.pt", grpo_payload(arch=arch))
+    assert path.stat().st_size < 8 << 10
+    with pytest.raises(CheckpointError, match="'layers'"):
+        load_checkpoint(path)
+    # Within the layer bound, the size is checked against the weights the file stores.
+    arch = {"kind": "tiny", "layers": 2, "hidden": 65536, "tokenizer": None}
+    path = save_checkpoint(tmp_path / "c.pt", grpo_payload(arch=arch))
+    with pytest.raises(CheckpointError, match=r"at least 17,179,869,184 parameters.*stores 72 weights"):
+        build_policy(SFTConfig(init=str(path)))
+
+
+def test_a_config_architecture_is_bounded_before_it_is_built(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    config = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+    }
+    path = save_checkpoint(tmp_path / "c.pt", grpo_payload(arch={"kind": "config", "config": config}))
+    with pytest.raises(CheckpointError, match=r"parameters but the checkpoint stores 72 weights"):
+        load_checkpoint(path)
+    for field, value in (("num_hidden_layers", 10**6), ("hidden_size", 10**12), ("hidden_size", 2**40)):
+        bomb = {**config, field: value}
+        path = save_checkpoint(tmp_path / "c.pt", grpo_payload(arch={"kind": "config", "config": bomb}))
+        with pytest.raises(CheckpointError, match=field):
+            load_checkpoint(path)
+
+
+def test_a_real_tiny_checkpoint_passes_the_size_check(tmp_path: Path) -> None:
+    from searchgym.agents.grpo.config import SFTConfig
+    from searchgym.agents.grpo.runtime import build_policy
+
+    policy, arch = build_policy(SFTConfig(tiny_layers=2, tiny_hidden=32))
+    path = save_checkpoint(
+        tmp_path / "c.pt", {"kind": "sft", "step": 0, "model": policy.model.state_dict(), "arch": arch}
+    )
+    loaded, _ = build_policy(SFTConfig(init=str(path)))
+    assert all(
+        torch.equal(a, b) for a, b in zip(policy.model.parameters(), loaded.model.parameters(), strict=True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_turn_tokens", "abc", r"'max_turn_tokens' is 'abc' \(str\), expected int"),
+        (
+            "max_context_tokens",
+            10**12,
+            rf"'max_context_tokens' is 1000000000000, more than the {MAX_CONTEXT_TOKENS}",
+        ),
+        ("max_turn_tokens", 0, "max_turn_tokens must be >= 1"),
+        ("lr", float("nan"), "'lr' is nan, not a finite number"),
+        ("lr", "0.1", r"'lr' is '0.1' \(str\), expected float"),
+        ("progress", 1, r"'progress' is 1 \(int\), expected bool"),
+        ("seed", 10**30, "does not fit in 64 bits"),
+        ("dtype", "float64", r"'dtype' is 'float64'.*Literal\['float32', 'bfloat16', 'float16'\]"),
+    ],
+)
+def test_a_bad_checkpoint_config_field_is_named(tmp_path: Path, field: str, value: Any, message: str) -> None:
+    payload = grpo_payload()
+    payload["config"] = {**payload["config"], field: value}
+    path = save_checkpoint(tmp_path / "c.pt", payload)
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_checkpoint(path)
+    assert str(path) in str(err.value)
+
+
+def test_fields_added_to_the_config_dataclass_are_checked_by_their_type_hint() -> None:
+    from searchgym.agents.grpo.config import GRPOConfig
+
+    hints = {f.name: f.type for f in __import__("dataclasses").fields(GRPOConfig)}
+    # Every int field refuses a string: no hard-coded list decides which fields are checked.
+    int_fields = [name for name, hint in hints.items() if hint == "int"]
+    assert len(int_fields) >= 10
+    for name in int_fields:
+        with pytest.raises(CheckpointError, match=repr(name)):
+            check_config({name: "7"}, "grpo", "c.pt")
+    check_config({"unknown_field_of_another_version": "x"}, "grpo", "c.pt")  # ignored, not an error
+
+
+def test_eval_with_a_bad_checkpoint_config_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.cli import main
+
+    for field, value in (("max_turn_tokens", "abc"), ("max_context_tokens", 10**12)):
+        payload = grpo_payload()
+        payload["config"] = {**payload["config"], field: value}
+        path = save_checkpoint(tmp_path / "c.pt", payload)
+        code = main(["eval", "--agent", f"checkpoint:{path}", "--episodes", "1", "--no-progress"])
+        err = capsys.readouterr().err
+        assert code != 0 and field in err and "Traceback" not in err
+
+
+# -- 4. non-finite and mis-shaped optimizer state --------------------------------------------------------------
+
+
+def test_a_nan_optimizer_state_is_refused_on_load(tmp_path: Path) -> None:
+    payload = grpo_payload()
+    payload["optimizer"]["state"][0]["exp_avg"] = torch.full((8, 8), float("nan"))
+    path = save_checkpoint(tmp_path / "c.pt", payload)
+    with pytest.raises(
+        CheckpointError, match=r"optimizer\['state'\]\[0\]\['exp_avg'\] holds non-finite values"
+    ):
+        load_checkpoint(path)
+    payload = grpo_payload()
+    payload["model"]["weight"] = torch.full((8, 8), float("inf"))
+    path = save_checkpoint(tmp_path / "c.pt", payload)
+    with pytest.raises(CheckpointError, match=r"model\['weight'\] holds non-finite"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda s: s["state"][0].update(exp_avg=torch.zeros(4, 4)),
+            r"state 0\['exp_avg'\] has shape \(4, 4\)",
+        ),
+        (lambda s: s["param_groups"][0].update(lr="0.001"), r"\['lr'\] is '0.001', expected a finite number"),
+        (lambda s: s["param_groups"][0].update(betas=(0.9,)), r"\['betas'\] is \(0.9,\), expected 2 values"),
+        (lambda s: s["param_groups"][0].update(amsgrad="no"), r"\['amsgrad'\] is 'no', expected a bool"),
+        (lambda s: s["state"][0].update(step="x"), r"state 0\['step'\] is a str"),
+        (lambda s: s["state"].update({7: {}}), "entry 7 names no parameter"),
+    ],
+    ids=["shape", "lr type", "betas", "amsgrad", "step", "extra entry"],
+)
+def test_a_mis_shaped_or_mistyped_optimizer_state_is_refused_before_training(
+    tmp_path: Path, change: Any, message: str
+) -> None:
+    payload = grpo_payload()
+    change(payload["optimizer"])
+    path = save_checkpoint(tmp_path / "c.pt", payload)
+    loaded = load_checkpoint(path)
+    _, optimizer, scheduler = linear_run(seed=1)
+    with pytest.raises(CheckpointError, match=message):
+        load_training_state(optimizer, scheduler, loaded, path)
+
+
+def test_a_good_optimizer_state_is_restored(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path / "c.pt", grpo_payload())
+    _, optimizer, scheduler = linear_run(seed=1)
+    load_training_state(optimizer, scheduler, load_checkpoint(path), path)
+    _, reference, _ = linear_run()
+    assert torch.equal(
+        optimizer.state_dict()["state"][0]["exp_avg"], reference.state_dict()["state"][0]["exp_avg"]
+    )
+    payload = grpo_payload()
+    payload["scheduler"]["base_lrs"] = ["x"]
+    path = save_checkpoint(tmp_path / "c.pt", payload)
+    with pytest.raises(CheckpointError, match=r"scheduler\['base_lrs'\]\[0\] is 'x'"):
+        load_training_state(optimizer, scheduler, load_checkpoint(path), path)
+
+
+def test_a_crafted_view_larger_than_its_storage_is_refused(tmp_path: Path) -> None:
+    payload = grpo_payload()
+    payload["model"]["weight"] = torch.zeros(1).expand(10**6, 10**6)
+    path = tmp_path / "c.pt"
+    torch.save({"format": "searchgym-checkpoint-v2", **payload}, path)
+    with pytest.raises(CheckpointError, match="crafted view"):
+        load_checkpoint(path)
+
+
+# -- 8 (checkpoint messages). a file that is not a checkpoint ---------------------------------------------------
+
+
+def test_a_file_that_is_not_a_checkpoint_is_called_so_and_never_suggested_for_deletion(
+    tmp_path: Path,
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# my notes\n")
+    with pytest.raises(CheckpointError, match="is not a searchgym checkpoint") as err:
+        load_checkpoint(readme)
+    assert "delete" not in str(err.value)
+    assert readme.read_text() == "# my notes\n"
