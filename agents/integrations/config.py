@@ -6,13 +6,15 @@ Torch-free, so that ``searchgym --help`` stays fast. How the fields map onto TRL
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from searchgym.agents.grpo.config import CommonConfig, GroupedLLDS, option
 from searchgym.errors import ConfigError
 
-__all__ = ["TRL_LOSS_TYPES", "TRLConfig"]
+__all__ = ["TRL_LOSS_TYPES", "TRLConfig", "parse_trl_args"]
 
 TRL_LOSS_TYPES: tuple[str, ...] = ("dapo", "bnpo", "grpo", "dr_grpo")
 """TRL loss aggregations offered (PPO-clipped ones); ``dapo`` is the token mean over the whole update."""
@@ -23,18 +25,27 @@ class TRLConfig(GroupedLLDS, CommonConfig):
     """GRPO (optionally with LLDS) on SearchQA, trained by TRL's ``GRPOTrainer``.
 
     One *step* is one optimizer update, as in TRL (``max_steps``). One rollout batch is
-    ``questions_per_step`` questions × ``group_size`` responses; it is cut into mini-batches of
-    ``minibatch_size`` responses and used for ``num_iterations`` passes, so each rollout batch makes
-    ``updates_per_rollout`` optimizer updates. LLDS needs at least two: with one, ``pi_theta == pi_old`` at
-    every update and the term is identically zero (the trainer warns).
+    ``questions_per_step`` questions × ``group_size`` responses, across all processes; it is cut into
+    mini-batches of ``minibatch_size`` responses (also across all processes) and used for ``num_iterations``
+    passes, so each rollout batch makes ``updates_per_rollout`` optimizer updates whatever the number of
+    processes. LLDS needs at least two: with one, ``pi_theta == pi_old`` at every update and the term is
+    identically zero (the trainer warns). Each process forwards ``micro_batch`` responses at a time and
+    accumulates gradients up to the mini-batch.
     """
 
     run_dir: str = option("runs/trl", "folder for TRL's output, metrics.jsonl and the final model")
     steps: int = option(20, "optimizer updates (TRL's max_steps)")
-    questions_per_step: int = option(2, "questions per rollout batch")
+    questions_per_step: int = option(2, "questions per rollout batch, across all processes")
     group_size: int = option(4, "responses per question (G, TRL's num_generations)")
     minibatch_size: int | None = option(
-        None, "responses per optimizer update (default: one group, G); must divide the rollout batch"
+        None,
+        "responses per optimizer update, across all processes (default: one group, G); must divide the "
+        "rollout batch, and be a multiple of the number of processes",
+    )
+    micro_batch: int | None = option(
+        None,
+        "responses per forward pass on each process; gradients accumulate up to the mini-batch (default: "
+        "minibatch_size / processes, no accumulation)",
     )
     num_iterations: int = option(1, "passes over each rollout batch (TRL's num_iterations, mu)")
     temperature: float = option(1.0, "sampling temperature of the rollouts")
@@ -62,6 +73,20 @@ class TRLConfig(GroupedLLDS, CommonConfig):
     use_vllm: bool = option(False, "generate each turn with TRL's vLLM backend (GPU; needs vllm installed)")
     vllm_mode: Literal["colocate", "server"] = option("colocate", "TRL's vllm_mode")
     save_model: bool = option(True, "save the final model and tokenizer to RUN_DIR/model (save_pretrained)")
+    save_steps: int = option(
+        0, "save a TRL checkpoint (model, optimizer, scheduler, RNG) to RUN_DIR/checkpoint-N every N updates"
+    )
+    save_total_limit: int | None = option(None, "keep only the newest N checkpoints (default: all)")
+    resume: bool = option(False, "continue the run in RUN_DIR from its newest checkpoint-N")
+    max_obs_tokens: int | None = option(
+        None, "cut each tool observation to N tokens (Search-R1's max_obs_length)"
+    )
+    reward: Literal["em", "subem", "f1"] = option(
+        "em", "episode reward: exact match, substring EM or token F1"
+    )
+    prompt_style: Literal["base", "chat"] = option(
+        "base", "Search-R1's base prompt, or the prompt as a user turn of the tokenizer's chat template"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -71,8 +96,83 @@ class TRLConfig(GroupedLLDS, CommonConfig):
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.loss_type not in TRL_LOSS_TYPES:
             raise ConfigError(f"unknown loss_type {self.loss_type!r}; choose one of {list(TRL_LOSS_TYPES)}")
+        if self.micro_batch is not None and (
+            self.micro_batch < 1 or self.minibatch_responses % self.micro_batch
+        ):
+            raise ConfigError(
+                f"micro_batch {self.micro_batch} must be >= 1 and divide minibatch_size {self.minibatch_responses}"
+            )
+        if self.save_steps < 0:
+            raise ConfigError(f"save_steps must be >= 0 (0: no checkpoints), got {self.save_steps}")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ConfigError(f"save_total_limit must be >= 1, got {self.save_total_limit}")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume continues the run in run_dir and --overwrite replaces it: choose one")
+        if self.max_obs_tokens is not None and self.max_obs_tokens < 1:
+            raise ConfigError(f"max_obs_tokens must be >= 1, got {self.max_obs_tokens}")
+        if self.reward not in ("em", "subem", "f1"):
+            raise ConfigError(f"unknown reward {self.reward!r}; choose one of ['em', 'subem', 'f1']")
+        if self.prompt_style not in ("base", "chat"):
+            raise ConfigError(f"prompt_style must be 'base' or 'chat', got {self.prompt_style!r}")
 
     @property
     def updates_per_rollout(self) -> int:
         """Optimizer updates per rollout batch: ``num_iterations * batch_size / minibatch_size``."""
         return self.num_iterations * (self.batch_size // self.minibatch_responses)
+
+    def env_kwargs(self, split: str | None = None) -> dict[str, Any]:
+        """The shared env options plus the observation cut, the reward and the prompt style."""
+        return {
+            **super().env_kwargs(split),
+            "max_obs_tokens": self.max_obs_tokens,
+            "reward": self.reward,
+            "prompt_style": self.prompt_style,
+        }
+
+    def process_batches(self, num_processes: int) -> tuple[int, int, int]:
+        """TRL's per-process sizes for ``num_processes`` processes.
+
+        Returns:
+            ``(per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation)``: each
+            process forwards ``micro_batch`` responses at a time, accumulates ``gradient_accumulation_steps``
+            of them per update, and gets ``batch_size / num_processes`` responses per rollout batch.
+
+        Raises:
+            ConfigError: the mini-batch does not split evenly over the processes and micro-batches.
+        """
+        mb = self.minibatch_responses
+        if num_processes < 1 or mb % num_processes:
+            raise ConfigError(
+                f"minibatch_size {mb} must be a multiple of the number of processes ({num_processes}): "
+                "every process takes an equal share of each optimizer update"
+            )
+        micro = self.micro_batch if self.micro_batch is not None else mb // num_processes
+        if (mb // num_processes) % micro:
+            raise ConfigError(
+                f"micro_batch {micro} must divide each process's share of the mini-batch "
+                f"(minibatch_size {mb} / {num_processes} processes = {mb // num_processes})"
+            )
+        accumulation = mb // (num_processes * micro)
+        return micro, accumulation, self.batch_size // (num_processes * micro)
+
+
+def parse_trl_args(items: Sequence[str]) -> dict[str, Any]:
+    """``--trl-arg key=value`` items as a dict; a value is read as JSON when it parses (``true``, ``0.5``,
+    ``["a"]``), else kept as a string (``deepspeed=ds.json``).
+
+    Raises:
+        ConfigError: an item has no ``=`` or an empty key, or a key is given twice.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--trl-arg expects key=value (a field of TRL's GRPOConfig), got {item!r}")
+        if key in out:
+            raise ConfigError(f"--trl-arg {key} is given twice")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out

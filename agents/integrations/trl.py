@@ -23,15 +23,27 @@ Three pieces, usable separately (see ``docs/scale.md``):
 Verified against TRL 1.16.0 (``trl/trainer/grpo_trainer.py``): ``rollout_func(prompts, trainer)`` gets the
 process's prompts as the sampler produced them (each repeated ``num_generations`` times, consecutively) and
 must return one completion per prompt; ``env_mask`` becomes ``tool_mask`` only when ``tools`` is not set;
-``old_per_token_logps`` is kept only when a rollout batch serves more than one optimizer update.
+``old_per_token_logps`` is kept only when a rollout batch serves more than one optimizer update. In
+``trl/generation/vllm_generation.py``, server mode gathers every process's prompts and hands each process
+the slice ``[rank * n, (rank + 1) * n)``, and colocated vLLM with tensor parallelism gathers within its
+group the same way: every process must send the same number of prompts on every call (see
+:class:`_VLLMTurns`).
+
+For TRL users who prefer tool calls to Search-R1's tags, :class:`~searchgym.agents.integrations.trl_env.SearchQAToolEnv`
+(re-exported here) is an ``environment_factory`` environment on the same data, retriever and reward.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import re
+import shutil
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, cast
 
 try:
@@ -62,6 +74,7 @@ from searchgym.tokenization import Tokenizer
 
 from .config import TRLConfig
 from .trajectories import episodes_from_batch
+from .trl_env import SearchQAToolEnv, tool_env_dataset
 
 __all__ = [
     "LLDSGRPOTrainer",
@@ -69,10 +82,14 @@ __all__ = [
     "LLDSOptions",
     "LLDWarningCallback",
     "SearchQARollout",
+    "SearchQAToolEnv",
+    "check_trl_overrides",
     "episode_em",
     "episode_f1",
     "episode_reward",
+    "last_checkpoint",
     "question_dataset",
+    "tool_env_dataset",
     "train_trl",
     "trl_args",
 ]
@@ -89,23 +106,109 @@ class _VLLMTurns:
     vLLM stops on the tag strings (``generation_kwargs`` set by :func:`trl_args`); the env then consumes the
     segment up to the token where the turn really ends (``SegmentStep.consumed``) and drops the rest, so
     the transcript stays token-exact whatever vLLM's stop handling does.
+
+    Across processes, each turn is a *round*: the processes first agree on the largest number of running
+    episodes (one ``gather``), every process pads its request to that count with a one-token dummy prompt,
+    and the padding is dropped from the answer. A process whose episodes have all ended keeps taking part
+    with dummies (:meth:`finish`) until every process is done. So every ``vllm_generation.generate`` call
+    receives the same count on every process, as TRL's server mode (gather, then a slice of
+    ``rank * count``) and colocated tensor parallelism (``all_gather_object`` in the group) require. Colocated
+    vLLM without tensor parallelism generates each process's prompts alone and needs no padding.
+
+    Args:
+        vllm_generation: TRL's ``VLLMGeneration`` (``trainer.vllm_generation``).
+        accelerator: The trainer's accelerator (``None``: one process).
     """
 
-    def __init__(self, vllm_generation: Any) -> None:
+    def __init__(self, vllm_generation: Any, accelerator: Any = None) -> None:
         self.vllm = vllm_generation
+        self.accelerator = accelerator
+        processes = int(getattr(accelerator, "num_processes", 1)) if accelerator is not None else 1
+        alone = getattr(vllm_generation, "mode", "server") == "colocate" and (
+            int(getattr(vllm_generation, "tensor_parallel_size", 1)) == 1
+        )
+        self.pad = processes > 1 and not alone
+        self.dummy: list[int] = [0]
+        self.rounds = 0  # generate calls made (padding rounds included)
 
     def clear_cache(self) -> None:
         """Nothing to drop: vLLM manages its own cache (the rollout loop calls this between batches)."""
 
-    def rollout_segments(self, observations: Sequence[Any]) -> list[Segment]:
-        contexts = [[int(t) for t in o["tokens"][: int(o["length"][0])]] for o in observations]
+    def _largest_request(self, count: int) -> int:
+        """The largest request of this round over all processes (a collective: every process calls it)."""
+        local = torch.tensor([count], device=self.accelerator.device)
+        return int(self.accelerator.gather(local).max())
+
+    def _generate(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[Any]]:
+        self.rounds += 1
         _, completion_ids, logprobs, _ = self.vllm.generate(prompts=contexts, images=None, num_generations=1)
+        return list(completion_ids), list(logprobs)
+
+    def rollout_segments(self, observations: Sequence[Any]) -> list[Segment]:
+        """One segment per observation (a running episode's transcript so far)."""
+        contexts = [[int(t) for t in o["tokens"][: int(o["length"][0])]] for o in observations]
+        n = len(contexts)
+        if self.pad:
+            self.dummy = contexts[0][:1]
+            width = self._largest_request(n)
+            contexts = contexts + [self.dummy] * (width - n)
+        completion_ids, logprobs = self._generate(contexts)
+        if len(completion_ids) != len(contexts):
+            raise RuntimeError(
+                f"vLLM returned {len(completion_ids)} completions for {len(contexts)} prompts of process "
+                f"{getattr(self.accelerator, 'process_index', 0)}"
+            )
         segments = []
-        for ids, lps in zip(completion_ids, logprobs, strict=True):
+        for ids, lps in zip(completion_ids[:n], logprobs[:n], strict=True):
             # vLLM gives a list per position (the sampled token first); None where it could not score.
             values = [float("nan") if not lp or lp[0] is None else float(lp[0]) for lp in lps]
             segments.append(Segment(tokens=list(ids), logprobs=torch.tensor(values), stop=""))
         return segments
+
+    def finish(self) -> None:
+        """Takes part, with dummy prompts, in the rounds of processes whose episodes are still running."""
+        if not self.pad:
+            return
+        while (width := self._largest_request(0)) > 0:
+            self._generate([self.dummy] * width)
+
+
+@contextlib.contextmanager
+def _generation_model(trainer: Any) -> Iterator[Any]:
+    """The trainer's model ready for generation, through TRL's own ``unwrap_model_for_generation``.
+
+    As in TRL's generation path: DeepSpeed ZeRO-3 parameters are gathered (``ds3_gather_for_generation``),
+    FSDP1's root parameters summoned, and gradient checkpointing is off while the turns are generated.
+    A trainer without ``model_wrapped`` (a stand-in in tests) gives ``trainer.model`` as is.
+    """
+    wrapped = getattr(trainer, "model_wrapped", None)
+    if wrapped is None:
+        yield trainer.model
+        return
+    from trl.distributed import DistributedBackend
+    from trl.models import unwrap_model_for_generation
+
+    backend = DistributedBackend(trainer.accelerator)
+    args = trainer.args
+    processes = int(trainer.accelerator.num_processes)
+    gathered = backend.is_zero3 and bool(getattr(args, "ds3_gather_for_generation", True))
+    if processes > 1 and (backend.is_fsdp or (backend.is_zero3 and not gathered)):
+        # Every forward of a sharded model is a collective, and episodes end at different turns on each
+        # process: the processes would wait on each other forever.
+        raise ConfigError(
+            "searchgym's rollouts through the trainer's own model need full parameters on each process: "
+            "with FSDP, or ZeRO-3 with ds3_gather_for_generation=False, generate with vLLM (--use-vllm)"
+        )
+    with (
+        unwrap_model_for_generation(
+            wrapped,
+            trainer.accelerator,
+            gather_deepspeed3_params=bool(getattr(args, "ds3_gather_for_generation", True)),
+            gradient_checkpointing_kwargs=getattr(args, "gradient_checkpointing_kwargs", None),
+        ) as model,
+        backend.summon_full_params(wrapped, recurse=False),
+    ):
+        yield model
 
 
 class SearchQARollout:
@@ -140,10 +243,7 @@ class SearchQARollout:
             self._envs[num_envs] = SearchQAVectorEnv(num_envs, autoreset_mode="Disabled", **self.env_kwargs)
         return self._envs[num_envs]
 
-    def _turns(self, trainer: Any, env: SearchQAVectorEnv) -> Any:
-        if getattr(trainer, "use_vllm", False):
-            return _VLLMTurns(trainer.vllm_generation)
-        model = trainer.accelerator.unwrap_model(trainer.model)
+    def _policy_for(self, trainer: Any, env: SearchQAVectorEnv, model: Any) -> LLMPolicy:
         if self._policy is None or self._policy.model is not model:
             rank = int(getattr(trainer.accelerator, "process_index", 0))
             self._policy = LLMPolicy(
@@ -159,15 +259,16 @@ class SearchQARollout:
         """Plays one episode per prompt; returns TRL's rollout dict (see the class docstring)."""
         ids = [str(p) for p in prompts]
         env = self.env(len(ids))
-        turns = self._turns(trainer, env)
+        seed = self.seed + self.calls
         # Pinned questions, one sub-env each: correct whether or not this process holds whole groups.
-        batch = collect_rollouts(
-            env,
-            cast(LLMPolicy, turns),
-            seed=self.seed + self.calls,
-            group_size=1,
-            question_ids=ids,
-        )
+        if getattr(trainer, "use_vllm", False):
+            turns = _VLLMTurns(trainer.vllm_generation, getattr(trainer, "accelerator", None))
+            batch = collect_rollouts(env, cast(LLMPolicy, turns), seed=seed, group_size=1, question_ids=ids)
+            turns.finish()
+        else:
+            with _generation_model(trainer) as model:
+                policy = self._policy_for(trainer, env, model)
+                batch = collect_rollouts(env, policy, seed=seed, group_size=1, question_ids=ids)
         self.calls += 1
         self.last_batch = batch
         episodes = episodes_from_batch(batch)
@@ -271,7 +372,9 @@ class LLDWarningCallback(transformers.TrainerCallback):
         fired = lld_warning(self.history, self.window)
         logs["lld/warning"] = float(fired)
         if fired:
-            if not self.fired_at or self.fired_at[-1] != self.history[-2]["step"]:
+            new_streak = not self.fired_at or self.fired_at[-1] != self.history[-2]["step"]
+            # Every process sees the same (gathered) record; one warning per run, from the main process.
+            if new_streak and getattr(state, "is_world_process_zero", True):
                 warnings.warn(
                     f"LLD early warning at step {state.global_step}: the log-likelihood of positively "
                     f"rewarded responses did not rise on {self.window} consecutive rollout batches "
@@ -288,15 +391,20 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
     The loss is TRL's (its ``loss_type``, clipping, KL, entropy) plus ``coef * L_LLDS`` where ``L_LLDS`` is
     :func:`~searchgym.agents.grpo.losses.llds_loss` on the same micro-batch: the log-probabilities TRL's loss
     is built on (with their gradients), TRL's ``pi_old`` (``old_per_token_logps``), TRL's per-response
-    advantages and its loss mask (completion mask × ``env_mask``). Like TRL's ``bnpo``/``grpo`` terms it is a
-    token mean over the micro-batch's policy tokens divided by the gradient-accumulation steps.
+    advantages and its loss mask (completion mask × ``env_mask``). The term is normalised like TRL's own
+    policy term: with ``loss_type="dapo"`` by TRL's global token count (``num_items_in_batch`` over the
+    processes, rescaled to one accumulation window), so it is exact under data parallelism and gradient
+    accumulation; with ``grpo``/``bnpo``/``dr_grpo`` as a token mean over the micro-batch divided by the
+    gradient-accumulation steps.
 
-    Metrics (in TRL's logs): ``train/llds_loss``, ``train/llds_gate_open`` (every micro-batch, even with
-    LLDS off), ``train/llds_ma_beta``; ``rollout/em``, ``rollout/f1``, ``rollout/searches`` (from the
-    :class:`SearchQARollout` fields); ``lld/delta_adv_pos`` / ``_zero`` / ``_neg``: each rollout batch's
-    own responses re-scored after all of that batch's updates, minus their ``pi_old``
-    (:func:`~searchgym.agents.grpo.losses.displacement_by_advantage`), logged at the first update of the
-    next batch; ``lld/warning`` (:class:`LLDWarningCallback`).
+    Metrics (in TRL's logs; searchgym's are gathered over the processes like TRL's own: means of the
+    processes' values, counts summed): ``train/llds_loss`` (the update's LLDS term, before lambda),
+    ``train/llds_gate_open`` (every update, even with LLDS off), ``train/llds_ma_beta``; ``rollout/em``,
+    ``rollout/f1``, ``rollout/searches``, ``rollout/episodes`` (from the :class:`SearchQARollout` fields);
+    ``lld/delta_adv_pos`` / ``_zero`` / ``_neg``: each rollout batch's own responses re-scored after that
+    batch's updates, minus their ``pi_old`` (:func:`~searchgym.agents.grpo.losses.displacement_by_advantage`),
+    logged at the batch's last update (or earlier, at a checkpoint or at the end of training, so no batch's
+    record is lost); ``lld/warning`` (:class:`LLDWarningCallback`).
 
     Args:
         *args: ``GRPOTrainer``'s.
@@ -324,6 +432,7 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
         self._capture = False
         self.llds_logp: Tensor | None = None  # the last micro-batch's gradient-carrying log-probs
         self.llds_last: dict[str, float] = {}
+        self.lld_recorded = True  # whether the current rollout batch's LLD is logged (none yet)
         if self.llds.enabled and not self.llds_can_act:
             warnings.warn(
                 f"LLDS is identically zero here: each rollout batch makes {self.updates_per_rollout:g} "
@@ -335,6 +444,8 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
         if warning_window is not None:
             # First in line: the reporting callbacks then see lld/warning.
             self.callback_handler.callbacks.insert(0, LLDWarningCallback(warning_window))
+        # Last in line: after transformers' flow callback has decided whether this step saves or stops.
+        self.add_callback(_LLDFlushCallback(self))
 
     @property
     def updates_per_rollout(self) -> float:
@@ -347,21 +458,37 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
         """Whether ``pi_theta`` can differ from ``pi_old`` (more than one update per rollout batch)."""
         return self.updates_per_rollout > 1
 
+    def _gather_sums(self, values: Sequence[float]) -> list[float]:
+        """Element-wise sums of ``values`` over every process (a collective: all processes call it)."""
+        local = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.accelerator.device)
+        gathered: Tensor = self.accelerator.gather(local)
+        return [float(v) for v in gathered.view(-1, len(values)).sum(dim=0)]
+
     # -- the rollout batch -------------------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         output: dict[str, Any] = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
+        if mode == "train":
+            self.lld_recorded = False
         # The rollout's extra fields were merged into ``inputs`` by TRL (one value per completion).
+        sums: list[float] = []
         for key in ("em", "f1", "searches"):
             values = [float(x[f"searchgym_{key}"]) for x in inputs if f"searchgym_{key}" in x]
-            if values:
-                self._metrics[mode][f"rollout/{key}"].append(sum(values) / len(values))
+            sums += [sum(values), len(values)]
+        total = self._gather_sums(sums)
+        means = {}
+        for k, key in enumerate(("em", "f1", "searches")):
+            if total[2 * k + 1]:
+                means[key] = total[2 * k] / total[2 * k + 1]
+                self._metrics[mode][f"rollout/{key}"].append(means[key])
+        if total[1]:
+            self._metrics[mode]["rollout/episodes"].append(total[1])
         if self.llds.ma:
             beta = self.llds.ma_beta
             if beta is None:
-                searches = [float(x.get("searchgym_searches", 0.0)) for x in inputs]
-                beta = adaptive_answer_weight(sum(searches) / max(len(searches), 1), self.llds.ma_schedule)
+                # The batch's mean over every process, so that all processes weight the answer alike.
+                beta = adaptive_answer_weight(means.get("searches", 0.0), self.llds.ma_schedule)
             mask = self._loss_mask(output)
             sources = torch.where(mask.bool(), _POLICY, _TOOL)
             assert self.sg_tokenizer is not None
@@ -375,35 +502,34 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
         mask: Tensor = inputs["completion_mask"]
         return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
 
-    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
-        if self.model.training:
-            generate_every = self.args.steps_per_generation * self.num_iterations
-            if self._step % generate_every == 0 and self._buffered_inputs is not None:
-                self._log_displacement(self._buffered_inputs)
-        result: dict[str, Any] = super()._prepare_inputs(generation_batch)
-        return result
-
     @torch.no_grad()
-    def _log_displacement(self, batches: Sequence[dict[str, Any]]) -> None:
-        """LLD of the finished rollout batch: its responses re-scored now, against their ``pi_old``."""
-        if any("llds_logp_before" not in b for b in batches):
-            return
-        before, after, adv, masks = [], [], [], []
-        for b in batches:
+    def flush_displacement(self) -> None:
+        """Logs the LLD of the current rollout batch: its responses re-scored now, against their ``pi_old``.
+
+        Every micro-batch with a ``pi_old`` counts: the one recorded when it was trained on, else TRL's
+        ``old_per_token_logps``. The means per advantage sign are over every process's responses.
+        """
+        self.lld_recorded = True
+        local = [0.0] * 6  # (sum of per-response deltas, responses) for A > 0, A = 0, A < 0
+        for b in self._buffered_inputs or []:
+            before = b.get("llds_logp_before", b.get("old_per_token_logps"))
+            if before is None:
+                continue
             ids = torch.cat([b["prompt_ids"], b["completion_ids"]], dim=1)
             attention = torch.cat([b["prompt_mask"], b["completion_mask"]], dim=1)
-            logp, _, _ = self._get_per_token_logps_and_entropies(
+            after, _, _ = self._get_per_token_logps_and_entropies(
                 self.model, ids, attention, b["completion_ids"].size(1)
             )
-            before.append(b["llds_logp_before"])
-            after.append(logp)
-            adv.append(b["advantages"])
-            masks.append(self._loss_mask(b))
-        metrics = displacement_by_advantage(
-            torch.cat(before), torch.cat(after), torch.cat(adv), torch.cat(masks)
-        )
-        for name in ("pos", "zero", "neg"):
-            self._metrics["train"][f"lld/delta_adv_{name}"].append(metrics[f"delta_adv_{name}"])
+            metrics = displacement_by_advantage(before, after, b["advantages"], self._loss_mask(b))
+            for k, name in enumerate(("pos", "zero", "neg")):
+                n = metrics[f"n_adv_{name}"]
+                if n:
+                    local[2 * k] += metrics[f"delta_adv_{name}"] * n
+                    local[2 * k + 1] += n
+        total = self._gather_sums(local)
+        for k, name in enumerate(("pos", "zero", "neg")):
+            n = total[2 * k + 1]
+            self._metrics["train"][f"lld/delta_adv_{name}"].append(total[2 * k] / n if n else float("nan"))
 
     # -- the loss ----------------------------------------------------------------------------------------
 
@@ -412,6 +538,16 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
         if self._capture:
             self.llds_logp = out[0]
         return out
+
+    def _llds_tokens(self, inputs: dict[str, Any], mode: str) -> float | None:
+        """LLDS's denominator: TRL's own for ``dapo`` (global tokens per accumulation window), else ``None``
+        (the micro-batch's tokens)."""
+        if self.loss_type != "dapo" or "num_items_in_batch" not in inputs:
+            return None
+        tokens = float(inputs["num_items_in_batch"]) / self.accelerator.num_processes
+        if mode == "train":
+            tokens *= self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return max(tokens, 1.0)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
         self._capture = True
@@ -429,36 +565,129 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
         advantages = inputs["advantages"]
         if advantages.dim() != 1:
             raise ConfigError("LLDS needs per-response advantages of shape (B,)")
-        term, metrics = llds_loss(
-            logp, logp_old, advantages, mask, self.llds.gate or "action", inputs.get("llds_weights")
-        )
         mode = "train" if self.model.training else "eval"
-        self.llds_last = metrics
-        self._metrics[mode]["train/llds_loss"].append(metrics["llds_loss"])
-        self._metrics[mode]["train/llds_gate_open"].append(metrics["llds_gate_open"])
+        tokens = self._llds_tokens(inputs, mode)
+        term, metrics = llds_loss(
+            logp,
+            logp_old,
+            advantages,
+            mask,
+            self.llds.gate or "action",
+            inputs.get("llds_weights"),
+            num_tokens=tokens,
+        )
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
+        # A dapo term is already a share of the update; a micro-batch mean is divided like TRL's bnpo.
+        trained = term if tokens is not None else term / accumulation
+        # Logged: the update's LLDS term (sum of the shares; mean of the micro-batch means), mean over processes.
+        per_update = metrics["llds_loss"] * (accumulation if tokens is not None else 1)
+        value, gate_open = self._gather_sums([per_update, metrics["llds_gate_open"]])
+        processes = self.accelerator.num_processes
+        self.llds_last = {"llds_loss": value / processes, "llds_gate_open": gate_open / processes}
+        self._metrics[mode]["train/llds_loss"].append(self.llds_last["llds_loss"])
+        self._metrics[mode]["train/llds_gate_open"].append(self.llds_last["llds_gate_open"])
         if self.llds.enabled:
-            scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            loss = loss + self.llds.coef * term / scale
+            loss = loss + self.llds.coef * trained
         return loss
+
+
+class _LLDFlushCallback(transformers.TrainerCallback):
+    """Records each rollout batch's LLD exactly once, in the log of the step that ends it.
+
+    At the batch's last update; or earlier when this step saves a checkpoint (a run resumed from it starts
+    a new rollout batch, so the record would be lost) or ends training (the last batch may be cut short).
+    """
+
+    def __init__(self, trainer: LLDSGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        t = self.trainer
+        if t.lld_recorded or t._buffered_inputs is None:
+            return
+        batch_done = t._step % (args.steps_per_generation * t.num_iterations) == 0
+        if batch_done or control.should_save or control.should_training_stop:
+            t.flush_displacement()
 
 
 # -- the command ---------------------------------------------------------------------------------------
 
+# GRPOConfig fields that trl_args derives from searchgym's options: --trl-arg refuses them.
+_MANAGED: dict[str, str] = {
+    "output_dir": "--run-dir",
+    "max_steps": "--steps",
+    "per_device_train_batch_size": "--micro-batch",
+    "gradient_accumulation_steps": "--micro-batch and --minibatch-size",
+    "steps_per_generation": "--questions-per-step and --minibatch-size",
+    "generation_batch_size": "--questions-per-step and --group-size",
+    "num_generations": "--group-size",
+    "num_iterations": "--num-iterations",
+    "learning_rate": "--lr",
+    "weight_decay": "--weight-decay",
+    "warmup_steps": "--warmup-steps",
+    "lr_scheduler_type": "--lr-schedule",
+    "max_grad_norm": "--max-grad-norm",
+    "beta": "--kl-coef",
+    "epsilon": "--clip-eps",
+    "loss_type": "--loss-type",
+    "temperature": "--temperature",
+    "entropy_coef": "--entropy-coef",
+    "seed": "--seed",
+    "save_strategy": "--save-steps",
+    "save_steps": "--save-steps",
+    "save_total_limit": "--save-total-limit",
+    "use_cpu": "--device",
+    "bf16": "--dtype",
+    "fp16": "--dtype",
+    "disable_tqdm": "--progress / --no-progress",
+    "max_completion_length": "--max-turn-tokens",
+    "use_vllm": "--use-vllm",
+    "vllm_mode": "--vllm-mode",
+    "mask_truncated_completions": "the episode's end (an episode ends on </answer>, not EOS)",
+}
 
-def trl_args(config: TRLConfig, **overrides: Any) -> Any:
+
+def check_trl_overrides(overrides: dict[str, Any]) -> None:
+    """Checks ``--trl-arg`` keys: fields of TRL's ``GRPOConfig`` that no searchgym option sets.
+
+    Raises:
+        ConfigError: a key is not a ``GRPOConfig`` field (with close names), or searchgym sets it (naming
+            the option to use instead).
+    """
+    import difflib
+
+    known = {f.name for f in fields(trl.GRPOConfig)}
+    for key in overrides:
+        if key in _MANAGED:
+            raise ConfigError(f"--trl-arg {key}: searchgym sets it from {_MANAGED[key]}; use that option")
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"--trl-arg {key}: not a field of TRL {trl.__version__}'s GRPOConfig{hint}")
+
+
+def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: Any) -> Any:
     """TRL's ``GRPOConfig`` for a :class:`TRLConfig` (``overrides`` win).
 
-    One rollout batch (``questions_per_step * group_size`` responses) is TRL's generation batch; an
-    optimizer update takes ``minibatch_size`` responses (``per_device_train_batch_size``, no gradient
-    accumulation), so ``steps_per_generation = batch / minibatch``; ``num_iterations`` passes.
+    One rollout batch (``questions_per_step * group_size`` responses over all processes) is TRL's generation
+    batch; an optimizer update takes ``minibatch_size`` responses over all processes. Each process forwards
+    ``micro_batch`` of them at a time (``per_device_train_batch_size``) and accumulates
+    ``minibatch_size / (processes * micro_batch)`` micro-batches per update, so
+    ``steps_per_generation = batch / (processes * micro_batch)``; ``num_iterations`` passes.
+
+    Args:
+        config: The run's configuration.
+        num_processes: Processes taking part (default: ``WORLD_SIZE``, which torchrun and accelerate set).
+        **overrides: ``GRPOConfig`` fields that win.
     """
-    mb = config.minibatch_responses
+    processes = num_processes if num_processes is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    micro, accumulation, per_generation = config.process_batches(processes)
     kwargs: dict[str, Any] = {
         "output_dir": config.run_dir,
         "max_steps": config.steps,
-        "per_device_train_batch_size": mb,
-        "gradient_accumulation_steps": 1,
-        "steps_per_generation": config.batch_size // mb,
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": accumulation,
+        "steps_per_generation": per_generation,
         "num_generations": config.group_size,
         "num_iterations": config.num_iterations,
         "learning_rate": config.lr,
@@ -473,7 +702,7 @@ def trl_args(config: TRLConfig, **overrides: Any) -> Any:
         "entropy_coef": config.entropy_coef,
         "seed": config.seed,
         "logging_steps": 1,
-        "save_strategy": "no",
+        "save_strategy": "steps" if config.save_steps else "no",
         "report_to": "none",  # metrics.jsonl and TensorBoard come from searchgym's MetricLogger
         "use_cpu": config.device == "cpu",
         "bf16": config.dtype == "bfloat16",
@@ -485,13 +714,51 @@ def trl_args(config: TRLConfig, **overrides: Any) -> Any:
         "vllm_mode": config.vllm_mode,
         "dataloader_num_workers": 0,
     }
+    if config.save_steps:
+        kwargs["save_steps"] = config.save_steps
+        kwargs["save_total_limit"] = config.save_total_limit
     if config.use_vllm:
         kwargs["generation_kwargs"] = {"stop": ["</search>", "</answer>"], "include_stop_str_in_output": True}
     return trl.GRPOConfig(**{**kwargs, **overrides})
 
 
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+
+
+def last_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest ``checkpoint-N`` folder TRL saved in ``run_dir`` (largest N), or ``None``."""
+    found = [
+        (int(m.group(1)), p)
+        for p in Path(run_dir).glob("checkpoint-*")
+        if p.is_dir() and (m := _CHECKPOINT.fullmatch(p.name))
+    ]
+    return max(found)[1] if found else None
+
+
+def _prepare_run_dir(config: TRLConfig) -> Path:
+    """The main process's part: refuse, replace or continue the run in ``config.run_dir``."""
+    from searchgym.agents.grpo.runtime import prepare_run_dir
+
+    root = Path(config.run_dir)
+    checkpoints = sorted(root.glob("checkpoint-*")) if root.is_dir() else []
+    if checkpoints and not (config.resume or config.overwrite):
+        raise ConfigError(
+            f"run_dir {str(root)!r} already holds TRL checkpoints ({checkpoints[-1].name}); pass --resume to "
+            "continue the run, --overwrite to replace it, or choose another --run-dir"
+        )
+    root = prepare_run_dir(root, resume=config.resume, overwrite=config.overwrite)
+    if config.overwrite:
+        for path in [*checkpoints, root / "init_model", root / "model"]:
+            if path.is_dir():
+                shutil.rmtree(path)
+    return root
+
+
 class _MetricsCallback(transformers.TrainerCallback):
-    """Writes TRL's training logs to ``RUN_DIR/metrics.jsonl`` (and TensorBoard) with searchgym's logger."""
+    """Writes TRL's training logs to ``RUN_DIR/metrics.jsonl`` (and TensorBoard) with searchgym's logger.
+
+    Only the main process writes (``logger`` is ``None`` elsewhere); every process keeps ``last``.
+    """
 
     def __init__(self, logger: Any) -> None:
         self.logger = logger
@@ -506,24 +773,102 @@ class _MetricsCallback(transformers.TrainerCallback):
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
         if numbers:
-            self.logger.log(int(state.global_step), numbers)
             self.last.update(numbers)
+            if self.logger is not None and state.is_world_process_zero:
+                self.logger.log(int(state.global_step), numbers)
+
+
+def _lld_history(run_dir: Path, step: int) -> list[dict[str, Any]]:
+    """The ``lld/delta_adv_pos`` records of ``metrics.jsonl`` up to ``step`` (a resumed warning rule's past)."""
+    import json
+
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("step", 0) <= step and record.get("lld/delta_adv_pos") is not None:
+            out.append({"step": record["step"], "lld/delta_adv_pos": record["lld/delta_adv_pos"]})
+    return out
+
+
+def _evaluate(trainer: Any, config: TRLConfig, tokenizer: Tokenizer) -> dict[str, float]:
+    """Greedy evaluation on the main process (the others wait); ``{}`` elsewhere or when it cannot run."""
+    from trl.distributed import DistributedBackend
+
+    state = trainer.accelerator
+    backend = DistributedBackend(state)
+    if state.num_processes > 1 and (backend.is_fsdp or backend.is_zero3):
+        warnings.warn(
+            "skipping the final evaluation: the model is sharded over the processes; evaluate the saved "
+            "model instead (searchgym eval --policy RUN_DIR/model)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return {}
+    evals: dict[str, float] = {}
+    with _generation_model(trainer) as model:
+        if state.is_main_process:
+            greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=config.max_turn_tokens)
+            eval_env = SearchQAVectorEnv(
+                config.eval_batch,
+                autoreset_mode="Disabled",
+                **{**config.env_kwargs(config.eval_split), "tokenizer": tokenizer},
+            )
+            try:
+                summary = evaluate_policy(greedy, eval_env, config.eval_questions)
+            finally:
+                eval_env.close()
+            evals = {f"eval/{k}": summary[k] for k in ("em", "f1", "searches")}
+        state.wait_for_everyone()
+    return evals
 
 
 def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     """``searchgym train trl``: GRPO (+LLDS) on SearchQA with TRL's ``GRPOTrainer``.
 
+    Runs in one process, or in each process of ``torchrun`` / ``accelerate launch``: the run folder is
+    prepared and written by the main process only (metrics gathered over the processes), the others wait.
+
     Args:
         config: The run's configuration.
-        **trl_overrides: Fields of TRL's ``GRPOConfig`` that win over :func:`trl_args`'s.
+        **trl_overrides: Fields of TRL's ``GRPOConfig`` that no option of ``config`` sets
+            (``--trl-arg key=value``; see :func:`check_trl_overrides`).
 
     Returns:
         The last logged metrics, plus ``eval/em``, ``eval/f1``, ``eval/searches`` when
-        ``config.eval_questions`` > 0.
-    """
-    from searchgym.agents.grpo.runtime import MetricLogger, build_policy, prepare_run_dir
+        ``config.eval_questions`` > 0 (on the main process).
 
-    run_dir = prepare_run_dir(config.run_dir, resume=False, overwrite=config.overwrite)
+    Raises:
+        ConfigError: an override is refused, the batch sizes do not split over the processes, or
+            ``--resume`` finds no checkpoint.
+    """
+    from accelerate import PartialState
+
+    from searchgym.agents.grpo.runtime import MetricLogger, build_policy
+
+    check_trl_overrides(trl_overrides)
+    args = trl_args(config, **trl_overrides)  # sets up the processes (torchrun, accelerate launch)
+    if args.generation_batch_size != config.batch_size:
+        raise ConfigError(
+            f"TRL sees {args.world_size} processes but WORLD_SIZE said otherwise: its generation batch is "
+            f"{args.generation_batch_size} responses, not questions_per_step * group_size = {config.batch_size}"
+        )
+    state = PartialState()
+    run_dir = Path(config.run_dir)
+    if state.is_main_process:
+        _prepare_run_dir(config)
+    state.wait_for_everyone()
+    checkpoint = last_checkpoint(run_dir) if config.resume else None
+    if config.resume and checkpoint is None:
+        raise ConfigError(
+            f"--resume: no checkpoint-N folder in {str(run_dir)!r} (save them with --save-steps)"
+        )
+    resume_step = int(checkpoint.name.split("-")[1]) if checkpoint is not None else None
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     policy, _ = build_policy(
@@ -533,12 +878,16 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     if config.kl_coef > 0 and (config.model is None or config.init is not None):
         # TRL builds its reference model from model.config.name_or_path: give it the initial weights.
         init_dir = run_dir / "init_model"
-        policy.model.save_pretrained(str(init_dir))
+        if state.is_main_process and not (config.resume and (init_dir / "config.json").is_file()):
+            policy.model.save_pretrained(str(init_dir))
+        state.wait_for_everyone()
         policy.model.config.name_or_path = str(init_dir)
     env_kwargs = {**config.env_kwargs(), "tokenizer": tokenizer}
     rollout = SearchQARollout(env_kwargs, seed=config.seed)
-    dataset = question_dataset(rollout.env(config.batch_size))
-    logger = MetricLogger(run_dir, tensorboard=config.tensorboard)
+    dataset = question_dataset(rollout.env(args.generation_batch_size // args.world_size))
+    logger = None
+    if state.is_main_process:
+        logger = MetricLogger(run_dir, resume_step=resume_step, tensorboard=config.tensorboard)
     metrics_cb = _MetricsCallback(logger)
     llds = LLDSOptions(
         gate=None if config.llds == "none" else config.llds,
@@ -550,7 +899,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     trainer = LLDSGRPOTrainer(
         model=policy.model,
         reward_funcs=[episode_reward],
-        args=trl_args(config, **trl_overrides),
+        args=args,
         train_dataset=dataset,
         processing_class=tokenizer.to_transformers(),
         rollout_func=rollout,
@@ -559,25 +908,23 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
         tokenizer=tokenizer,
         warning_window=config.warning_window,
     )
+    if resume_step is not None:
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, LLDWarningCallback):
+                callback.history = _lld_history(run_dir, resume_step)
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
         results = dict(metrics_cb.last)
         if config.eval_questions > 0:
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=config.max_turn_tokens)
-            eval_env = SearchQAVectorEnv(
-                config.eval_batch,
-                autoreset_mode="Disabled",
-                **{**config.env_kwargs(config.eval_split), "tokenizer": tokenizer},
-            )
-            summary = evaluate_policy(greedy, eval_env, config.eval_questions)
-            evals = {f"eval/{k}": summary[k] for k in ("em", "f1", "searches")}
-            logger.log(int(trainer.state.global_step), evals)
+            evals = _evaluate(trainer, config, tokenizer)
+            if evals and logger is not None:
+                logger.log(int(trainer.state.global_step), evals)
             results.update(evals)
-            eval_env.close()
         if config.save_model:
-            trainer.save_model(str(run_dir / "model"))
-            tokenizer.to_transformers().save_pretrained(str(run_dir / "model"))
+            trainer.save_model(str(run_dir / "model"))  # every process: ZeRO-3 gathers the weights
+            if state.is_main_process:
+                tokenizer.to_transformers().save_pretrained(str(run_dir / "model"))
     finally:
-        logger.close()
+        if logger is not None:
+            logger.close()
     return {k: v for k, v in results.items() if math.isfinite(v)}

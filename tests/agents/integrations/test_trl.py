@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -17,19 +19,23 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("trl", reason="the trl extra is part of `all`: `make test` installs it")
 
 from searchgym.agents.grpo.losses import llds_loss  # noqa: E402
-from searchgym.agents.integrations.config import TRLConfig  # noqa: E402
+from searchgym.agents.integrations.config import TRLConfig, parse_trl_args  # noqa: E402
 from searchgym.agents.integrations.trl import (  # noqa: E402
     LLDSGRPOTrainer,
     LLDSInactiveWarning,
     LLDSOptions,
     LLDWarningCallback,
     SearchQARollout,
+    SearchQAToolEnv,
+    check_trl_overrides,
     episode_reward,
     question_dataset,
+    tool_env_dataset,
     trl_args,
 )
 from searchgym.agents.llm import tiny_causal_lm, token_logprobs  # noqa: E402
 from searchgym.envs.episode import Source  # noqa: E402
+from searchgym.errors import ConfigError, SearchGymError  # noqa: E402
 from searchgym.tokenization import load_tokenizer  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -53,13 +59,24 @@ def _model(tok: Any, seed: int = 0) -> Any:
     )
 
 
-def _trainer(tok: Any, tmp_path: Path, *, minibatch: int = 2, iterations: int = 2, **llds: Any) -> Any:
+def _trainer(
+    tok: Any,
+    tmp_path: Path,
+    *,
+    minibatch: int = 2,
+    iterations: int = 2,
+    micro_batch: int | None = None,
+    loss_type: str = "dapo",
+    **llds: Any,
+) -> Any:
     config = TRLConfig(
         run_dir=str(tmp_path / "trl"),
         questions_per_step=2,
         group_size=2,
         minibatch_size=minibatch,
+        micro_batch=micro_batch,
         num_iterations=iterations,
+        loss_type=loss_type,  # type: ignore[arg-type]
         kl_coef=0.0,
         steps=2,
         progress=False,
@@ -102,7 +119,8 @@ def _oracle_inputs(tok: Any, trainer: Any) -> tuple[dict[str, Any], Any]:
         "completion_mask": torch.ones(2, c, dtype=torch.long),
         "tool_mask": torch.tensor([mask, mask]),
         "advantages": torch.tensor([0.7, -0.7]),
-        "num_items_in_batch": torch.tensor(2 * sum(mask)),
+        # TRL's count spans the whole generation batch (steps_per_generation micro-batches like this one).
+        "num_items_in_batch": torch.tensor(2 * sum(mask) * trainer.args.steps_per_generation),
     }
     # pi_old: the current policy's log-probs, shifted so that some tokens lost likelihood (d > 0).
     full = torch.cat([inputs["prompt_ids"], ids], dim=1)
@@ -238,20 +256,292 @@ def test_lld_warning_callback_uses_the_pure_rule() -> None:
     assert callback.fired_at == [4]
 
 
-def test_train_trl_two_steps_end_to_end(tmp_path: Path) -> None:
+def _rows(inputs: dict[str, Any], i: int) -> dict[str, Any]:
+    """Response ``i`` of TRL's loss inputs as a micro-batch of one."""
+    return {k: v[i : i + 1] if isinstance(v, torch.Tensor) and v.dim() else v for k, v in inputs.items()}
+
+
+def _llds_share(trainer: Any, inputs: dict[str, Any]) -> float:
+    """What LLDS adds to the micro-batch's loss, over lambda: the loss with LLDS minus the loss without."""
+    coef = trainer.llds.coef
+    with_llds = trainer._compute_loss(trainer.model, dict(inputs))
+    trainer.llds.coef = 0.0
+    without = trainer._compute_loss(trainer.model, dict(inputs))
+    trainer.llds.coef = coef
+    return float(with_llds - without) / coef
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
+def test_llds_under_gradient_accumulation_adds_up_to_the_whole_update(
+    tok: Any, tmp_path: Path, loss_type: str
+) -> None:
+    """--micro-batch: the shares of the accumulated micro-batches add up to the mini-batch's LLDS term."""
+    whole = _trainer(tok, tmp_path, loss_type=loss_type, gate="action", coef=0.2)
+    split = _trainer(tok, tmp_path, loss_type=loss_type, micro_batch=1, gate="action", coef=0.2)
+    assert (whole.args.per_device_train_batch_size, whole.args.gradient_accumulation_steps) == (2, 1)
+    assert (split.args.per_device_train_batch_size, split.args.gradient_accumulation_steps) == (1, 2)
+    assert whole.updates_per_rollout == split.updates_per_rollout == 4  # 2 mini-batches x 2 passes
+    whole.model.train()
+    split.model.train()
+    inputs, _ = _oracle_inputs(tok, whole)  # the same generation batch (and token count) for both
+    expected = _llds_share(whole, inputs)
+    parts = [_llds_share(split, _rows(inputs, i)) for i in range(2)]
+    assert expected > 0
+    assert sum(parts) == pytest.approx(expected, rel=1e-5)
+    # Logged: the update's term, whatever the micro-batching (the mean of the micro-batches' records).
+    logged = split._metrics["train"]["train/llds_loss"][-4::2]  # the two with LLDS on
+    assert sum(logged) / 2 == pytest.approx(whole.llds_last["llds_loss"], rel=1e-5)
+
+
+def test_batch_sizes_keep_their_meaning_across_processes() -> None:
+    """questions_per_step and minibatch_size count responses over all processes; TRL's sizes are divided."""
+    config = TRLConfig(questions_per_step=4, group_size=2, minibatch_size=4, progress=False)
+    assert config.process_batches(1) == (4, 1, 2)  # (per device, accumulation, steps per generation)
+    assert config.process_batches(2) == (2, 1, 2)
+    assert config.process_batches(4) == (1, 1, 2)
+    micro = TRLConfig(questions_per_step=4, group_size=2, minibatch_size=4, micro_batch=1, progress=False)
+    assert micro.process_batches(2) == (1, 2, 4)
+    for processes in (1, 2):
+        per_device, accumulation, steps = micro.process_batches(processes)
+        assert per_device * processes * steps == micro.batch_size  # TRL's generation batch
+        assert per_device * processes * accumulation == micro.minibatch_responses  # one update
+    with pytest.raises(ConfigError, match="multiple of the number of processes"):
+        config.process_batches(3)
+    with pytest.raises(ConfigError, match="micro_batch 3 must be >= 1 and divide"):
+        TRLConfig(questions_per_step=4, group_size=2, minibatch_size=4, micro_batch=3)
+    args = trl_args(config, num_processes=1)
+    assert (args.generation_batch_size, args.steps_per_generation) == (8, 2)
+
+
+def test_trl_arg_passes_other_grpo_config_fields(tmp_path: Path) -> None:
+    overrides = parse_trl_args(["gradient_checkpointing=true", "optim=adamw_torch", "top_p=0.9"])
+    assert overrides == {"gradient_checkpointing": True, "optim": "adamw_torch", "top_p": 0.9}
+    check_trl_overrides(overrides)
+    args = trl_args(TRLConfig(run_dir=str(tmp_path), progress=False), **overrides)
+    assert args.gradient_checkpointing is True and args.optim == "adamw_torch" and args.top_p == 0.9
+    with pytest.raises(ConfigError, match="searchgym sets it from --lr"):
+        check_trl_overrides({"learning_rate": 1.0})
+    with pytest.raises(ConfigError, match="did you mean gradient_checkpointing"):
+        check_trl_overrides({"gradient_checkpointin": True})
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_trl_args(["gradient_checkpointing"])
+
+
+def test_rollouts_generate_through_trls_unwrap_helper(tok: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """Turns come from the model TRL's unwrap_model_for_generation yields (ZeRO-3 gather, FSDP), as in TRL."""
+    import trl.models
+
+    trainer = _trainer(tok, tmp_path)
+    real = trl.models.unwrap_model_for_generation
+    entered: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def spy(model: Any, accelerator: Any, **kwargs: Any) -> Any:
+        with real(model, accelerator, **kwargs) as unwrapped:
+            entered.append({"kwargs": kwargs, "model": unwrapped})
+            yield unwrapped
+
+    monkeypatch.setattr(trl.models, "unwrap_model_for_generation", spy)
+    rollout = trainer.rollout_func
+    qid = rollout.env(1).questions[0].id
+    out = rollout([qid, qid], trainer)
+    assert len(out["completion_ids"]) == 2
+    assert len(entered) == 1 and entered[0]["kwargs"]["gather_deepspeed3_params"] is True
+    assert rollout._policy is not None and rollout._policy.model is entered[0]["model"]
+
+
+def test_shared_env_options_reach_the_episodes(tok: Any) -> None:
+    """--max-obs-tokens, --reward and --prompt-style reach the env the rollouts play."""
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from searchgym.protocol import format_prompt
+    from searchgym.tokenization import load_tokenizer
+
+    config = TRLConfig(max_obs_tokens=6, reward="f1", progress=False, **ENV)
+    rollout = SearchQARollout({**config.env_kwargs(), "tokenizer": tok})
+    qid = rollout.env(1).questions[0].id
+    trainer = SimpleNamespace(
+        model=_model(tok), accelerator=SimpleNamespace(process_index=0), temperature=1.0
+    )
+    out = rollout([qid, qid], trainer)
+    assert rollout.env(2).config.reward == "f1"
+    for mask in out["env_mask"]:  # every tool observation is cut to 6 tokens
+        runs = "".join(map(str, mask)).split("1")
+        assert all(len(run) <= 6 for run in runs)
+    hf = tok.to_transformers()
+    hf.chat_template = qwen2_5_chat_template
+    chat_tok = load_tokenizer(hf)
+    chat = SearchQARollout({**TRLConfig(prompt_style="chat", **ENV).env_kwargs(), "tokenizer": chat_tok})
+    out = chat([qid], trainer)
+    question = chat.env(1).questions[0].question
+    assert out["prompt_ids"][0] == chat_tok.chat_prompt_ids(format_prompt(question))
+    assert "<|im_start|>user" in chat_tok.decode(out["prompt_ids"][0])
+
+
+def test_tool_env_trains_inside_grpo_trainer(tok: Any, tmp_path: Path) -> None:
+    """SearchQAToolEnv as TRL's environment_factory: TRL calls its tools and reward in a real step."""
+    import trl
+    from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
+
+    from searchgym.data import load_dataset
+
+    hf = tok.to_transformers()
+    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    hf.eos_token = "<|im_end|>"  # as in Qwen: TRL cuts the tool-result suffix at the end-of-turn token
+    hf.chat_template = qwen2_5_chat_template
+    add_response_schema(hf)
+    questions = {q.question.strip().rstrip("?"): q for q in load_dataset(None).questions("train")}
+
+    class Scripted(trl.GRPOTrainer):
+        """The model's turns are scripted (a random tiny model makes no tool calls); the rest is TRL's."""
+
+        def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> tuple:
+            out = []
+            for i, ids in enumerate(prompt_ids):
+                text = hf.decode(ids)
+                question = questions[text.split("Question: ")[1].split("<|im_end|>")[0].rstrip("?")]
+                calls = text.count("<tool_response>")
+                if calls == 0:
+                    call = {"name": "search", "arguments": {"query": question.question}}
+                elif calls == 1:  # even rows answer right, odd rows wrong
+                    answer = question.golden_answers[0] if i % 2 == 0 else "no idea"
+                    call = {"name": "answer", "arguments": {"answer": answer}}
+                else:
+                    out.append(hf.encode("Done.<|im_end|>", add_special_tokens=False))
+                    continue
+                text = "<tool_call>\n" + json.dumps(call) + "\n</tool_call><|im_end|>"
+                out.append(hf.encode(text, add_special_tokens=False))
+            return out, None
+
+    model = tiny_causal_lm(len(hf), layers=1, hidden=32, seed=0, eos_token_id=hf.eos_token_id)
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "tools"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=2048,
+        learning_rate=1e-2,
+        beta=0.0,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = Scripted(
+        model=model,
+        args=args,
+        train_dataset=tool_env_dataset(limit=4),
+        processing_class=hf,
+        environment_factory=SearchQAToolEnv.factory(topk=1, max_searches=2),
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    assert logs["tools/call_frequency"] == 2.0 and logs["tools/failure_frequency"] == 0.0
+    assert logs["rewards/SearchQAToolEnv/mean"] == 0.5  # get_reward: exact match of the answer tool's call
+    infos = [env.info for env in trainer._environment_pool[None]]
+    assert [i["em"] for i in infos] == [1.0, 0.0, 1.0, 0.0] and all(i["searches"] == 1 for i in infos)
+    assert any(0 in row for row in trainer._buffered_inputs[0]["tool_mask"].tolist())  # tool results masked
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_tool_env_contract() -> None:
+    """The public methods TRL exposes as tools are search and answer; errors reach the model as text."""
+    import inspect
+
+    env = SearchQAToolEnv.factory(topk=2, max_searches=1)()
+    public = {n for n, _ in inspect.getmembers(type(env), inspect.isfunction) if not n.startswith("_")}
+    assert public == {"reset", "get_reward", "search", "answer"}
+    qid = env._questions[3].id
+    assert env.reset(question_id=qid).endswith(env._by_id[qid].question.strip().rstrip("?") + "?")
+    assert env.get_reward() == 0.0
+    assert env.search("anything").startswith("<information>Doc 1(Title: ")
+    with pytest.raises(SearchGymError, match="no searches left"):
+        env.search("again")
+    env.answer(env.question.golden_answers[0].upper())
+    assert env.get_reward() == 1.0  # SQuAD-normalised exact match, as the env's reward
+    with pytest.raises(SearchGymError, match="already answered"):
+        env.answer("twice")
+    f1_env = SearchQAToolEnv.factory(reward="f1")()
+    f1_env.reset(question_id=qid)
+    f1_env.answer("x " + f1_env.question.golden_answers[0])
+    assert 0 < f1_env.get_reward() < 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Two CPU processes under torch.distributed.run (gloo), one thread each."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    command += ["--master_port", str(_free_port()), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    out = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    return out
+
+
+@pytest.mark.slow
+def test_vllm_requests_are_padded_across_processes(tmp_path: Path) -> None:
+    """TRL's server mode with 2 processes whose episodes need 1 and 2 turns (2 and 3 episodes)."""
+    worker = Path(__file__).with_name("trl_vllm_worker.py")
+    _torchrun([str(worker), str(tmp_path)], tmp_path)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["episodes"] for r in ranks] == [2, 3]
+    assert ranks[0]["searches"] == [0, 0] and ranks[1]["searches"] == [1, 1, 1]
+    assert ranks[0]["prompt_lengths"][0] != ranks[1]["prompt_lengths"][0]  # a mix-up would show
+    assert all(ranks[0]["answers_match_contexts"]) and all(ranks[1]["answers_match_contexts"])
+
+
+def _records(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+SMOKE = ["--questions-per-step", "2", "--group-size", "2", "--tiny-layers", "1", "--tiny-hidden", "32"]
+SMOKE += ["--no-progress", "--max-turn-tokens", "16", "--max-context-tokens", "320"]
+
+
+@pytest.mark.slow
+def test_train_trl_on_two_processes(tmp_path: Path) -> None:
+    """torchrun, 2 processes: one metrics line per step from the main process, 4 responses per step."""
+    run = tmp_path / "run"
+    argv = ["-m", "searchgym.cli", "train", "trl", "--run-dir", str(run), "--steps", "2", *SMOKE]
+    out = _torchrun([*argv, "--eval-questions", "2", "--eval-batch", "2"], tmp_path)
+    records = _records(run)
+    steps = [r for r in records if "train/llds_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]  # each step once (not once per process)
+    assert [r["rollout/episodes"] for r in steps if "rollout/episodes" in r] == [4.0]  # 2 questions x G 2
+    assert steps[1]["lld/delta_adv_zero"] is not None  # the batch's LLD, at its last update
+    assert sum("eval/em" in r for r in records) == 1
+    assert out.stdout.count('"run_dir"') == 1  # one summary line, from the main process
+    assert (run / "model" / "config.json").is_file()
+
+
+def test_train_trl_end_to_end_saves_and_resumes(tmp_path: Path, capsys: Any) -> None:
     from searchgym.cli import main
 
     run = tmp_path / "run"
-    argv = ["train", "trl", "--run-dir", str(run), "--steps", "3", "--questions-per-step", "2"]
-    argv += ["--group-size", "2", "--tiny-layers", "1", "--tiny-hidden", "32", "--eval-questions", "2"]
-    argv += ["--eval-batch", "2", "--no-progress", "--max-turn-tokens", "16", "--max-context-tokens", "320"]
-    assert main(argv) == 0
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    argv = ["train", "trl", "--run-dir", str(run), *SMOKE, "--eval-questions", "0"]
+    argv += ["--save-steps", "2", "--max-obs-tokens", "40", "--reward", "f1"]
+    argv += ["--trl-arg", "shuffle_dataset=false"]
+    assert main([*argv, "--steps", "2"]) == 0
+    steps = [r for r in _records(run) if "train/llds_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    # A 2-step run (one rollout batch of 2 updates) logs its LLD: flushed at the batch's last update.
+    assert "lld/delta_adv_zero" not in steps[0] and steps[1]["lld/delta_adv_zero"] is not None
+    assert (run / "checkpoint-2").is_dir() and (run / "model" / "config.json").is_file()
+    assert main([*argv, "--steps", "3"]) != 0  # a new run in a folder that holds one is refused
+    assert "already holds" in capsys.readouterr().err
+    assert main([*argv, "--steps", "3", "--resume", "--eval-questions", "2", "--eval-batch", "2"]) == 0
+    records = _records(run)
     steps = [r for r in records if "train/llds_loss" in r]
-    assert [r["step"] for r in steps] == [1, 2, 3]
-    assert any(r.get("lld/delta_adv_zero") is not None for r in steps)  # rollout batch 1, re-scored
+    assert [r["step"] for r in steps] == [1, 2, 3]  # continued from checkpoint-2, nothing repeated
+    # Training stopped in the middle of a rollout batch: its LLD is flushed at the end, not lost.
+    assert steps[-1]["lld/delta_adv_zero"] is not None
     assert "eval/em" in records[-1]
-    assert (run / "model" / "config.json").is_file()
 
 
 def test_missing_trl_names_the_extra() -> None:
