@@ -180,7 +180,8 @@ def _read_archive(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     if not isinstance(data, dict):
         raise _bad_file(path, "the 'data' entry is not a JSON object")
     try:
-        state = torch.load(io.BytesIO(raw_policy), map_location="cpu", weights_only=True)
+        buffer = io.BytesIO(raw_policy)
+        state = torch.load(buffer, map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only: nothing ran; any failure means a bad file
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise _bad_file(

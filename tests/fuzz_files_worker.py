@@ -180,6 +180,17 @@ def fuzz_index(cases: int) -> None:
     with np.load(folder / "bm25.npz") as f:
         arrays = {k: f[k] for k in f.files}
     queries = ["alpha beta", "gamma 3 w2", "title 7", "nothing here", "delta delta 1"]
+
+    def reseal(case_dir: Path) -> None:
+        from searchgym.integrity import seal
+
+        record = json.loads((case_dir / "bm25.json").read_text())
+        try:
+            sealed = seal(record, {"bm25.npz": case_dir / "bm25.npz"})
+        except ValueError:  # a NaN drawn into the record has no canonical hash: it stays unsealed
+            return
+        (case_dir / "bm25.json").write_text(json.dumps(sealed))
+
     dtypes = [np.int8, np.int16, np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64, np.bool_]
 
     @case_settings(cases)
@@ -212,11 +223,14 @@ def fuzz_index(cases: int) -> None:
             else:
                 array = array[data.draw(st.integers(0, len(array))) :]
             np.savez(case_dir / "bm25.npz", **{**arrays, name: array})
+            reseal(case_dir)  # as a crafted index would be: the checks behind the hashes run
         else:
             record = json.loads(meta)
             key = data.draw(st.sampled_from(sorted(record)))
             record[key] = data.draw(JSON)
             (case_dir / "bm25.json").write_text(json.dumps(record))
+            if key not in ("sha256", "files"):
+                reseal(case_dir)
 
         def case() -> None:
             retriever = BM25Retriever.load(case_dir, passages)

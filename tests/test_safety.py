@@ -172,9 +172,21 @@ def saved_index(tmp_path: Path) -> tuple[Path, list[Passage]]:
 
 
 def rewrite_arrays(folder: Path, **arrays: np.ndarray) -> None:
+    """Rewrites arrays as an attacker would: the manifest re-sealed, so the checks behind the hash run."""
     with np.load(folder / "bm25.npz") as f:
         current = {k: f[k] for k in f.files}
     np.savez(folder / "bm25.npz", **{**current, **arrays})
+    reseal(folder)
+
+
+def reseal(folder: Path, **changes: Any) -> None:
+    """``bm25.json`` with ``changes`` and fresh hashes (what a crafted index carries; see issue 22)."""
+    from searchgym.integrity import seal
+
+    meta = json.loads((folder / "bm25.json").read_text())
+    (folder / "bm25.json").write_text(
+        json.dumps(seal({**meta, **changes}, {"bm25.npz": folder / "bm25.npz"}))
+    )
 
 
 @pytest.mark.parametrize(
@@ -236,7 +248,7 @@ def test_truncated_or_bit_flipped_bm25_index_is_a_typed_error(tmp_path: Path) ->
         BM25Retriever.load(folder, passages)
     npz.write_bytes(whole)
     meta = json.loads((folder / "bm25.json").read_text())
-    (folder / "bm25.json").write_text(json.dumps({**meta, "shape": [meta["shape"][0] + 1, meta["shape"][1]]}))
+    reseal(folder, shape=[meta["shape"][0] + 1, meta["shape"][1]])
     with pytest.raises(DataFormatError, match="shape"):
         BM25Retriever.load(folder, passages)
 

@@ -33,7 +33,6 @@ import dataclasses
 import math
 import os
 import random
-import re
 import types
 import typing
 import zipfile
@@ -45,6 +44,7 @@ import numpy as np
 import torch
 
 from searchgym.errors import CheckpointError
+from searchgym.integrity import remove_stale_temp_files, temp_path
 
 __all__ = [
     "FORMAT",
@@ -79,8 +79,6 @@ MAX_LAYERS = 1024
 ~130)."""
 
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor, torch.dtype, torch.Size)
-#: ``.NAME.PID.RANDOM.tmp``: the temporary file of a save by process PID.
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]+\.tmp$")
 
 
 def _check_plain(value: Any, where: str) -> None:
@@ -123,7 +121,7 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     _check_plain(payload, "payload")
     path.parent.mkdir(parents=True, exist_ok=True)
     # Named .NAME.PID.RANDOM.tmp so that the next start can tell a dead run's leftover from a live save.
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    tmp = temp_path(path)
     crc = torch.serialization.get_crc32_options()
     try:
         torch.serialization.set_crc32_options(True)  # the CRCs are the integrity check on load
@@ -680,41 +678,7 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
         raise CheckpointError(f"malformed RNG state in the checkpoint ({type(e).__name__}: {e})") from None
 
 
-# -- run folders ---------------------------------------------------------------------------------------------
-
-
-def remove_stale_temp_files(folder: str | Path) -> list[Path]:
-    """Deletes the temporary files that saves killed mid-write left in ``folder``.
-
-    A temporary file is ``.NAME.PID.RANDOM.tmp``; one whose process is still running (a live save) is kept.
-
-    Returns:
-        The files removed.
-    """
-    removed: list[Path] = []
-    folder = Path(folder)
-    if not folder.is_dir():
-        return removed
-    for f in folder.iterdir():
-        match = _TEMP.match(f.name)
-        if match is None or not f.is_file():
-            continue
-        pid = int(match["pid"])
-        if pid != os.getpid() and _alive(pid):
-            continue
-        f.unlink(missing_ok=True)
-        removed.append(f)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True  # exists but not ours, or unknowable: keep its file
-    return True
+# -- the command line --------------------------------------------------------------------------------------------
 
 
 def _main(argv: list[str] | None = None) -> int:

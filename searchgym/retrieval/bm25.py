@@ -43,6 +43,7 @@ import scipy.sparse as sp
 
 from searchgym.data.types import Passage
 from searchgym.errors import ConfigError, DataFormatError, MissingDependencyError
+from searchgym.integrity import check_seal, check_sealed_file, remove_stale_temp_files, seal, temp_path
 from searchgym.retrieval.base import STOP_WORDS, Analyzer, Hit, Retriever
 
 __all__ = [
@@ -66,7 +67,8 @@ Engine = Literal["auto", "numba", "numpy"]
 DEFAULT_ANALYZER = Analyzer(stopwords=STOP_WORDS, stem=True)
 
 #: Bumped when the saved layout changes; a saved index of another version is rebuilt, not misread.
-INDEX_FORMAT = 1
+#: 2: ``bm25.json`` records the SHA-256 of ``bm25.npz`` and of its own content.
+INDEX_FORMAT = 2
 _META_FILE = "bm25.json"
 _ARRAYS_FILE = "bm25.npz"
 #: Corpora at least this large show a progress bar while indexing (when ``progress`` is left to ``None``).
@@ -616,31 +618,47 @@ class BM25Retriever(Retriever):
         """Writes the index to ``folder`` (created if needed): ``bm25.npz`` (weights) and ``bm25.json``.
 
         The JSON holds the format version, parameters, analyzer, vocabulary and the corpus hash, so
-        :meth:`load` can refuse an index built from another corpus.
+        :meth:`load` can refuse an index built from another corpus, the SHA-256 of ``bm25.npz``, so the two
+        files are only ever used together, and the SHA-256 of its own content, so an edited or damaged JSON
+        is refused. Both files are written to temporary names, flushed to disk and renamed into place, the
+        JSON last: a write killed before the last rename leaves the previous JSON beside (perhaps) the new
+        arrays, which :meth:`load` then refuses by their hash, never mixes. Temporary files of killed
+        writes are removed first.
 
         Returns:
             The folder.
         """
         root = Path(folder)
         root.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(root, (_META_FILE, _ARRAYS_FILE))
         w = self.weights
         vocab = sorted(self.vocab, key=self.vocab.__getitem__)
-        meta = {
-            "format": INDEX_FORMAT,
-            "params": asdict(self.params),
-            "analyzer": self.analyzer.to_dict(),
-            "corpus_hash": self.corpus_hash,
-            "passages": len(self.passages),
-            "shape": list(w.shape),
-            "vocab": vocab,
-        }
-        # Write to temporary names and rename, so a crash never leaves a half-written index behind.
-        tmp_arrays = root / f".{_ARRAYS_FILE}.{os.getpid()}.npz"
-        np.savez(tmp_arrays, data=w.data, indices=w.indices, indptr=w.indptr)
-        tmp_meta = root / f".{_META_FILE}.{os.getpid()}"
-        tmp_meta.write_text(json.dumps(meta), encoding="utf-8")
-        os.replace(tmp_arrays, root / _ARRAYS_FILE)
-        os.replace(tmp_meta, root / _META_FILE)
+        tmp_arrays, tmp_meta = temp_path(root / _ARRAYS_FILE), temp_path(root / _META_FILE)
+        try:
+            with tmp_arrays.open("xb") as f:
+                np.savez(f, data=w.data, indices=w.indices, indptr=w.indptr)
+                f.flush()
+                os.fsync(f.fileno())
+            meta = {
+                "format": INDEX_FORMAT,
+                "params": asdict(self.params),
+                "analyzer": self.analyzer.to_dict(),
+                "corpus_hash": self.corpus_hash,
+                "passages": len(self.passages),
+                "shape": list(w.shape),
+                "vocab": vocab,
+            }
+            meta = seal(meta, {_ARRAYS_FILE: tmp_arrays})
+            with tmp_meta.open("x", encoding="utf-8") as f:
+                f.write(json.dumps(meta))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp_arrays, root / _ARRAYS_FILE)
+            os.replace(tmp_meta, root / _META_FILE)
+        except BaseException:
+            tmp_arrays.unlink(missing_ok=True)
+            tmp_meta.unlink(missing_ok=True)
+            raise
         return root
 
     @classmethod
@@ -660,7 +678,8 @@ class BM25Retriever(Retriever):
         Raises:
             ConfigError: no index in ``folder``, or it was built from a different corpus (stale) or by
                 another format version; the message says how to rebuild.
-            DataFormatError: the index files are corrupt.
+            DataFormatError: the index files are corrupt, fail their checksums (``bm25.json`` its own,
+                ``bm25.npz`` the one ``bm25.json`` records), or come from two different builds.
             MissingDependencyError: ``engine="numba"`` without numba installed.
         """
         engine = _check_engine(engine)
@@ -670,13 +689,19 @@ class BM25Retriever(Retriever):
             raise ConfigError(f"{root} holds no BM25 index (expected {_META_FILE} and {_ARRAYS_FILE})")
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, OSError) as e:
-            raise DataFormatError(str(meta_path), None, f"corrupt index metadata ({e})") from None
+        except (
+            ValueError,
+            UnicodeDecodeError,
+            RecursionError,
+            OSError,
+        ) as e:  # ValueError: integer bombs too
+            raise DataFormatError(str(meta_path), None, f"corrupt index metadata ({str(e)[:200]})") from None
         if not isinstance(meta, dict) or meta.get("format") != INDEX_FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else None
             raise ConfigError(
-                f"{root} holds a BM25 index of format {found!r}, this version reads {INDEX_FORMAT}; rebuild it"
+                f"{root} holds a BM25 index of format {found!r:.20}, this version reads {INDEX_FORMAT}; rebuild it"
             )
+        check_seal(meta, meta_path)
         passages = list(passages)
         expected = corpus_hash(passages)
         if meta.get("corpus_hash") != expected:
@@ -705,6 +730,7 @@ class BM25Retriever(Retriever):
             )
         if len(vocab) != len(vocab_list):
             raise DataFormatError(str(meta_path), None, "corrupt BM25 index: the vocabulary repeats a term")
+        check_sealed_file(meta, meta_path, arrays_path)
         data, indices, indptr = _read_arrays(arrays_path, mmap)
         _check_csr(arrays_path, data, indices, indptr, shape)
         weights = sp.csr_matrix((data, indices, indptr), shape=shape)
