@@ -45,6 +45,9 @@ class EvalSummary:
     * ``retrieval_recall``: the share of episodes that retrieved *at least one* supporting passage;
     * ``retrieval_recall_all``: the share that retrieved *every* supporting passage (all-hop recall, what
       a multi-hop question needs).
+
+    ``retrieval_faults`` is the mean number of retriever faults injected per episode (``None`` when the env
+    injects none, see ``retriever_faults``).
     """
 
     em: float
@@ -57,6 +60,7 @@ class EvalSummary:
     tokens: float
     episodes: int
     episodes_per_s: float
+    retrieval_faults: float | None = None
     records: list[EpisodeRecord] = field(default_factory=list, repr=False)
 
     @classmethod
@@ -70,6 +74,9 @@ class EvalSummary:
             for r in records
             if r.info.get("gold_all_retrieved") is not None
         ]
+        faults = [
+            float(sum(r.info["retrieval_faults"].values())) for r in records if "retrieval_faults" in r.info
+        ]
         return cls(
             em=mean([r.info["em"] for r in records]),
             subem=mean([r.info["subem"] for r in records]),
@@ -81,6 +88,7 @@ class EvalSummary:
             tokens=mean([r.info["policy_tokens"] for r in records]),
             episodes=len(records),
             episodes_per_s=len(records) / seconds if seconds > 0 else float("inf"),
+            retrieval_faults=mean(faults) if faults else None,
             records=records,
         )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -207,8 +207,8 @@ class EpisodeSnapshot(NamedTuple):
     done: bool
     turn_start: int
     scanner: tuple[bytes, str, int]
-    fault_rng: dict[str, Any] | None
-    rng: dict[str, Any] | None
+    fault_rng: Mapping[str, Any] | None
+    rng: Mapping[str, Any] | None
 
     @property
     def length(self) -> int:
@@ -399,7 +399,7 @@ class Episode:
 
     # -- snapshots ---------------------------------------------------------------------------------------
 
-    def snapshot(self, rng: dict[str, Any] | None = None) -> EpisodeSnapshot:
+    def snapshot(self, rng: Mapping[str, Any] | None = None) -> EpisodeSnapshot:
         """The episode's state now, as an immutable :class:`EpisodeSnapshot`.
 
         Args:
@@ -450,7 +450,9 @@ class Episode:
                 dynamics (``EpisodeConfig``).
         """
         if not isinstance(snap, EpisodeSnapshot):
-            raise ConfigError(f"restore() needs an EpisodeSnapshot (from snapshot()), got {type(snap).__name__}")
+            raise ConfigError(
+                f"restore() needs an EpisodeSnapshot (from snapshot()), got {type(snap).__name__}"
+            )
         if snap.config is not self.config and snap.config != self.config:
             raise ConfigError(
                 f"the snapshot was taken under other episode settings ({snap.config}) than this env's "

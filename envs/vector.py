@@ -286,7 +286,11 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
     # -- branching ---------------------------------------------------------------------------------------
 
     def _check_index(self, i: Any, what: str = "sub-env") -> int:
-        if isinstance(i, bool | np.bool_) or not isinstance(i, int | np.integer) or not 0 <= i < self.num_envs:
+        if (
+            isinstance(i, bool | np.bool_)
+            or not isinstance(i, int | np.integer)
+            or not 0 <= i < self.num_envs
+        ):
             raise ConfigError(f"{what} index must be an integer in [0, {self.num_envs}), got {i!r}")
         return int(i)
 
@@ -328,7 +332,9 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
             SearchGymError: sub-env ``i`` has not been reset.
         """
         i = self._check_index(i, "source sub-env")
-        if isinstance(targets, int | np.integer) and not isinstance(targets, bool | np.bool_):
+        if isinstance(targets, bool | np.bool_):
+            raise ConfigError(f"fork targets must be a count or sub-env indices, got {targets!r}")
+        if isinstance(targets, int | np.integer):
             if not 1 <= targets <= self.num_envs - i:
                 raise ConfigError(
                     f"fork({i}, n) needs 1 <= n <= {self.num_envs - i} (the block i..i+n-1 of "

@@ -30,7 +30,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, is_dataclass
 from functools import lru_cache
@@ -91,10 +90,12 @@ def file_digest(path: str | os.PathLike[str]) -> str:
 
 
 def folder_digest(path: str | os.PathLike[str]) -> str:
-    """One hash over a folder's files: their relative paths and :func:`file_digest` values, sorted."""
+    """One hash over a folder's files (manifests excepted): relative paths and :func:`file_digest` values."""
     root = Path(path)
     digest = hashlib.sha256()
-    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+    # Manifests are left out: writing a run's manifest into its index folder must not change the index's hash.
+    files = (p for p in root.rglob("*") if p.is_file() and not p.name.endswith(MANIFEST_NAME))
+    for file in sorted(files):
         digest.update(f"{file.relative_to(root).as_posix()}\0{file_digest(file)}\n".encode())
     return f"sha256:{digest.hexdigest()}"
 
@@ -117,13 +118,15 @@ def _split_file(root: Path, split: str) -> Path | None:
     return None
 
 
-def dataset_fingerprint(dataset: Any = None, split: str = "train", world_seed: int = 0) -> dict[str, Any]:
+def dataset_fingerprint(
+    dataset: Any = None, split: str | None = "train", world_seed: int = 0
+) -> dict[str, Any]:
     """What a dataset argument names, and content hashes of its corpus and of ``split``'s questions.
 
     Args:
         dataset: As the environments take it: ``None``/``"world"``, a FlashRAG folder, a Search-R1
             parquet file, or a :class:`~searchgym.data.Dataset` (hashed from memory).
-        split: The question split.
+        split: The question split (``None``: the corpus only).
         world_seed: Seed of the generated world.
 
     Raises:
@@ -138,22 +141,24 @@ def dataset_fingerprint(dataset: Any = None, split: str = "train", world_seed: i
             "world_seed": world_seed,
             "world_version": WORLD_VERSION,
             "split": split,
-            "questions_sha256": _questions_digest(world, split),
+            "questions_sha256": _questions_digest(world, split) if split is not None else None,
             "corpus_sha256": _passages_digest(world),
         }
     if isinstance(dataset, Dataset):
         return {
             "dataset": f"<in-memory Dataset {dataset.name!r}>",
             "split": split,
-            "questions_sha256": _questions_digest(dataset, split),
+            "questions_sha256": _questions_digest(dataset, split) if split is not None else None,
             "corpus_sha256": _passages_digest(dataset),
         }
     path = Path(dataset).expanduser().resolve()
     if not path.exists():
         raise ConfigError(f"dataset {str(dataset)!r} does not exist")
     root = path if path.is_dir() else path.parent
-    questions = path if path.is_file() else _split_file(root, split)
-    corpus = root / "corpus.jsonl"
+    questions = path if path.is_file() else _split_file(root, split) if split is not None else None
+    corpus = path if path.name == "corpus.jsonl" else root / "corpus.jsonl"
+    if questions == corpus:
+        questions = None
     return {
         "dataset": str(path),
         "split": split,
@@ -215,17 +220,25 @@ def tokenizer_fingerprint(spec: Any = None) -> dict[str, Any]:
     """The tokenizer's name, vocabulary size, and a hash of every token's bytes and the EOS id.
 
     Two tokenizers with the same hash turn the same ids into the same text, which is what the episodes
-    depend on.
+    depend on. A tokenizer that cannot be loaded here is recorded by name, with the error, and no hash.
     """
+    from searchgym.errors import SearchGymError
     from searchgym.tokenization import load_tokenizer
 
-    tokenizer = load_tokenizer(spec)
+    try:
+        tokenizer = load_tokenizer(spec)
+    except (SearchGymError, OSError, ValueError) as e:  # recorded, not raised: the run itself has finished
+        return {"name": str(spec), "vocab_size": None, "sha256": None, "error": f"{type(e).__name__}: {e}"}
     digest = hashlib.sha256()
     for piece in tokenizer.token_bytes:
         digest.update(len(piece).to_bytes(4, "little"))
         digest.update(piece)
     digest.update(str(tokenizer.eos_token_id).encode())
-    return {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "sha256": f"sha256:{digest.hexdigest()}"}
+    return {
+        "name": tokenizer.name,
+        "vocab_size": tokenizer.vocab_size,
+        "sha256": f"sha256:{digest.hexdigest()}",
+    }
 
 
 # -- the environment --------------------------------------------------------------------------------------
@@ -347,17 +360,12 @@ def manifest_path(out: str | os.PathLike[str], *, folder: bool) -> Path:
 
 
 def write_manifest(path: str | os.PathLike[str], manifest: Mapping[str, Any]) -> Path:
-    """Writes ``manifest`` to ``path`` as indented JSON, atomically (a temporary file renamed over it)."""
+    """Writes ``manifest`` to ``path`` as indented JSON (through ``PATH.partial``, renamed when complete)."""
+    from searchgym.data.jsonl import replace_on_success
+
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replace_on_success(target) as partial:
+        partial.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return target
 
 

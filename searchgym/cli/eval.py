@@ -73,9 +73,8 @@ def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     from searchgym.agents import evaluate
-    from searchgym.data.jsonl import replace_on_success
-
     from searchgym.cli._manifest import warn_on_data_mismatch, write_run_manifest
+    from searchgym.data.jsonl import replace_on_success
 
     overrides: dict[str, Any] = dict(checkpoint_env_defaults(args))
     if args.retriever_faults is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from searchgym.cli._manifest import write_run_manifest
+
 COMMAND = ("export-trajectories",)
 HELP = (
     "play episodes with a policy and write token ids, loss masks, log-probs and rewards (TRL or verl fields)"
@@ -32,12 +34,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-turns", type=int, default=4, help="turn budget per episode")
     parser.add_argument("--max-turn-tokens", type=int, default=48, help="token cap per turn")
     parser.add_argument("--max-context-tokens", type=int, default=1024, help="context size")
+    parser.add_argument(
+        "--max-obs-tokens", type=int, default=None, help="cut each tool observation to N tokens"
+    )
+    parser.add_argument("--reward", choices=["em", "subem", "f1"], default="em", help="episode reward")
+    parser.add_argument(
+        "--prompt-style",
+        choices=["base", "chat"],
+        default="base",
+        help="Search-R1's base prompt or a chat turn (the tokenizer's chat template)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the question draw and of sampling")
 
 
 def run(args: argparse.Namespace) -> int:
     from searchgym.agents.integrations.export import export_trajectories
 
+    env = {
+        "dataset": args.dataset,
+        "world_seed": args.world_seed,
+        "split": args.split,
+        "tokenizer": args.tokenizer,
+        "retriever": args.retriever,
+        "topk": args.topk,
+        "max_turns": args.max_turns,
+        "max_turn_tokens": args.max_turn_tokens,
+        "max_context_tokens": args.max_context_tokens,
+        "max_obs_tokens": args.max_obs_tokens,
+        "reward": args.reward,
+        "prompt_style": args.prompt_style,
+    }
     n = export_trajectories(
         args.out,
         fmt=args.format,
@@ -48,17 +74,11 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         greedy=args.greedy,
         seed=args.seed,
-        env_kwargs={
-            "dataset": args.dataset,
-            "world_seed": args.world_seed,
-            "split": args.split,
-            "tokenizer": args.tokenizer,
-            "retriever": args.retriever,
-            "topk": args.topk,
-            "max_turns": args.max_turns,
-            "max_turn_tokens": args.max_turn_tokens,
-            "max_context_tokens": args.max_context_tokens,
-        },
+        env_kwargs=env,
+    )
+    config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    write_run_manifest(
+        args.out, "export-trajectories", env, folder=False, seeds={"seed": args.seed}, config=config
     )
     print(f"wrote {n} episodes to {args.out} ({args.format} fields)")
     return 0

@@ -6,6 +6,7 @@ import argparse
 import time
 
 from searchgym.cli._index import add_corpus_arguments, load_corpus, report
+from searchgym.cli._manifest import write_index_manifest
 
 COMMAND = ("index", "bm25")
 HELP = (
@@ -24,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     retriever = BM25Retriever(passages, progress=not args.no_progress)
     retriever.save(args.out)
+    write_index_manifest(args, "bm25")
     summary = {
         "index": "bm25",
         "out": str(args.out),

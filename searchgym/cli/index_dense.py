@@ -6,6 +6,7 @@ import argparse
 import time
 
 from searchgym.cli._index import add_corpus_arguments, load_corpus, report
+from searchgym.cli._manifest import write_index_manifest
 
 COMMAND = ("index", "dense")
 HELP = (
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     seconds = time.perf_counter() - start
+    write_index_manifest(args, "dense")
     meta = read_manifest(out)
     summary = {
         "index": "dense",

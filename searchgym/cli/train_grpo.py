@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from searchgym.cli._manifest import write_config_manifest
+
 COMMAND = ("train", "grpo")
 HELP = "train a policy with GRPO (+LLDS: --llds action|response|token, or none for vanilla GRPO)"
 
@@ -22,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(GRPOConfig, args)
     metrics = train_grpo(config)
+    write_config_manifest(config, "train grpo")
     final = {k: v for k, v in metrics.items() if k.startswith(("eval/", "rollout/reward", "rollout/em"))}
     print(json.dumps({"run_dir": config.run_dir, **final}))
     return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.cli._common import add_env_arguments, env_kwargs, format_table
+from searchgym.cli._manifest import write_run_manifest
 from searchgym.errors import ConfigError
 
 COMMAND = ("train", "sb3")
@@ -214,7 +215,11 @@ def train(config: SB3TrainConfig) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    metrics = train(config_from_args(args))
+    config = config_from_args(args)
+    metrics = train(config)
+    write_run_manifest(
+        config.out, "train sb3", config.env, folder=True, seeds={"seed": config.seed}, config=config
+    )
     if metrics:
         print(format_table([metrics], ["algo", "view", "seed", "split", "em", "f1", "searches", "valid_format",
                                        "episodes", "train_seconds"]))  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from searchgym.cli._manifest import write_config_manifest
+
 COMMAND = ("train", "sft")
 HELP = "warm-start a policy on oracle demonstrations (generated from the training split unless --demos)"
 
@@ -21,5 +23,6 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(SFTConfig, args)
     metrics = train_sft(config)
+    write_config_manifest(config, "train sft")
     print(json.dumps({"run_dir": config.run_dir, "checkpoint": f"{config.run_dir}/checkpoint.pt", **metrics}))
     return 0

@@ -21,11 +21,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from searchgym.data.jsonl import replace_on_success
 from searchgym.errors import ConfigError, DataFormatError, SearchGymError
 from searchgym.retrieval.base import Hit, Retriever
 
@@ -76,7 +76,9 @@ class Cassette(Retriever):
 
     name = "cassette"
 
-    def __init__(self, inner: Retriever | None, path: str | os.PathLike[str], mode: CassetteMode = "replay") -> None:
+    def __init__(
+        self, inner: Retriever | None, path: str | os.PathLike[str], mode: CassetteMode = "replay"
+    ) -> None:
         if mode not in MODES:
             raise ConfigError(f"cassette mode must be one of {list(MODES)}, got {mode!r}")
         if mode != "replay" and inner is None:
@@ -158,26 +160,25 @@ class Cassette(Retriever):
             "version": CASSETTE_VERSION,
             "retriever": getattr(self.inner, "name", None) if self.inner is not None else None,
             "passages": passages,
-            "searches": [[q, k, [[pid, score] for pid, score in hits]] for (q, k), hits in self._searches.items()],
+            "searches": [
+                [q, k, [[pid, score] for pid, score in hits]] for (q, k), hits in self._searches.items()
+            ],
         }
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
-        """Writes the cassette (atomically: a temporary file renamed over the target) and returns its path.
+        """Writes the cassette (through ``PATH.partial``, renamed over PATH when complete); returns its path.
 
         The bytes are a function of the recorded searches alone (gzip without a time stamp), so two
         identical runs write identical files.
         """
         target = Path(path) if path is not None else self.path
-        target.parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps(self.to_json(), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-                gz.write(data)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with (
+            replace_on_success(target) as partial,
+            partial.open("wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz,
+        ):
+            gz.write(data)
         if target == self.path:
             self._dirty = False
         return target
@@ -193,7 +194,9 @@ class Cassette(Retriever):
             raise DataFormatError(where, None, f"not a searchgym cassette (no format {CASSETTE_FORMAT!r})")
         if data.get("version") != CASSETTE_VERSION:
             raise DataFormatError(
-                where, None, f"cassette version {data.get('version')!r}; this searchgym reads {CASSETTE_VERSION}"
+                where,
+                None,
+                f"cassette version {data.get('version')!r}; this searchgym reads {CASSETTE_VERSION}",
             )
         try:
             for pid, (title, text, raw) in data["passages"].items():

@@ -1,0 +1,110 @@
+"""The run manifest of CLI commands (:mod:`searchgym.manifest`), and the check of a trained agent's data."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "agent_manifest",
+    "episode_settings",
+    "warn_on_data_mismatch",
+    "write_config_manifest",
+    "write_index_manifest",
+    "write_run_manifest",
+]
+
+
+def episode_settings(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``env_kwargs`` with every episode setting made explicit (the env's defaults for those not given)."""
+    from searchgym.envs import EpisodeConfig
+
+    names = {f.name for f in fields(EpisodeConfig)}
+    given = {k: v for k, v in env_kwargs.items() if k in names}
+    return {**env_kwargs, **asdict(EpisodeConfig(**given))}
+
+
+def write_run_manifest(
+    out: str | Path,
+    command: str,
+    env_kwargs: Mapping[str, Any] | None,
+    *,
+    folder: bool,
+    seeds: Mapping[str, Any] | None = None,
+    config: Any = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Writes the manifest of a run that wrote ``out`` (a run folder, or one file) and returns its path."""
+    from searchgym.manifest import manifest_path, run_manifest, write_manifest
+
+    env = episode_settings(env_kwargs) if env_kwargs is not None else None
+    manifest = run_manifest(command, env, seeds=seeds, config=config, extra=extra)
+    return write_manifest(manifest_path(out, folder=folder), manifest)
+
+
+def write_config_manifest(config: Any, command: str) -> Path:
+    """Writes ``run_dir/manifest.json`` for a training entry point's config (``CommonConfig`` and kin: a
+    ``run_dir``, ``env_kwargs()``, ``seed`` and ``world_seed``). Called when the run has finished, so a run
+    that was refused (its folder holds another run) leaves that run's manifest alone."""
+    seeds = {"seed": config.seed, "world_seed": config.world_seed}
+    env = config.env_kwargs()
+    # A config:FILE model (random weights of an architecture) uses the built-in tokenizer unless told.
+    if str(env.get("tokenizer")).startswith("config:"):
+        env["tokenizer"] = None
+    return write_run_manifest(config.run_dir, command, env, folder=True, seeds=seeds, config=config)
+
+
+def write_index_manifest(args: Any, kind: str) -> Path:
+    """Writes ``OUT/manifest.json`` for an ``index`` command (``--corpus``, ``--world-seed``, ``--out``): the
+    corpus it indexed, with its hash, and the hash of the index folder it wrote."""
+    from searchgym.manifest import dataset_fingerprint, folder_digest
+
+    corpus = dataset_fingerprint(None if args.corpus == "world" else args.corpus, None, args.world_seed)
+    index = {"kind": kind, "out": str(Path(args.out).resolve()), "index_sha256": folder_digest(args.out)}
+    config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    return write_run_manifest(
+        args.out, f"index {kind}", None, folder=True, seeds={"world_seed": args.world_seed}, config=config,
+        extra={"data": corpus, "index": index},
+    )  # fmt: skip
+
+
+def agent_manifest(agent: str) -> tuple[Path, dict[str, Any]] | None:
+    """The manifest of the run that trained ``agent`` (``checkpoint:PATH`` or ``sb3:PATH``), when its folder
+    holds one: ``manifest.json`` beside the file, or in the folder a Hugging Face export is."""
+    from searchgym.manifest import MANIFEST_NAME, read_manifest
+
+    kind, sep, path = agent.partition(":")
+    if not sep or kind not in ("checkpoint", "sb3"):
+        return None
+    location = Path(path)
+    candidate = (location if location.is_dir() else location.parent) / MANIFEST_NAME
+    manifest = read_manifest(candidate)
+    return (candidate, manifest) if manifest is not None else None
+
+
+def warn_on_data_mismatch(agent: str, env_kwargs: Mapping[str, Any]) -> str | None:
+    """Prints one warning line (stderr) when ``agent``'s training manifest names another corpus or index
+    than the environment of ``env_kwargs``; returns the line, or ``None`` when there is nothing to say."""
+    from searchgym.manifest import corpus_mismatch, dataset_fingerprint, retriever_fingerprint
+
+    found = agent_manifest(agent)
+    if found is None:
+        return None
+    path, trained = found
+    current = {
+        "data": dataset_fingerprint(
+            env_kwargs.get("dataset"),
+            str(env_kwargs.get("split", "train")),
+            int(env_kwargs.get("world_seed", 0)),
+        ),
+        "retriever": retriever_fingerprint(env_kwargs.get("retriever", "bm25")),
+    }
+    difference = corpus_mismatch(trained, current)
+    if difference is None:
+        return None
+    line = f"searchgym: warning: {agent} was trained on another corpus or index than this env ({difference}; see {path})"
+    print(line, file=sys.stderr)
+    return line
