@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from searchgym.errors import DataFormatError
+from searchgym.errors import ConfigError, DataFormatError
 
 __all__ = ["PARTIAL_SUFFIX", "iter_jsonl", "replace_on_success"]
 
@@ -57,6 +57,8 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 ) from None
             except RecursionError:
                 raise DataFormatError(str(path), lineno, "invalid JSON (nested too deeply)") from None
+            except ValueError as e:  # e.g. an integer of more than 4300 digits (Python's conversion limit)
+                raise DataFormatError(str(path), lineno, f"invalid JSON ({str(e)[:200]})") from None
             if not isinstance(record, dict):
                 raise DataFormatError(
                     str(path), lineno, f"expected a JSON object, got {type(record).__name__}"
@@ -79,15 +81,63 @@ def replace_on_success(path: str | Path) -> Iterator[Path]:
     If the block raises (or the process is killed), ``path`` keeps its earlier content and what was written
     stays in ``PATH.partial``, so finished work is not lost either.
 
+    One writer at a time: ``PATH.partial`` is locked (``fcntl.flock``, released by the kernel when the
+    process ends, so a killed run leaves no stale lock) for the whole block, and a second run writing to the
+    same ``path`` is refused at once instead of both writing into one file. Only the file this run locked
+    is renamed: if ``PATH.partial`` was replaced or removed meanwhile, nothing is renamed and the run fails.
+
     Args:
         path: The destination; its folder is created.
+
+    Raises:
+        ConfigError: another process is writing to ``path`` (it holds the lock on ``PATH.partial``).
+        OSError: ``PATH.partial`` no longer is the file this run wrote when the block ends.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
-    yield partial
-    if not partial.exists():  # the block wrote nothing: an empty result
-        partial.touch()
-    with partial.open("rb+") as f:
-        os.fsync(f.fileno())  # on disk before the rename makes it the file
-    os.replace(partial, path)
+    fd = _lock_partial(partial, path)
+    try:
+        os.ftruncate(fd, 0)  # leftovers of an earlier, killed run: this run starts the file again
+        yield partial
+        if not _same_file(fd, partial):
+            raise OSError(
+                f"{partial} was replaced or removed while this run wrote it; {path} is left as it was"
+            )
+        os.fsync(fd)  # on disk before the rename makes it the file (the block wrote through the same file)
+        os.replace(partial, path)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _lock_partial(partial: Path, path: Path) -> int:
+    """Opens and exclusively locks ``partial`` (created if missing); the descriptor holds the lock."""
+    try:
+        import fcntl
+    except (
+        ImportError
+    ):  # pragma: no cover - Windows: no advisory locks; one writer per file is the user's care
+        return os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+    for _ in range(100):
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(
+                f"another run is writing {path} (it holds {partial}); wait for it or choose another --out"
+            ) from None
+        # Another run may have renamed the file we opened onto `path` between our open and our lock: then the
+        # lock is on its finished output, not on `partial`. Start again with the file now named `partial`.
+        if _same_file(fd, partial):
+            return fd
+        os.close(fd)
+    raise ConfigError(f"{partial} keeps being replaced by another run; choose another --out")

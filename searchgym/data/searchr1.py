@@ -25,7 +25,7 @@ from searchgym.data.flashrag import read_corpus, read_questions, supporting_ids
 from searchgym.data.types import Dataset, LazySplits, Passage, Question
 from searchgym.errors import ConfigError, DataFormatError, MissingDependencyError
 
-__all__ = ["load_searchr1", "parse_row", "read_searchr1"]
+__all__ = ["MAX_ROWS", "load_searchr1", "parse_row", "read_searchr1"]
 
 _COLUMNS = ("prompt", "reward_model", "data_source")
 _MARKER = "Question: "
@@ -94,13 +94,26 @@ def parse_row(row: dict[str, Any], path: str, row_number: int) -> Question:
     )
 
 
-def read_searchr1(path: str | Path) -> list[Question]:
+MAX_ROWS = 10_000_000
+"""The most rows a Search-R1 parquet file may hold (its row count is read from the footer before any row is
+decoded; Search-R1's largest split has about 170,000)."""
+
+#: Rows decoded at once: a parquet of identical rows compresses ~1000x, so rows are decoded in small batches
+#: and checked as they come (a duplicate id fails at its row, not after the whole file is in memory).
+_BATCH_ROWS = 4096
+
+
+def read_searchr1(path: str | Path, max_rows: int | None = None) -> list[Question]:
     """Reads the questions of one Search-R1 parquet file.
+
+    Args:
+        path: The parquet file.
+        max_rows: Refuse a file of more rows (default :data:`MAX_ROWS`), before decoding any.
 
     Raises:
         MissingDependencyError: ``pyarrow`` is not installed (extra ``parquet``).
-        DataFormatError: the file is unreadable, lacks a column, or holds a malformed row, or two rows share
-            an id.
+        DataFormatError: the file is unreadable, lacks a column, holds more than ``max_rows`` rows or a
+            malformed row, or two rows share an id.
     """
     try:
         import pyarrow.parquet as pq
@@ -109,13 +122,32 @@ def read_searchr1(path: str | Path) -> list[Question]:
     import pyarrow as pa
 
     path = Path(path)
+    limit = MAX_ROWS if max_rows is None else max_rows
+    questions: list[Question] = []
+    seen: set[str] = set()
     try:
-        table = pq.read_table(path)
-        missing = [c for c in _COLUMNS if c not in table.column_names]
-        if missing:
-            raise DataFormatError(str(path), None, f"missing column(s) {missing}; found {table.column_names}")
-        columns = [c for c in (*_COLUMNS, "extra_info") if c in table.column_names]
-        rows = table.select(columns).to_pylist()
+        with pq.ParquetFile(path) as parquet:
+            rows = parquet.metadata.num_rows
+            if rows > limit:
+                raise DataFormatError(
+                    str(path),
+                    None,
+                    f"holds {rows:,} rows, more than the {limit:,} searchgym reads (max_rows)",
+                )
+            names = parquet.schema_arrow.names
+            missing = [c for c in _COLUMNS if c not in names]
+            if missing:
+                raise DataFormatError(str(path), None, f"missing column(s) {missing}; found {names}")
+            columns = [c for c in (*_COLUMNS, "extra_info") if c in names]
+            number = 0
+            for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
+                for row in batch.to_pylist():
+                    number += 1
+                    question = parse_row(row, str(path), number)
+                    if question.id in seen:
+                        raise DataFormatError(str(path), number, f"duplicate question id {question.id!r}")
+                    seen.add(question.id)
+                    questions.append(question)
     except (
         OSError,
         ValueError,
@@ -131,14 +163,6 @@ def read_searchr1(path: str | Path) -> list[Question]:
         raise DataFormatError(
             str(path), None, f"not a readable parquet file ({type(e).__name__}: {e})"
         ) from None
-    questions: list[Question] = []
-    seen: set[str] = set()
-    for number, row in enumerate(rows, start=1):
-        question = parse_row(row, str(path), number)
-        if question.id in seen:
-            raise DataFormatError(str(path), number, f"duplicate question id {question.id!r}")
-        seen.add(question.id)
-        questions.append(question)
     return questions
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from searchgym.data.types import Passage, Question
 from searchgym.errors import ConfigError, DataFormatError, MissingDependencyError
+from searchgym.integrity import check_seal, check_sealed_file, remove_stale_temp_files, seal, temp_path
 from searchgym.retrieval.base import Hit, Retriever
 from searchgym.retrieval.bm25 import corpus_hash
 from searchgym.retrieval.encoders import (
@@ -64,7 +65,8 @@ IndexType = Literal["flat", "ivf", "hnsw"]
 INDEX_TYPES: tuple[str, ...] = get_args(IndexType)
 
 #: Bumped when the saved layout changes; an index of another version is refused with "rebuild it".
-INDEX_FORMAT = 1
+#: 2: the manifest records the SHA-256 of every index file and of its own content.
+INDEX_FORMAT = 2
 MANIFEST = "dense.json"
 BUILDING = "dense.building.json"
 EMBEDDINGS = "embeddings.npy"
@@ -88,20 +90,24 @@ def _import_faiss() -> Any:
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Writes JSON through a temporary file and a rename, so the file is either old or complete."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = temp_path(path)
+    try:
+        with tmp.open("x", encoding="utf-8") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, OSError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError, OSError) as e:  # ValueError: integer bombs too
         raise DataFormatError(
-            str(path), None, f"corrupt dense index metadata ({e}); rebuild the index"
+            str(path), None, f"corrupt dense index metadata ({str(e)[:200]}); rebuild the index"
         ) from None
     if not isinstance(data, dict):
         raise DataFormatError(str(path), None, "corrupt dense index metadata (not a JSON object); rebuild it")
@@ -133,9 +139,10 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     meta = _read_json(manifest)
     if meta.get("format") != INDEX_FORMAT:
         raise ConfigError(
-            f"{root} holds a dense index of format {meta.get('format')!r}, this version reads {INDEX_FORMAT}; "
+            f"{root} holds a dense index of format {meta.get('format')!r:.20}, this version reads {INDEX_FORMAT}; "
             "rebuild it"
         )
+    check_seal(meta, manifest)
     return meta
 
 
@@ -207,6 +214,30 @@ def _open_embeddings(path: Path, count: int, dim: int, mode: Literal["r", "r+"] 
     return array
 
 
+def _finite_float32(path: Path) -> Any:
+    """A block callback for :func:`~searchgym.integrity.file_sha256` that refuses NaN and inf in the float32
+    payload of a ``.npy`` file (its header is skipped), checked in the same pass as the hash.
+
+    The header's length is a multiple of 64 and blocks start at multiples of 4 MiB, so each block's payload
+    starts on a float boundary.
+    """
+    with path.open("rb") as f:
+        np.lib.format.read_magic(f)
+        np.lib.format.read_array_header_1_0(f)
+        header = f.tell()
+
+    def check(offset: int, block: bytes) -> None:
+        start = max(0, header - offset)
+        values = np.frombuffer(block, dtype=np.float32, offset=start, count=(len(block) - start) // 4)
+        if not np.isfinite(values).all():
+            row = offset + start + int(np.argmin(np.isfinite(values))) * 4 - header
+            raise DataFormatError(
+                str(path), None, f"holds a non-finite value (byte {row} of the vectors); rebuild the index"
+            )
+
+    return check
+
+
 # -- faiss indexes -----------------------------------------------------------------------------------------
 
 
@@ -261,15 +292,9 @@ def _read_faiss(path: Path, meta: Mapping[str, Any]) -> Any:
     IVF lists are read into memory: faiss 1.15's memory-mapped IVF reading loses the list count.
     """
     faiss = _import_faiss()
-    expected = (meta.get("files") or {}).get(FAISS_FILE)
     if not path.is_file():
         raise DataFormatError(str(path), None, "the faiss index file is missing; rebuild the index")
-    if path.stat().st_size != expected:
-        raise DataFormatError(
-            str(path),
-            None,
-            f"truncated or corrupt faiss index ({path.stat().st_size} bytes, {expected} expected); rebuild it",
-        )
+    check_sealed_file(meta, path.parent / MANIFEST, path, record=True)
     flags = faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY if meta["index_type"] == "hnsw" else 0
     try:
         index = faiss.read_index(str(path), flags)
@@ -283,8 +308,36 @@ def _read_faiss(path: Path, meta: Mapping[str, Any]) -> Any:
             f"the faiss index holds {index.ntotal} vectors of dim {index.d}, the manifest says "
             f"{meta['count']} of dim {meta['dim']}; rebuild it",
         )
+    kind = {"ivf": faiss.IndexIVF, "hnsw": faiss.IndexHNSW}[meta["index_type"]]
+    if not isinstance(index, kind):
+        raise DataFormatError(
+            str(path),
+            None,
+            f"holds a {type(index).__name__}, not the {meta['index_type']} index the manifest names",
+        )
     _set_search_params(index, meta["index_type"], meta["index_params"])
     return index
+
+
+def _check_index_params(index_type: str, params: Any, manifest: Path) -> None:
+    """The manifest's ``index_params``: exactly the keys of its index type, each a positive integer.
+
+    Raises:
+        DataFormatError: naming the bad key.
+    """
+    expected = set(_default_params(index_type, 1_000_000))
+    if not isinstance(params, dict) or set(params) != expected:
+        found = sorted(params) if isinstance(params, dict) else params
+        raise DataFormatError(
+            str(manifest),
+            None,
+            f"index_params {found!r:.80} are not those of a {index_type} index ({sorted(expected)})",
+        )
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 31:
+            raise DataFormatError(
+                str(manifest), None, f"index_params {key!r} is {value!r:.40}, not a positive integer"
+            )
 
 
 # -- building ----------------------------------------------------------------------------------------------
@@ -349,6 +402,9 @@ def build_dense_index(
         encoder.batch_size = batch_size
     root = Path(out_dir)
     root.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(
+        root, (MANIFEST, BUILDING, FAISS_FILE, EMBEDDINGS, PARTIAL_EMBEDDINGS, ".verified.json")
+    )
     if overwrite:
         _remove(root, (MANIFEST, BUILDING, PARTIAL_EMBEDDINGS, EMBEDDINGS, FAISS_FILE))
     state: dict[str, Any] = {
@@ -369,17 +425,19 @@ def build_dense_index(
         _encode_into(root, passages, encoder, state, chunk_size, progress)
     _write_json(root / BUILDING, state)
     embeddings = _open_embeddings(root / EMBEDDINGS, len(passages), encoder.dim)
-    files = {EMBEDDINGS: (root / EMBEDDINGS).stat().st_size}
+    files = {EMBEDDINGS: root / EMBEDDINGS}
     (root / FAISS_FILE).unlink(missing_ok=True)
     if index_type != "flat":
         faiss = _import_faiss()
         index = _build_faiss(embeddings, index_type, state["index_params"], progress)
-        tmp = root / f".{FAISS_FILE}.{os.getpid()}.tmp"
-        faiss.write_index(index, str(tmp))
-        os.replace(tmp, root / FAISS_FILE)
-        files[FAISS_FILE] = (root / FAISS_FILE).stat().st_size
-    manifest = {k: v for k, v in state.items() if k != "rows_done"}
-    manifest["files"] = files
+        tmp = temp_path(root / FAISS_FILE)
+        try:
+            faiss.write_index(index, str(tmp))
+            os.replace(tmp, root / FAISS_FILE)
+        finally:
+            tmp.unlink(missing_ok=True)
+        files[FAISS_FILE] = root / FAISS_FILE
+    manifest = seal({k: v for k, v in state.items() if k != "rows_done"}, files)
     _write_json(root / MANIFEST, manifest)  # the completion marker, written last
     (root / BUILDING).unlink(missing_ok=True)
     return root
@@ -423,12 +481,16 @@ def _resume_point(root: Path, state: Mapping[str, Any]) -> int:
             and found.get("index_params") == state["index_params"]
         ):
             _open_embeddings(root / EMBEDDINGS, count, state["dim"])  # a damaged finished index is an error
-            expected = (found.get("files") or {}).get(FAISS_FILE)
+            check_seal(found, root / MANIFEST)
+            check_sealed_file(found, root / MANIFEST, root / EMBEDDINGS, record=True)
             faiss_file = root / FAISS_FILE
-            if state["index_type"] == "flat" or (
-                faiss_file.is_file() and faiss_file.stat().st_size == expected
-            ):
+            if state["index_type"] == "flat":
                 return -1
+            try:
+                check_sealed_file(found, root / MANIFEST, faiss_file, record=True)
+                return -1
+            except DataFormatError:
+                pass  # a lost or damaged faiss index: rebuilt below from the (checked) embeddings
         (root / MANIFEST).unlink()  # same embeddings, another (or a lost) faiss index: built below
         return count
     if not (root / BUILDING).is_file():
@@ -629,14 +691,23 @@ class DenseRetriever(Retriever):
                 " --overwrite`"
             )
         try:
-            count, dim, index_type = int(meta["count"]), int(meta["dim"]), str(meta["index_type"])
+            count, dim, index_type = meta["count"], meta["dim"], meta["index_type"]
+            for name, value in (("count", count), ("dim", dim)):
+                if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 40:
+                    raise TypeError(f"{name} must be a positive integer, got {value!r:.40}")
+            if not isinstance(index_type, str):
+                raise TypeError(f"index_type must be a string, got {index_type!r:.40}")
+            if not isinstance(meta["encoder"], dict):
+                raise TypeError("encoder must be an object")
             built = dict(meta["encoder"])
             _check_index_type(index_type)
-            if not isinstance(meta.get("index_params"), dict):
-                raise TypeError("index_params must be an object")
         except (KeyError, TypeError, ValueError, ConfigError) as e:
             raise DataFormatError(str(root / MANIFEST), None, f"corrupt dense index manifest ({e})") from None
+        _check_index_params(index_type, meta.get("index_params"), root / MANIFEST)
         embeddings = _open_embeddings(root / EMBEDDINGS, count, dim)
+        check_sealed_file(
+            meta, root / MANIFEST, root / EMBEDDINGS, _finite_float32(root / EMBEDDINGS), record=True
+        )
         index = _read_faiss(root / FAISS_FILE, meta) if index_type != "flat" else None
         # A name or path is loaded with the recorded pooling, prefixes and length; an Encoder is used as is.
         options = {
@@ -696,6 +767,14 @@ class DenseRetriever(Retriever):
         if self.index is None:
             return flat_top_k(vectors, self.embeddings, k)
         scores, positions = self.index.search(vectors, k)
+        if positions.size and int(positions.max()) >= n:
+            where = self.index_dir / FAISS_FILE if self.index_dir is not None else "the faiss index"
+            raise DataFormatError(
+                str(where),
+                None,
+                f"returned passage id {int(positions.max())}, but the corpus holds {n} passages: the index is "
+                "corrupt or of another corpus; rebuild it",
+            )
         out = []
         for row_scores, row_positions in zip(scores, positions, strict=True):
             valid = row_positions >= 0

@@ -438,7 +438,7 @@ def test_load_refuses_missing_truncated_and_corrupt_files(
         DenseRetriever.load(out, passages, encoder=encoder)
     meta = read_manifest(flat_dir)
     (out / "dense.json").write_text(json.dumps({**meta, "format": 99}))
-    with pytest.raises(ConfigError, match="format 99, this version reads 1; rebuild it"):
+    with pytest.raises(ConfigError, match="format 99, this version reads 2; rebuild it"):
         DenseRetriever.load(out, passages, encoder=encoder)
 
 
@@ -448,10 +448,10 @@ def test_load_refuses_a_truncated_or_corrupt_faiss_index(
     out = build_dense_index(passages, encoder, tmp_path / "hnsw", index_type="hnsw", progress=False)
     data = (out / "index.faiss").read_bytes()
     (out / "index.faiss").write_bytes(data[:-100])
-    with pytest.raises(DataFormatError, match="truncated or corrupt faiss index"):
+    with pytest.raises(DataFormatError, match="does not match the size and hash dense.json records"):
         DenseRetriever.load(out, passages, encoder=encoder)
     (out / "index.faiss").write_bytes(b"\0" * len(data))
-    with pytest.raises(DataFormatError, match="corrupt faiss index"):
+    with pytest.raises(DataFormatError, match="does not match the size and hash dense.json records"):
         DenseRetriever.load(out, passages, encoder=encoder)
 
 
