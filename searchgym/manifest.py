@@ -16,9 +16,8 @@ beside it, so several evaluations in one folder keep their own. A manifest recor
   answer-normalisation code (``searchgym/rewards.py``);
 * the seeds, the command's full configuration, and the full command line.
 
-Hashes are ``sha256:<hex>`` of the file's bytes. A file over :data:`FULL_HASH_LIMIT` (a 21M-passage
-corpus) gets a ``sha256-sampled:`` fingerprint instead: its size and 64 evenly spaced 1 MiB blocks, which
-tells corpora apart in seconds but is not a full content hash.
+Hashes are ``sha256:<hex>`` of the files' bytes, read once while a file is unchanged (a 21M-passage
+corpus of ~14 GB takes about a minute the first time on one machine, then nothing).
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ from typing import Any
 from searchgym.errors import ConfigError
 
 __all__ = [
-    "FULL_HASH_LIMIT",
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
+    "RECORD_LIMIT",
     "corpus_mismatch",
     "dataset_fingerprint",
     "file_digest",
@@ -56,45 +55,36 @@ __all__ = [
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
-FULL_HASH_LIMIT = 1 << 30
-"""Files up to this size (1 GiB) are hashed whole; larger ones get a sampled fingerprint."""
-_SAMPLES = 64
-_BLOCK = 1 << 20
+RECORD_LIMIT = 1 << 28
+"""Files over this size (256 MiB) have their digest recorded beside them (``.verified.json``)."""
 _PACKAGES = ("numpy", "gymnasium", "torch", "transformers")
 
 
 # -- hashing ---------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=256)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        if size <= FULL_HASH_LIMIT:
-            for block in iter(lambda: f.read(_BLOCK), b""):
-                digest.update(block)
-            return f"sha256:{digest.hexdigest()}"
-        digest.update(str(size).encode())
-        for i in range(_SAMPLES):
-            f.seek((size - _BLOCK) * i // (_SAMPLES - 1))
-            digest.update(f.read(_BLOCK))
-    return f"sha256-sampled:{digest.hexdigest()}"
-
-
 def file_digest(path: str | os.PathLike[str]) -> str:
-    """``sha256:<hex>`` of a file's bytes (``sha256-sampled:`` over :data:`FULL_HASH_LIMIT`); cached per
-    process by path, size and modification time."""
-    p = Path(path).resolve()
-    stat = p.stat()
-    return _file_digest(str(p), stat.st_size, stat.st_mtime_ns)
+    """``sha256:<hex>`` of a file's bytes (:func:`searchgym.integrity.file_sha256`: remembered while the file
+    is unchanged; a file over :data:`RECORD_LIMIT` also records its digest beside it, so a large corpus is
+    read once per machine, not once per run)."""
+    from searchgym.integrity import file_sha256
+
+    size = Path(path).stat().st_size
+    return f"sha256:{file_sha256(path, record=size > RECORD_LIMIT)}"
 
 
 def folder_digest(path: str | os.PathLike[str]) -> str:
-    """One hash over a folder's files (manifests excepted): relative paths and :func:`file_digest` values."""
+    """One hash over a folder's files (manifests and hidden files excepted): their relative paths and
+    :func:`file_digest` values."""
     root = Path(path)
     digest = hashlib.sha256()
-    # Manifests are left out: writing a run's manifest into its index folder must not change the index's hash.
-    files = (p for p in root.rglob("*") if p.is_file() and not p.name.endswith(MANIFEST_NAME))
+    # Manifests and hidden files (digest records, temporary files) are left out: writing a run's manifest
+    # into its index folder must not change the index's hash.
+    files = (
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.endswith(MANIFEST_NAME) and not p.name.startswith(".")
+    )
     for file in sorted(files):
         digest.update(f"{file.relative_to(root).as_posix()}\0{file_digest(file)}\n".encode())
     return f"sha256:{digest.hexdigest()}"

@@ -93,7 +93,9 @@ def test_restore_then_the_same_tokens_give_identical_steps(faults: str | None, d
     assert_same(play(env, tokens[at:]) if not env.episode.done else [], original)
     assert env.reset()[1]["question_id"] == next_question
 
-    other = SearchQAEnv(split="train", retriever_faults=faults, **SIZES)  # a fresh env with the same arguments
+    other = SearchQAEnv(
+        split="train", retriever_faults=faults, **SIZES
+    )  # a fresh env with the same arguments
     other.restore(snap)
     assert_same(play(other, tokens[at:]) if not other.episode.done else [], original)
     other.close()
@@ -188,7 +190,9 @@ def test_fork_branches_at_the_first_search_and_branches_stay_identical(faults: s
     result = envs.step_segments([answer, second, None, None, None, None])
     assert result.terminated[0] and not result.terminated[1]
     prefix = envs.episodes[2].length
-    np.testing.assert_array_equal(result.observations["tokens"][0][:prefix], result.observations["tokens"][1][:prefix])
+    np.testing.assert_array_equal(
+        result.observations["tokens"][0][:prefix], result.observations["tokens"][1][:prefix]
+    )
 
 
 def test_fork_to_chosen_sub_envs_and_single_env_snapshots_interchange() -> None:
@@ -225,7 +229,13 @@ def test_a_finished_branch_autoresets_like_one_that_just_ended() -> None:
 
 @pytest.mark.parametrize(
     ("source", "targets", "match"),
-    [(4, 1, "source sub-env"), (-1, 1, "source sub-env"), (2, 3, "1 <= n <= 2"), (0, 0, "1 <= n"), (0, [5], "target")],
+    [
+        (4, 1, "source sub-env"),
+        (-1, 1, "source sub-env"),
+        (2, 3, "1 <= n <= 2"),
+        (0, 0, "1 <= n"),
+        (0, [5], "target"),
+    ],
 )
 def test_fork_refuses_bad_indices(source: int, targets: Any, match: str) -> None:
     envs = SearchQAVectorEnv(num_envs=4, **VSIZES)
