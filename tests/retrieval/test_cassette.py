@@ -132,7 +132,7 @@ def test_bad_cassettes_and_specs_fail_clearly(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="bad cassette spec"):
         make_retriever(f"cassette:{tmp_path / 'x.json.gz'};replay=bm25", passages)
     (tmp_path / "plain.json.gz").write_bytes(b"not gzip")
-    with pytest.raises(DataFormatError, match="plain.json.gz"):
+    with pytest.raises(DataFormatError, match=r"plain\.json\.gz"):
         Cassette(None, tmp_path / "plain.json.gz")
     (tmp_path / "other.json.gz").write_bytes(gzip.compress(b'{"format": "other"}'))
     with pytest.raises(DataFormatError, match="not a searchgym cassette"):
