@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -266,11 +267,37 @@ def builtin_tokenizer() -> Tokenizer:
 
 @lru_cache(maxsize=8)
 def _from_pretrained(name: str) -> Tokenizer:
+    """A ``transformers`` tokenizer by local path or Hub name.
+
+    Raises:
+        ConfigError: in one line, when it is neither a readable local tokenizer folder nor cached nor
+            downloadable (offline, or no such model).
+    """
     try:
         from transformers import AutoTokenizer
     except ImportError as e:
         raise MissingDependencyError("transformers", "train", f"Loading tokenizer {name!r}") from e
-    hf = AutoTokenizer.from_pretrained(name)
+    import logging
+
+    # The Hub client logs each retry of an unreachable server; the one-line error below says it all.
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)
+    try:
+        hf = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as e:  # huggingface_hub's errors derive from these
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        if Path(name).exists():
+            raise ConfigError(
+                f"tokenizer {name!r}: the folder holds no readable tokenizer ({first})"
+            ) from None
+        raise ConfigError(
+            f"tokenizer {name!r} is not a local folder and not available offline (not in the Hugging Face "
+            f"cache, and it cannot be downloaded now: {first}); pass a local tokenizer folder, or download it "
+            "once with network access"
+        ) from None
+    finally:
+        hub_logger.setLevel(level)
     return _wrap_hf(hf, name)
 
 

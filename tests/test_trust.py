@@ -407,3 +407,200 @@ def test_an_sb3_token_model_rebuilds_its_features_extractor(tmp_path: Path) -> N
         load_model(
             tmp_path / "model.zip", env=gym.make("SearchQA-v0", max_context_tokens=300, max_turn_tokens=16)
         )
+
+
+# -- 3. typed errors everywhere ---------------------------------------------------------------------------------
+
+BOMB = "9" * 5000  # an integer of more than 4,300 digits: Python's int() refuses it with a ValueError
+
+
+def bm25_index(tmp_path: Path, k1: float = 0.9, name: str = "index") -> tuple[Path, list[Passage]]:
+    passages = [
+        Passage(str(i), f"title {i}", f"alpha beta gamma {i} delta {i % 3} w{i % 7}") for i in range(40)
+    ]
+    return BM25Retriever(passages, k1=k1).save(tmp_path / name), passages
+
+
+@pytest.fixture(scope="module")
+def dense_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], list[Passage]]:
+    pytest.importorskip("faiss")
+    from searchgym.retrieval.dense import build_dense_index, tiny_encoder
+
+    passages = [
+        Passage(str(i), f"title {i}", f"alpha beta gamma {i} delta {i % 3} w{i % 7}") for i in range(200)
+    ]
+    root = tmp_path_factory.mktemp("dense")
+    encoder = tiny_encoder()
+    dirs = {
+        kind: build_dense_index(passages, encoder, root / kind, index_type=kind, progress=False)
+        for kind in ("flat", "ivf", "hnsw")
+    }
+    return dirs, passages
+
+
+def copy_dir(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def reseal(manifest: Path, **changes: Any) -> None:
+    """The manifest with ``changes`` and fresh hashes of its files: what a crafted index carries."""
+    from searchgym.integrity import seal
+
+    meta = json.loads(manifest.read_text())
+    files = {name: manifest.parent / name for name in meta.get("files", {})}
+    manifest.write_text(json.dumps(seal({**meta, **changes}, files)))
+
+
+def test_an_integer_bomb_in_each_json_file_is_a_typed_error(
+    tmp_path: Path, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    from searchgym.data import load_flashrag
+    from searchgym.retrieval.dense import DenseRetriever
+
+    folder, passages = bm25_index(tmp_path)
+    meta = (folder / "bm25.json").read_text()
+    (folder / "bm25.json").write_text(meta.replace('"passages": 40', f'"passages": {BOMB}'))
+    with pytest.raises(DataFormatError, match=r"bm25\.json.*Exceeds the limit"):
+        BM25Retriever.load(folder, passages)
+    dirs, dense_passages = dense_dirs
+    out = copy_dir(dirs["flat"], tmp_path / "dense")
+    manifest = (out / "dense.json").read_text()
+    (out / "dense.json").write_text(manifest.replace('"count": 200', f'"count": {BOMB}'))
+    with pytest.raises(DataFormatError, match=r"dense\.json.*Exceeds the limit"):
+        DenseRetriever.load(out, dense_passages)
+    data = tmp_path / "data"
+    data.mkdir()
+    good_corpus = '{"id": "0", "contents": "\\"T\\"\\ntext"}\n'
+    good_split = '{"id": "q0", "question": "q?", "golden_answers": ["a"]}\n'
+    for name, line in (
+        ("corpus.jsonl", f'{{"id": "1", "contents": "x", "n": {BOMB}}}\n'),
+        ("test.jsonl", f'{{"id": {BOMB}}}\n'),
+    ):
+        (data / "corpus.jsonl").write_text(good_corpus + (line if name == "corpus.jsonl" else ""))
+        (data / "test.jsonl").write_text(good_split + (line if name == "test.jsonl" else ""))
+        with pytest.raises(DataFormatError, match=rf"{name}:2: invalid JSON \(Exceeds the limit"):
+            load_flashrag(data, splits=("test",))
+
+
+def test_dense_manifest_field_changes_are_typed_errors(
+    tmp_path: Path, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    from searchgym.retrieval.dense import DenseRetriever
+
+    dirs, passages = dense_dirs
+    # Changed by hand: the manifest's own checksum refuses it.
+    out = copy_dir(dirs["hnsw"], tmp_path / "edited")
+    text = (out / "dense.json").read_text()
+    (out / "dense.json").write_text(text.replace('"index_type": "hnsw"', '"index_type": "ivf"'))
+    with pytest.raises(DataFormatError, match="fails its checksum"):
+        DenseRetriever.load(out, passages)
+    # Changed and re-sealed (a crafted index): each field is checked for what it is.
+    cases = [
+        (
+            "hnsw",
+            {"index_type": "ivf"},
+            r"index_params \['M', 'ef_construction', 'ef_search'\] are not those of a ivf",
+        ),
+        ("hnsw", {"index_params": {"M": 32, "ef_construction": 80, "ef_search": 1.5}}, "'ef_search' is 1.5"),
+        (
+            "hnsw",
+            {"index_type": "ivf", "index_params": {"nlist": 4, "nprobe": 2}},
+            "holds a IndexHNSWFlat, not the ivf",
+        ),
+        ("flat", {"index_type": "nope"}, "unknown index type 'nope'"),
+        ("flat", {"dim": True}, "dim must be a positive integer"),
+        ("flat", {"encoder": []}, "encoder must be an object"),
+    ]
+    for i, (kind, change, message) in enumerate(cases):
+        out = copy_dir(dirs[kind], tmp_path / f"crafted{i}")
+        reseal(out / "dense.json", **change)
+        with pytest.raises(DataFormatError, match=message):
+            DenseRetriever.load(out, passages)
+
+
+def test_faiss_ids_outside_the_corpus_are_a_typed_error(
+    dense_dirs: tuple[dict[str, Path], list[Passage]],
+) -> None:
+    import faiss
+
+    from searchgym.retrieval.dense import DenseRetriever
+
+    dirs, passages = dense_dirs
+    retriever = DenseRetriever.load(dirs["ivf"], passages)
+    # A corrupted IVF index whose lists hold ids past the corpus (what a damaged file returns).
+    ids = faiss.extract_index_ivf(retriever.index).invlists
+    list_no = next(i for i in range(ids.nlist) if ids.list_size(i))
+    faiss.rev_swig_ptr(ids.get_ids(list_no), ids.list_size(list_no))[0] = 10**6
+    retriever.index.nprobe = ids.nlist
+    with pytest.raises(
+        DataFormatError, match=r"index\.faiss.*returned passage id 1000000, but the corpus holds 200"
+    ):
+        retriever.search([p.text for p in passages[:50]], 200)
+
+
+def test_a_pickled_pytorch_model_bin_in_a_hf_folder_is_a_typed_error(tmp_path: Path) -> None:
+    from searchgym.agents.grpo.export import load_policy
+    from searchgym.agents.llm import tiny_causal_lm
+
+    folder = tmp_path / "hf"
+    tiny_causal_lm(512, layers=1, hidden=16).save_pretrained(folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    marker = tmp_path / "pwned"
+    torch.save({"model.embed_tokens.weight": _RunsCode(marker)}, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="cannot be loaded safely") as err:
+        load_policy(folder)
+    assert (
+        "pytorch_model.bin" in str(err.value)
+        or "UnpicklingError" in str(err.value)
+        or "weights" in str(err.value)
+    )
+    assert not marker.exists()
+
+
+def test_a_parquet_row_bomb_is_refused_before_its_rows_are_decoded(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from searchgym.data.searchr1 import read_searchr1
+
+    row = {
+        "data_source": "nq",
+        "prompt": [{"role": "user", "content": "Question: where?"}],
+        "reward_model": {"style": "rule", "ground_truth": {"target": ["x"]}},
+        "extra_info": {"split": "test", "index": 0},
+    }
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.Table.from_pylist([row] * 5000), path)  # identical rows compress to almost nothing
+    assert path.stat().st_size < 20_000
+    with pytest.raises(DataFormatError, match=r"holds 5,000 rows, more than the 1,000 searchgym reads"):
+        read_searchr1(path, max_rows=1000)
+    # Under the cap, the first duplicate fails at its row, in the first decoded batch.
+    with pytest.raises(DataFormatError, match=r"bomb\.parquet:2: duplicate question id"):
+        read_searchr1(path)
+
+
+def test_an_unavailable_hub_tokenizer_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    argv = [
+        sys.executable,
+        "-m",
+        "searchgym.cli",
+        "eval",
+        "--agent",
+        "random",
+        "--episodes",
+        "1",
+        "--no-progress",
+    ]
+    proc = subprocess.run(
+        [*argv, "--tokenizer", "no-such-org/no-such-tokenizer"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]
+    assert "not available offline" in lines[0] and "no-such-org/no-such-tokenizer" in lines[0]

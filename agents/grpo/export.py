@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ def load_policy(
         temperature: Sampling temperature when not greedy.
 
     Raises:
-        CheckpointError: the file is not a readable searchgym checkpoint.
+        CheckpointError: the file is not a readable searchgym checkpoint, or the folder's weights cannot be
+            loaded safely (e.g. a ``pytorch_model.bin`` pickle holding code, refused by ``weights_only``).
         ConfigError: the path is neither a file nor a Hugging Face folder.
     """
     p = Path(path)
@@ -55,7 +57,17 @@ def load_policy(
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise ConfigError(f"{p} is a folder without config.json: not a Hugging Face model folder")
-        return LLMPolicy.from_pretrained(str(p), tokenizer, device=device, **kwargs)
+        try:
+            return LLMPolicy.from_pretrained(str(p), tokenizer, device=device, **kwargs)
+        except (OSError, ValueError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
+            # transformers reads .bin weights with torch.load(weights_only=True): a pickle holding code (or
+            # any damage) fails there, as an UnpicklingError or another of these, never by running it.
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            raise CheckpointError(
+                f"{p}: the Hugging Face model folder cannot be loaded safely ({type(e).__name__}: {first}); its "
+                "weights hold more than plain tensors or are damaged. Prefer model.safetensors for files you did "
+                "not make"
+            ) from None
     if not p.is_file():
         raise CheckpointError(f"no checkpoint at {p}")
     config = CommonConfig(init=str(p), device=device, tokenizer=tokenizer, max_turn_tokens=max_turn_tokens)
