@@ -604,3 +604,159 @@ def test_an_unavailable_hub_tokenizer_is_one_line(tmp_path: Path) -> None:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]
     assert "not available offline" in lines[0] and "no-such-org/no-such-tokenizer" in lines[0]
+
+
+# -- 4. integrity ------------------------------------------------------------------------------------------------
+
+
+def test_one_flipped_bit_in_bm25_json_is_refused(tmp_path: Path) -> None:
+    folder, passages = bm25_index(tmp_path)
+    text = (folder / "bm25.json").read_text()
+    i = text.index('"k1": 0.9') + len('"k1": 0.')
+    flipped = text[:i] + chr(ord(text[i]) ^ 1) + text[i + 1 :]  # 0.9 -> 0.8: still valid JSON, other scores
+    (folder / "bm25.json").write_text(flipped)
+    assert json.loads(flipped)["params"]["k1"] == 0.8
+    with pytest.raises(DataFormatError, match=r"bm25\.json: fails its checksum"):
+        BM25Retriever.load(folder, passages)
+
+
+def test_dense_files_are_checked_by_hash_and_embeddings_for_non_finite_values(
+    tmp_path: Path, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    from searchgym.retrieval.dense import DenseRetriever
+
+    dirs, passages = dense_dirs
+    for kind, name in (("flat", "embeddings.npy"), ("hnsw", "index.faiss")):
+        out = copy_dir(dirs[kind], tmp_path / f"flip-{kind}")
+        data = bytearray((out / name).read_bytes())
+        data[len(data) - 9] ^= 0x10  # same size: a size check alone would pass it
+        (out / name).write_bytes(bytes(data))
+        with pytest.raises(
+            DataFormatError, match=rf"{name}: does not match the size and hash dense\.json records"
+        ):
+            DenseRetriever.load(out, passages)
+    out = copy_dir(dirs["flat"], tmp_path / "nan")
+    embeddings = np.load(out / "embeddings.npy")
+    embeddings[123, 7] = np.nan
+    np.save(out / "embeddings.npy", embeddings)
+    reseal(out / "dense.json")  # a crafted index: the hash fits, the values do not
+    with pytest.raises(DataFormatError, match=r"embeddings\.npy: holds a non-finite value"):
+        DenseRetriever.load(out, passages)
+
+
+def test_a_verified_file_is_not_hashed_again_until_it_changes(tmp_path: Path) -> None:
+    from searchgym.integrity import file_sha256
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 1000)
+    reads: list[int] = []
+    first = file_sha256(path, lambda offset, block: reads.append(len(block)), record=True)
+    assert file_sha256(path, lambda offset, block: reads.append(len(block))) == first and reads == [1000]
+    path.write_bytes(b"y" * 1000)  # same size, new content and modification time
+    assert file_sha256(path, lambda offset, block: reads.append(len(block))) != first and reads == [
+        1000,
+        1000,
+    ]
+
+
+# -- 5. atomicity and concurrency --------------------------------------------------------------------------------
+
+
+def test_a_bm25_write_killed_between_its_renames_is_refused_not_mixed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import searchgym.retrieval.bm25 as bm25
+
+    folder, passages = bm25_index(tmp_path, k1=0.9)
+    before = BM25Retriever.load(folder, passages).search(["alpha beta 3"], 3)
+    real_replace = os.replace
+    calls: list[str] = []
+
+    def killed_after_the_first(src: Any, dst: Any) -> None:
+        calls.append(str(dst))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies here: new bm25.npz in place, bm25.json still the old one
+        real_replace(src, dst)
+
+    monkeypatch.setattr(bm25.os, "replace", killed_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        BM25Retriever(passages, k1=2.0).save(folder)
+    monkeypatch.undo()
+    assert calls[0].endswith("bm25.npz")
+    with pytest.raises(DataFormatError, match=r"bm25\.npz: does not match .* different builds"):
+        BM25Retriever.load(folder, passages)
+    BM25Retriever(passages, k1=0.9).save(folder)  # rebuilding repairs it
+    assert BM25Retriever.load(folder, passages).search(["alpha beta 3"], 3) == before
+
+
+def dead_pid() -> int:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(proc.stdout)
+
+
+def test_leftover_temp_files_of_dead_writers_are_removed(
+    tmp_path: Path, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    from searchgym.retrieval.dense import build_dense_index, tiny_encoder
+
+    pid = dead_pid()
+    folder, passages = bm25_index(tmp_path)
+    stale = [f".bm25.json.{pid}", f".bm25.npz.{pid}.npz", f".bm25.json.{pid}.1a2b3c4d.tmp"]
+    live = f".bm25.json.{os.getppid()}.1a2b3c4d.tmp"  # a live process's write is kept
+    for name in (*stale, live, "notes.txt"):
+        (folder / name).write_text("x")
+    BM25Retriever(passages).save(folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([live, "bm25.json", "bm25.npz", "notes.txt"])
+    dirs, dense_passages = dense_dirs
+    out = copy_dir(dirs["flat"], tmp_path / "dense")
+    for name in (f".dense.building.json.{pid}.tmp", f".index.faiss.{pid}.tmp", f".dense.json.{pid}.cafe.tmp"):
+        (out / name).write_text("x")
+    build_dense_index(dense_passages, tiny_encoder(), out, progress=False)
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_second_writer_of_the_same_out_file_is_refused(tmp_path: Path) -> None:
+    from searchgym.data.jsonl import replace_on_success
+
+    out = tmp_path / "t.jsonl"
+    out.write_text("earlier\n")
+    with replace_on_success(out) as partial:
+        partial.write_text("first run\n")
+        with pytest.raises(ConfigError, match=r"another run is writing .*t\.jsonl"):
+            with replace_on_success(out):
+                pass
+        assert out.read_text() == "earlier\n"
+    assert out.read_text() == "first run\n"
+
+
+def test_two_concurrent_eval_out_runs_lose_no_transcripts(tmp_path: Path) -> None:
+    out = tmp_path / "transcripts.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "searchgym.cli", "eval", "--env", "SearchQAMacro-v0", "--agent", "random",
+            "--episodes", "60", "--no-progress", "--out", str(out)]  # fmt: skip
+    procs = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=600), p.stderr.read() if p.stderr else "") for p in procs]
+    for code, err in results:
+        assert code == 0 or "another run is writing" in err, err[-2000:]
+    assert any(code == 0 for code, _ in results)
+    lines = out.read_text().splitlines()
+    assert len(lines) == 60 and all(json.loads(line) for line in lines)
+
+
+def test_no_module_loads_sb3_files_through_stable_baselines3s_unpickling_loader() -> None:
+    """``BaseAlgorithm.load`` and ``load_from_zip_file`` unpickle the zip's ``data``: never called."""
+    import re
+
+    pattern = re.compile(r"load_from_zip_file|cloudpickle|\b(PPO|A2C|DQN|ALGORITHMS\[[^\]]+\])\.load\(")
+    hits = [
+        path.relative_to(ROOT).as_posix()
+        for folder in ("searchgym", "envs", "agents")
+        for path in (ROOT / folder).rglob("*.py")
+        if pattern.search(path.read_text(encoding="utf-8"))
+    ]
+    assert hits == []
