@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import re
+from types import MappingProxyType
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -43,6 +44,8 @@ __all__ = [
     "Turn",
     "check_segment",
     "check_token",
+    "freeze_state",
+    "thaw_state",
 ]
 
 END_REASONS = ("answered", "turn_budget", "context_limit")
@@ -81,6 +84,27 @@ def check_segment(segment: Any, vocab_size: int) -> list[int]:
     if array.min() < 0 or array.max() >= vocab_size:
         raise InvalidActionError(f"segment holds ids outside [0, {vocab_size}): {array.tolist()}")
     return [int(t) for t in array]
+
+
+def freeze_state(state: Any) -> Any:
+    """A generator state (``bit_generator.state``) made read-only: dicts as mapping proxies, arrays as
+    read-only copies, so a snapshot holding it cannot be changed."""
+    if isinstance(state, dict):
+        return MappingProxyType({k: freeze_state(v) for k, v in state.items()})
+    if isinstance(state, np.ndarray):
+        frozen = state.copy()
+        frozen.flags.writeable = False
+        return frozen
+    return state
+
+
+def thaw_state(state: Any) -> Any:
+    """The inverse of :func:`freeze_state`: what ``bit_generator.state`` accepts."""
+    if isinstance(state, Mapping):
+        return {k: thaw_state(v) for k, v in state.items()}
+    if isinstance(state, np.ndarray):
+        return state.copy()
+    return state
 
 
 class Source(enum.IntEnum):
@@ -168,8 +192,8 @@ class EpisodeSnapshot(NamedTuple):
     Attributes:
         config: The episode dynamics it was taken under (a restore checks they match).
         question: The question.
-        tokens: ``(length,)`` int64 read-only copy of the transcript's token ids.
-        sources: ``(length,)`` int8 read-only copy of the source marks.
+        token_bytes: The transcript's int64 token ids as bytes (read them as :attr:`tokens`).
+        source_bytes: The int8 source marks as bytes (read them as :attr:`sources`).
         prompt_length: Tokens of the prompt.
         turns: The finished turns.
         queries: The executed searches' queries.
@@ -184,15 +208,16 @@ class EpisodeSnapshot(NamedTuple):
         done: The episode has ended.
         turn_start: Where the current turn's policy tokens start.
         scanner: The stop scanner's state within the current turn (see ``StopScanner.state``).
-        fault_rng: The bit-generator state of the retriever-fault generator, or ``None`` without faults.
-        rng: The environment's ``np_random`` state (single env), or ``None`` (a vector env's sub-env, whose
-            generator is shared by all sub-envs and not part of one episode).
+        fault_rng: The bit-generator state of the retriever-fault generator (read-only, see
+            :func:`freeze_state`), or ``None`` without faults.
+        rng: The environment's ``np_random`` state (single env; read-only), or ``None`` (a vector env's
+            sub-env, whose generator is shared by all sub-envs and not part of one episode).
     """
 
     config: EpisodeConfig
     question: Question
-    tokens: np.ndarray
-    sources: np.ndarray
+    token_bytes: bytes
+    source_bytes: bytes
     prompt_length: int
     turns: tuple[Turn, ...]
     queries: tuple[str, ...]
@@ -213,7 +238,17 @@ class EpisodeSnapshot(NamedTuple):
     @property
     def length(self) -> int:
         """Tokens in the transcript."""
-        return int(self.tokens.shape[0])
+        return len(self.source_bytes)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """``(length,)`` int64, the transcript's token ids (a read-only view)."""
+        return np.frombuffer(self.token_bytes, dtype=np.int64)
+
+    @property
+    def sources(self) -> np.ndarray:
+        """``(length,)`` int8, the source marks (a read-only view)."""
+        return np.frombuffer(self.source_bytes, dtype=np.int8)
 
 
 class Episode:
@@ -244,6 +279,11 @@ class Episode:
         self.sources = np.zeros(size, dtype=np.int8) if sources is None else sources
         if self.tokens.shape != (size,) or self.sources.shape != (size,):
             raise ValueError(f"transcript buffers must have shape ({size},)")
+        if self.tokens.dtype != np.int64 or self.sources.dtype != np.int8:
+            raise ValueError("transcript buffers must be int64 (tokens) and int8 (sources)")
+        # Byte views of the buffers: snapshots copy the transcript in and out as bytes, with no array overhead.
+        self._token_bytes = memoryview(self.tokens).cast("B")
+        self._source_bytes = memoryview(self.sources).cast("B")
         self.length = 0
         self.question: Question | None = None
         self.done = True
@@ -411,16 +451,12 @@ class Episode:
         if self.question is None:
             raise SearchGymError("the episode has not started: call reset() before snapshot()")
         n = self.length
-        tokens = self.tokens[:n].copy()
-        sources = self.sources[:n].copy()
-        tokens.flags.writeable = False
-        sources.flags.writeable = False
         fault_rng = self.fault_rng
         return EpisodeSnapshot(
             self.config,
             self.question,
-            tokens,
-            sources,
+            self._token_bytes[: 8 * n].tobytes(),
+            self._source_bytes[:n].tobytes(),
             self.prompt_length,
             tuple(self.turns),
             tuple(self.queries),
@@ -435,7 +471,7 @@ class Episode:
             self.done,
             self._turn_start,
             self._scanner.state(),
-            None if fault_rng is None else fault_rng.bit_generator.state,
+            None if fault_rng is None else freeze_state(fault_rng.bit_generator.state),
             rng,
         )
 
@@ -463,10 +499,10 @@ class Episode:
                 "the snapshot and this env disagree on retriever faults (one injects them, the other does "
                 "not); restore it into an env made with the same retriever_faults"
             )
-        n = snap.tokens.shape[0]
+        n = len(snap.source_bytes)
         old = self.length
-        self.tokens[:n] = snap.tokens
-        self.sources[:n] = snap.sources
+        self._token_bytes[: 8 * n] = snap.token_bytes
+        self._source_bytes[:n] = snap.source_bytes
         if old > n:  # the buffers are zero past the transcript
             self.tokens[n:old] = 0
             self.sources[n:old] = Source.PAD
@@ -487,7 +523,7 @@ class Episode:
         self._turn_start = snap.turn_start
         self._scanner.set_state(snap.scanner)
         if self.fault_rng is not None and snap.fault_rng is not None:
-            self.fault_rng.bit_generator.state = snap.fault_rng
+            self.fault_rng.bit_generator.state = thaw_state(snap.fault_rng)
 
     # -- reporting ---------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -19,7 +20,16 @@ from searchgym.retrieval import Retriever, make_retriever
 from searchgym.retrieval.faults import RetrieverFaults, apply_faults, parse_faults
 from searchgym.tokenization import Tokenizer, load_tokenizer
 
-from .episode import Episode, EpisodeConfig, EpisodeSnapshot, Event, Source, check_token
+from .episode import (
+    Episode,
+    EpisodeConfig,
+    EpisodeSnapshot,
+    Event,
+    Source,
+    check_token,
+    freeze_state,
+    thaw_state,
+)
 
 __all__ = ["SearchQAEnv", "acquire_retriever", "fault_rng", "release_retriever", "searchr1_options"]
 
@@ -220,6 +230,9 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}  # noqa: RUF012 - Gymnasium's convention
+    # The read-only state of np_random while nobody has touched the generator since it was read or set, so a
+    # snapshot costs no state read and a restore to the state the generator is in costs no write.
+    _rng_state: Mapping[str, Any] | None = None
 
     def __init__(
         self,
@@ -293,6 +306,7 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         super().reset(seed=seed)
+        self._rng_state = None
         if self.retriever_faults is not None and seed is not None:
             self.episode.fault_rng = fault_rng(self.retriever_faults, seed)
         self.episode.start(self._pick_question(options or {}))
@@ -333,7 +347,10 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         Raises:
             SearchGymError: no episode has started (call ``reset()`` first).
         """
-        return self.episode.snapshot(self.np_random.bit_generator.state)
+        state = self._rng_state
+        if state is None:
+            state = self._rng_state = freeze_state(gym.Env.np_random.fget(self).bit_generator.state)  # type: ignore[attr-defined]
+        return self.episode.snapshot(state)
 
     def restore(self, snap: EpisodeSnapshot) -> None:
         """Puts the env back in the state of ``snap`` (from :meth:`snapshot` of this env or of one made with
@@ -343,8 +360,21 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
             ConfigError: ``snap`` is not a snapshot, or was taken under other episode settings.
         """
         self.episode.restore(snap)
-        if snap.rng is not None:
-            self.np_random.bit_generator.state = snap.rng
+        if snap.rng is not None and snap.rng is not self._rng_state:
+            gym.Env.np_random.fget(self).bit_generator.state = thaw_state(snap.rng)  # type: ignore[attr-defined]
+            self._rng_state = snap.rng
+
+    @property
+    def np_random(self) -> np.random.Generator:
+        """The env's generator (Gymnasium's); whoever reads it may draw from it, so the state a snapshot
+        would reuse is forgotten."""
+        self._rng_state = None
+        return gym.Env.np_random.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+    @np_random.setter
+    def np_random(self, value: np.random.Generator) -> None:
+        self._rng_state = None
+        gym.Env.np_random.fset(self, value)  # type: ignore[attr-defined]
 
     def render(self) -> str | None:
         if self.episode.question is None:

@@ -1,5 +1,6 @@
-"""Environment overhead: per-token step cost of SearchQA-v0, single and vectorised, and the env's share of a
-batched scripted rollout. Retrieval is replaced by a constant retriever so that only the env is measured."""
+"""Environment overhead: per-token step cost of SearchQA-v0, single and vectorised, the env's share of a
+batched scripted rollout, and the cost of a snapshot, a restore and a fork. Retrieval is replaced by a
+constant retriever so that only the env is measured."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from searchgym.retrieval import Hit, Retriever
 
-__all__ = ["ConstantRetriever", "env_us_per_step", "run_env_benchmark"]
+__all__ = ["ConstantRetriever", "env_us_per_step", "run_env_benchmark", "snapshot_us"]
 
 
 class ConstantRetriever(Retriever):
@@ -103,6 +104,53 @@ def _rollout_env_share(num_envs: int, repeats: int) -> dict[str, float]:
     return {"rollout_env_share": statistics.median(shares), "rollout_seconds": statistics.median(totals)}
 
 
+def snapshot_us(
+    tokens: int = 1000, repeats: int = 5, calls: int = 2000, num_envs: int = 8
+) -> dict[str, float]:
+    """µs per ``snapshot()`` and per ``restore()`` of a single env holding a ``tokens``-token episode (policy
+    tokens after the prompt), and per sub-env of a vector env's ``fork(0, num_envs)`` of such an episode.
+
+    Medians over ``repeats`` runs of ``calls`` calls each.
+    """
+    from searchgym.envs import SearchQAEnv, SearchQAVectorEnv
+
+    sizes = {"max_turn_tokens": tokens + 1, "max_context_tokens": tokens + 512}
+    env = SearchQAEnv(**sizes)
+    env.reset(seed=0)
+    text = _text_tokens(env.tokenizer, tokens)
+    for t in text:
+        env.step(t)
+    snap = env.snapshot()
+    snap_times, restore_times = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            env.snapshot()
+        snap_times.append((time.perf_counter() - start) / calls * 1e6)
+        start = time.perf_counter()
+        for _ in range(calls):
+            env.restore(snap)
+        restore_times.append((time.perf_counter() - start) / calls * 1e6)
+    envs = SearchQAVectorEnv(num_envs=num_envs, autoreset_mode="Disabled", **sizes)
+    envs.reset(seed=0)
+    envs.restore(0, snap)
+    fork_times = []
+    forks = max(1, calls // num_envs)
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(forks):
+            envs.fork(0, num_envs)
+        fork_times.append((time.perf_counter() - start) / (forks * (num_envs - 1)) * 1e6)
+    envs.close()
+    env.close()
+    return {
+        "snapshot_us": statistics.median(snap_times),
+        "restore_us": statistics.median(restore_times),
+        "fork_us_per_branch": statistics.median(fork_times),
+        "snapshot_tokens": float(snap.length),
+    }
+
+
 def env_us_per_step(
     sizes: Sequence[int] = (1, 8, 64, 256), steps: int = 400, repeats: int = 5
 ) -> dict[str, float]:
@@ -134,6 +182,7 @@ def run_env_benchmark(steps: int = 1000, repeats: int = 5, num_envs: int = 64) -
         "vector_num_envs": num_envs,
     }
     figures.update(_rollout_env_share(num_envs, repeats))
+    figures.update(snapshot_us(repeats=repeats))
     figures["goal_us"] = 10.0
     figures["repeats"] = repeats
     return figures

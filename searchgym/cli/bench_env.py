@@ -6,7 +6,9 @@ import argparse
 import json
 
 COMMAND = ("bench", "env")
-HELP = "measure the per-token step overhead of SearchQA-v0 (single env and vector env)"
+HELP = (
+    "measure the per-token step overhead of SearchQA-v0 (single env and vector env) and the cost of snapshots"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +36,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"scripted rollout            {figures['rollout_seconds'] * 1000:8.1f} ms, "
         f"{figures['rollout_env_share'] * 100:.1f}% of it in the env (incl. BM25)"
+    )
+    print(
+        f"snapshot / restore          {figures['snapshot_us']:8.2f} / {figures['restore_us']:.2f} us "
+        f"({figures['snapshot_tokens']:.0f}-token episode, goal <= {figures['goal_us']:.0f}); "
+        f"fork {figures['fork_us_per_branch']:.2f} us per branch"
     )
     print(f"(medians of {figures['repeats']} runs)")
     return 0
