@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import enum
 import re
-from types import MappingProxyType
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import gymnasium as gym
