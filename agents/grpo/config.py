@@ -75,6 +75,11 @@ class CommonConfig:
     max_context_tokens: int = option(1024, "context size (transcript cap; ~4096 for a real LM)")
     lr: float = option(3e-4, "learning rate (use ~1e-6 for a 3B model)")
     warmup_steps: int = option(0, "linear learning-rate warm-up, in optimizer updates")
+    warmup_start_lr: float | None = option(
+        None,
+        "the rate of the warm-up's first update (a straight ramp from it to --lr over --warmup-steps); "
+        "default: the usual ramp from lr/warmup_steps",
+    )
     lr_schedule: Literal["constant", "linear"] = option(
         "constant", "after the warm-up: constant, or linear decay to zero at the last update"
     )
@@ -104,6 +109,11 @@ class CommonConfig:
             raise ConfigError(
                 "weight_decay and max_grad_norm must be >= 0 (max_grad_norm 0 disables clipping)"
             )
+        if self.warmup_start_lr is not None:
+            if not 0 < self.warmup_start_lr <= self.lr:
+                raise ConfigError(f"warmup_start_lr must be in (0, lr={self.lr}], got {self.warmup_start_lr}")
+            if self.warmup_steps < 2:
+                raise ConfigError("warmup_start_lr needs a warm-up of at least 2 steps (--warmup-steps)")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -276,6 +286,35 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
     probe_demos: str | None = option(
         None, "demonstrations JSONL for the probe set (default: oracle episodes of the training split)"
     )
+    onpolicy_probe_size: int = option(
+        64,
+        "correct responses the initial policy samples itself (temperature --temperature) on training questions "
+        "and on held-out questions: the on-policy probes lld/probe_onpolicy_train|heldout (0: none)",
+    )
+    onpolicy_probe_episodes: int | None = option(
+        None, "the most episodes sampled to find them, per probe (default: 4 x onpolicy_probe_size)"
+    )
+    onpolicy_heldout_split: str = option(
+        "validation", "split of the held-out on-policy probe (questions the run never trains on)"
+    )
+    ledger_size: int = option(
+        200,
+        "cross-step ledger: the last N positively rewarded responses, with their log-likelihood right after "
+        "the step that produced them (the anchor), re-scored every step (lld/ledger_*; 0: none)",
+    )
+    llds_ledger: bool = option(
+        False,
+        "ledger-LLDS: each update also penalises likelihood the ledger's responses lost since anchoring",
+    )
+    ledger_lambda: float = option(0.2, "weight of the ledger-LLDS term (lambda_R)")
+    ledger_batch: int | None = option(
+        None, "ledger responses sampled per update for ledger-LLDS (default: one group, G)"
+    )
+    skip_zero_signal: bool = option(
+        False,
+        "no optimizer step (no Adam moment update, no weight decay) on a mini-batch whose loss has exactly "
+        "zero gradient (all advantages 0 and no KL/entropy/LLDS term acting): the momentum control",
+    )
     warning_window: int = option(
         3, "early-warning rule: lld/warning is 1 after this many consecutive steps with delta_adv_pos <= 0"
     )
@@ -309,10 +348,28 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
             raise ConfigError(f"ratio_cap must be > 1 + clip_eps = {1 + self.clip_eps}, got {self.ratio_cap}")
         if not self.kl_value_cap > 0:
             raise ConfigError(f"kl_value_cap must be > 0, got {self.kl_value_cap}")
-        if self.probe_size < 0:
-            raise ConfigError(f"probe_size must be >= 0, got {self.probe_size}")
+        for name in ("probe_size", "onpolicy_probe_size", "ledger_size"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.onpolicy_probe_episodes is not None and self.onpolicy_probe_episodes < 1:
+            raise ConfigError(f"onpolicy_probe_episodes must be >= 1, got {self.onpolicy_probe_episodes}")
+        if self.onpolicy_probe_size and self.onpolicy_heldout_split == self.split:
+            raise ConfigError(
+                f"onpolicy_heldout_split must differ from the training split {self.split!r} (held-out questions)"
+            )
+        if self.ledger_lambda < 0:
+            raise ConfigError(f"ledger_lambda must be >= 0, got {self.ledger_lambda}")
+        if self.ledger_batch is not None and self.ledger_batch < 1:
+            raise ConfigError(f"ledger_batch must be >= 1, got {self.ledger_batch}")
+        if self.llds_ledger and not self.ledger_size:
+            raise ConfigError("llds_ledger needs a ledger: --ledger-size must be >= 1")
         if self.eval_every < 0 or self.save_every < 0:
             raise ConfigError("eval_every and save_every must be >= 0 (0: only at the end)")
+
+    @property
+    def ledger_responses(self) -> int:
+        """Ledger responses per update for ledger-LLDS (``ledger_batch``, default one group)."""
+        return self.ledger_batch if self.ledger_batch is not None else self.group_size
 
     @property
     def updates_per_step(self) -> int:

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["collapse_step", "lld_warning", "warning_steps"]
+__all__ = ["behaviour_collapse_step", "collapse_step", "drop_step", "lld_warning", "warning_steps"]
 
 Metrics = Mapping[str, Any]
 
@@ -90,5 +90,90 @@ def collapse_step(
         average = sum(v for _, v in points[j - smooth + 1 : j + 1]) / smooth
         peak = max(peak, average)
         if peak >= min_peak and peak > 0 and average < fraction * peak:
+            return step
+    return None
+
+
+def _trailing_first(
+    history: Sequence[Metrics], key: str, smooth: int, below: float
+) -> tuple[int, float] | None:
+    """The first (step, average) at which the ``smooth``-step trailing mean of ``key`` is below ``below``."""
+    points = [(_step(r, i), _value(r, key)) for i, r in enumerate(history) if r.get(key) is not None]
+    for j in range(smooth - 1, len(points)):  # full windows only
+        average = sum(v for _, v in points[j - smooth + 1 : j + 1]) / smooth
+        if average < below:
+            return points[j][0], average
+    return None
+
+
+def _step(record: Metrics, index: int) -> int:
+    return int(record.get("step", index + 1))
+
+
+def behaviour_collapse_step(
+    history: Sequence[Metrics],
+    *,
+    warm_searches: float | None = None,
+    smooth: int = 5,
+    answered_below: float = 0.5,
+    searches_fraction: float = 0.5,
+) -> int | None:
+    """The first step at which the policy stops answering or stops searching (reward-independent).
+
+    Collapse is the first step at which the ``smooth``-step trailing mean of ``rollout/answered`` is below
+    ``answered_below``, or that of ``rollout/searches`` is below ``searches_fraction`` × the warm-start's
+    searches per episode (full windows only; training steps are the records with ``step > 0``).
+
+    Args:
+        history: The run's per-step metrics, oldest first; a step-0 record may carry ``warmstart/searches``
+            (the initial policy's sampled searches per episode, logged by the trainer).
+        warm_searches: The warm-start's searches per episode; default the step-0 record's
+            ``warmstart/searches``, else the mean ``rollout/searches`` of the first ``smooth`` steps.
+        smooth: Trailing window, in steps.
+        answered_below: Threshold on the share of episodes that end with an answer.
+        searches_fraction: Threshold on searches, relative to the warm-start's.
+
+    Returns:
+        The step, or ``None`` if the run never collapses.
+    """
+    if smooth < 1:
+        raise ValueError(f"smooth must be >= 1, got {smooth}")
+    steps = [r for i, r in enumerate(history) if _step(r, i) > 0]
+    if warm_searches is None:
+        start = next((r for i, r in enumerate(history) if _step(r, i) == 0), {})
+        warm_searches = _value(start, "warmstart/searches")
+        if math.isnan(warm_searches):
+            first = [
+                _value(r, "rollout/searches") for r in steps[:smooth] if r.get("rollout/searches") is not None
+            ]
+            warm_searches = sum(first) / len(first) if first else math.nan
+    hits = [
+        _trailing_first(steps, "rollout/answered", smooth, answered_below),
+        _trailing_first(steps, "rollout/searches", smooth, searches_fraction * warm_searches)
+        if math.isfinite(warm_searches) and warm_searches > 0
+        else None,
+    ]
+    found = [h[0] for h in hits if h is not None]
+    return min(found) if found else None
+
+
+def drop_step(history: Sequence[Metrics], key: str, drop: float) -> int | None:
+    """The first training step at which ``key`` is more than ``drop`` below its step-0 value.
+
+    Args:
+        history: The run's per-step metrics, oldest first, with a step-0 record holding ``key``.
+        key: A likelihood metric, e.g. ``lld/probe_onpolicy_train`` (nats per token).
+        drop: The fall that counts, e.g. 0.3 (the precursor) or 1.0 (the secondary collapse).
+
+    Returns:
+        The step, or ``None`` (also when step 0 has no finite value of ``key``).
+    """
+    start = next((r for i, r in enumerate(history) if _step(r, i) == 0), None)
+    base = _value(start, key) if start is not None else math.nan
+    if not math.isfinite(base):
+        return None
+    for i, r in enumerate(history):
+        step = _step(r, i)
+        if step > 0 and _value(r, key) < base - drop:  # NaN < x is False
             return step
     return None

@@ -52,6 +52,8 @@ __all__ = [
     "grpo_llds_loss",
     "k3_kl",
     "kl_penalty",
+    "ledger_displacement",
+    "ledger_llds_loss",
     "likelihood_metrics",
     "llds_loss",
     "masked_mean",
@@ -524,6 +526,43 @@ def llds_loss(
     return loss, {"llds_loss": _float(loss), "llds_gate_open": frac}
 
 
+def ledger_llds_loss(
+    logp: Tensor,
+    anchor_logp: Tensor,
+    loss_mask: Tensor,
+    gate: Gate = "action",
+    weights: Tensor | None = None,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Ledger-LLDS: LLDS against the *anchors* of past successes, unscaled (multiply by ``lambda_R``).
+
+    Each ledger response was positively rewarded at some earlier step; its anchor is its log-likelihood
+    right after that step's updates. Per token ``d = anchor - logp`` (positive: likelihood lost since the
+    success was recorded, by any later update), and every response is in the preserving set::
+
+        L_R = sum_{i,t} gate_{i,t} * w_{i,t} * max(d_{i,t}, 0) * mask_{i,t} / N_R
+
+    with ``N_R`` the policy tokens of the ledger sample (its own token mean, independent of the batch). It
+    is :func:`llds_loss` with every advantage positive and the anchor in place of ``pi_old``: LLDS protects
+    the current batch from its own updates, this term protects earlier successes from later ones.
+
+    Args:
+        logp: ``(R, T)`` log-probabilities of the ledger responses' tokens under the policy being trained.
+        anchor_logp: ``(R, T)`` their anchors (constants).
+        loss_mask: ``(R, T)`` 1 on policy tokens.
+        gate: ``"action"``, ``"response"`` or ``"token"`` (see :func:`llds_loss`).
+        weights: ``(R, T)`` per-token weights, default 1.
+        num_tokens: Denominator override (default: the policy tokens of these responses; a sample split
+            into micro-batches passes the whole sample's count).
+
+    Returns:
+        ``(loss, metrics)`` with ``ledger_llds_loss`` and ``ledger_gate_open``.
+    """
+    positive = torch.ones(logp.shape[0], dtype=logp.dtype, device=logp.device)
+    loss, m = llds_loss(logp, anchor_logp, positive, loss_mask, gate, weights, num_tokens)
+    return loss, {"ledger_llds_loss": m["llds_loss"], "ledger_gate_open": m["llds_gate_open"]}
+
+
 # -- diagnostics ---------------------------------------------------------------------------------------
 
 
@@ -587,6 +626,43 @@ def displacement_by_advantage(
             out[f"delta_adv_{name}"] = float(per_resp[sel].mean()) if n else float("nan")
             out[f"n_adv_{name}"] = float(n)
     return out
+
+
+def ledger_displacement(
+    logp_now: Tensor, anchor_logp: Tensor, loss_mask: Tensor, tol: float = 1e-5
+) -> dict[str, float]:
+    """Cross-step displacement of the ledger: how far past successes moved since they were anchored.
+
+    For each response, the mean over its policy tokens of ``logp_now - anchor``; then the mean over the
+    responses (``ledger_delta``, < 0: the successes lost likelihood to later updates) and the share of
+    responses below their anchor by more than ``tol`` nats per token (``ledger_frac_displaced``; the
+    tolerance absorbs the float noise of scoring the same tokens in other batch shapes).
+
+    Args:
+        logp_now: ``(R, T)`` log-probabilities of the ledger responses under the current policy.
+        anchor_logp: ``(R, T)`` their anchors.
+        loss_mask: ``(R, T)`` 1 on policy tokens.
+        tol: Per-token margin below the anchor that counts as displaced.
+
+    Returns:
+        ``ledger_delta``, ``ledger_frac_displaced`` (``nan`` for an empty ledger) and ``ledger_size``.
+    """
+    m = _as_bool(loss_mask)
+    with torch.no_grad():
+        tokens = m.sum(dim=1)
+        keep = tokens > 0
+        per_resp = torch.where(m, logp_now.float() - anchor_logp.float(), 0.0).sum(dim=1) / tokens.clamp(
+            min=1
+        )
+        per_resp = per_resp[keep]
+        n = int(per_resp.numel())
+        if not n:
+            return {"ledger_delta": float("nan"), "ledger_frac_displaced": float("nan"), "ledger_size": 0.0}
+        return {
+            "ledger_delta": float(per_resp.mean()),
+            "ledger_frac_displaced": float((per_resp < -tol).float().mean()),
+            "ledger_size": float(n),
+        }
 
 
 PROBE_ACTIONS: tuple[str, ...] = ("first", "search", "answer")

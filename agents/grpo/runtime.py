@@ -230,7 +230,8 @@ def _check_arch(arch: dict[str, Any], path: str) -> None:
 def make_optimizer(
     model: Any, config: CommonConfig, total_updates: int | None = None
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable parameters with a linear warm-up to ``config.lr``.
+    """AdamW over the trainable parameters with a linear warm-up to ``config.lr`` (from
+    ``config.warmup_start_lr`` when set, else from ``lr / warmup_steps``).
 
     After the warm-up the rate stays constant (``config.lr_schedule == "constant"``) or decays linearly to
     zero at ``total_updates`` (``"linear"``; needs ``total_updates``).
@@ -240,8 +241,12 @@ def make_optimizer(
     warmup = config.warmup_steps
     decay = config.lr_schedule == "linear" and total_updates is not None
 
+    start = getattr(config, "warmup_start_lr", None)
+
     def factor(update: int) -> float:
         if warmup and update < warmup:
+            if start is not None:  # a straight ramp from start (first update) to lr (the warm-up's last)
+                return start / config.lr + (1 - start / config.lr) * update / (warmup - 1)
             return (update + 1) / warmup
         if decay:
             assert total_updates is not None

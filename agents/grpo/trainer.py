@@ -5,7 +5,9 @@ through :class:`SearchQAVectorEnv` turn by turn. The batch is then used for ``ep
 mini-batch updates (by default one pass, mini-batches of whole groups: :func:`minibatch_plan`), all against
 the same ``pi_old`` (the policy that generated it): that is where LLDS acts, since on the first update
 ``pi_theta == pi_old`` and the term is exactly zero. After the updates the step measures what they did to
-the likelihood of its own responses (LLD, split by advantage sign) and of a fixed probe set.
+the likelihood of its own responses (LLD, split by advantage sign), of fixed probe sets (oracle
+transcripts, and the initial policy's own correct samples on training and held-out questions), and of the
+cross-step ledger of past successes (:mod:`.ledger`).
 
 Every numeric step is a pure function of :mod:`searchgym.agents.grpo.losses`; this module only moves
 tensors between them, the model and the environment. Metrics are gathered into one dict per step and
@@ -37,6 +39,7 @@ from searchgym.errors import ConfigError
 from .checkpoint import CheckpointError, get_rng_state, load_checkpoint, save_checkpoint, set_rng_state
 from .config import GRPOConfig
 from .diagnostics import lld_warning
+from .ledger import Ledger
 from .losses import (
     adaptive_answer_weight,
     answer_span_mask,
@@ -44,8 +47,11 @@ from .losses import (
     displacement_by_advantage,
     group_advantages,
     grpo_llds_loss,
+    ledger_displacement,
+    ledger_llds_loss,
     likelihood_metrics,
     llds_loss,
+    masked_mean,
     probe_masks,
     probe_metrics,
 )
@@ -107,6 +113,10 @@ class GRPOTrainer:
             **{**cfg.env_kwargs(), "tokenizer": self.policy.tokenizer},
         )
         self.probe = self._build_probe()
+        # Sampled now, from the initial weights (a resumed run rebuilds the same sets before restoring).
+        self.onpolicy_probes, self.warmstart = self._build_onpolicy_probes()
+        self.ledger = Ledger(cfg.ledger_size, self.policy.tokenizer.pad_token_id) if cfg.ledger_size else None
+        self.logp_after: Tensor | None = None  # the last step's responses after all of its updates
         self.step = 0
         if cfg.resume:
             self._restore(self.run_dir / CHECKPOINT)
@@ -128,8 +138,11 @@ class GRPOTrainer:
 
         bar = tqdm(total=cfg.steps, initial=self.step, desc="grpo", disable=not cfg.progress)
         metrics: dict[str, float] = {}
-        if self.step == 0 and cfg.eval_questions and (cfg.eval_at_start or cfg.eval_every):
-            self._log(0, self.evaluate() | self.probe_metrics())  # the warm-start, as step 0
+        if self.step == 0:  # the initial policy, as step 0: probes always, evaluation when asked
+            start = self.probe_metrics() | {f"warmstart/{k}": v for k, v in self.warmstart.items()}
+            if cfg.eval_questions and (cfg.eval_at_start or cfg.eval_every):
+                start |= self.evaluate()
+            self._log(0, start)
         try:
             while self.step < cfg.steps:
                 self.step += 1
@@ -139,8 +152,11 @@ class GRPOTrainer:
                 advantages = group_advantages(batch.rewards, cfg.group_size)  # advantage
                 metrics = self.rollout_metrics(batch, advantages)
                 metrics |= self.update(batch, advantages)  # loss, optimizer updates, displacement
-                metrics |= self.probe_metrics()
                 t2 = time.perf_counter()
+                metrics |= self.probe_metrics()
+                t3 = time.perf_counter()
+                metrics |= self.ledger_metrics(batch)  # cross-step displacement, then this step's successes
+                t4 = time.perf_counter()
                 if cfg.eval_questions and (
                     self.step == cfg.steps or (cfg.eval_every and self.step % cfg.eval_every == 0)
                 ):
@@ -148,6 +164,8 @@ class GRPOTrainer:
                 metrics |= {
                     "time/rollout_s": t1 - t0,
                     "time/update_s": t2 - t1,
+                    "time/probe_s": t3 - t2,
+                    "time/ledger_s": t4 - t3,
                     "time/step_s": time.perf_counter() - t0,
                 }
                 self._log(self.step, metrics)  # log: the one place metrics are recorded
@@ -290,7 +308,9 @@ class GRPOTrainer:
         for n, micro_batches in enumerate(plan):
             hook = check if n == 0 and own_first else None
             self.update_metrics.append(
-                self._update_minibatch(batch, micro_batches, advantages, logp_old, ref_logp, weights, hook)
+                self._update_minibatch(
+                    batch, micro_batches, advantages, logp_old, ref_logp, weights, hook, self._ledger_rows(n)
+                )
             )
         if own_first:
             mismatch = _pi_old_gap(batch, logp_old, first)
@@ -305,12 +325,22 @@ class GRPOTrainer:
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["train/updates"] = float(len(plan))
         metrics["train/skipped_updates"] = float(sum(per_update["skipped"]))
+        metrics["train/zero_signal_frac"] = _mean(per_update["zero_signal"])
         metrics["rollout/logp_mismatch"] = float(mismatch.max()) if mismatch.numel() else 0.0
         if beta is not None:
             metrics["train/llds_ma_beta"] = beta
         metrics |= self.displacement(batch, advantages, logp_old, first_epoch)
         self.model.train(model_mode)
         return metrics
+
+    def _ledger_rows(self, update: int) -> Tensor | None:
+        """The ledger responses ledger-LLDS regularises in this step's ``update``-th update (seeded by
+        ``(seed, step, update)``); ``None`` when ledger-LLDS is off or the ledger is empty."""
+        cfg = self.config
+        if not (cfg.llds_ledger and cfg.ledger_lambda and self.ledger is not None and len(self.ledger)):
+            return None
+        generator = torch.Generator().manual_seed((cfg.seed * 1_000_003 + self.step) * 1_009 + update)
+        return torch.randperm(len(self.ledger), generator=generator)[: cfg.ledger_responses]
 
     def _check_pi_old(self, batch: RolloutBatch, logp_old: Tensor, first: Tensor, rest: list[Tensor]) -> None:
         """Before the first optimizer step: the sampler's log-probs stand as ``pi_old`` for the ``rest``
@@ -331,8 +361,13 @@ class GRPOTrainer:
         ref_logp: Tensor | None,
         weights: Tensor | None,
         before_step: Callable[[], None] | None = None,
+        ledger_rows: Tensor | None = None,
     ) -> dict[str, float]:
         """One optimizer update (gradients accumulated over micro-batches); skipped if anything is not finite.
+
+        With ``ledger_rows``, the ledger-LLDS term of those ledger responses joins the gradient. With
+        ``skip_zero_signal``, an update whose gradient is exactly zero makes no optimizer step (Adam's
+        moments and the weight decay stay as they were); ``zero_signal`` says whether it was zero.
 
         With ``before_step`` (the first update when ``rescore_pi_old`` is ``None``), each micro-batch's own
         forward is its ``pi_old``: it is written into ``logp_old``, and ``before_step()`` runs after the
@@ -368,16 +403,53 @@ class GRPOTrainer:
                     sums[k] = max(sums[k], v)
                 else:
                     sums[k] += v if k in ("loss", "pg_loss", "llds_loss", "kl", "entropy") else v * share
+        if ledger_rows is not None and finite:
+            ledger_loss, m = self._ledger_term(ledger_rows)
+            finite = bool(torch.isfinite(ledger_loss))
+            sums.update(m)
         if before_step is not None:
             before_step()
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
         finite = finite and bool(torch.isfinite(grad_norm))
-        if finite:
+        zero = finite and float(grad_norm) == 0.0  # no term of the loss moves any weight
+        if finite and not (zero and cfg.skip_zero_signal):
             self.optimizer.step()
-        else:  # a NaN/Inf loss or gradient: skip this update, keep the weights, and say so in the log
+        else:  # a NaN/Inf loss or gradient, or a skipped zero-signal update: the weights and moments stay
             self.optimizer.zero_grad(set_to_none=True)
-        return {**sums, "grad_norm": float(grad_norm), "skipped": float(not finite)}
+        return {
+            **sums,
+            "grad_norm": float(grad_norm),
+            "skipped": float(not finite),
+            "zero_signal": float(zero),
+        }
+
+    def _ledger_term(self, rows: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """Backpropagates ``ledger_lambda`` × ledger-LLDS over the ledger responses ``rows``, micro-batch by
+        micro-batch (one token mean over them all); returns the scaled loss and its metrics."""
+        cfg = self.config
+        assert self.ledger is not None
+        ledger, anchor = self.ledger.batch()
+        num_tokens = float(ledger.loss_mask[rows].sum().clamp(min=1))
+        gate = "action" if cfg.llds == "none" else cfg.llds
+        total = torch.zeros(())
+        sums: dict[str, float] = defaultdict(float)
+        for idx in self._micro([rows], ledger.attention_mask.sum(dim=1))[0]:
+            mb = ledger.select(idx).to(cfg.device)
+            logp, _ = _token_logprobs(self.policy, self.model, mb)
+            width = mb.tokens.shape[1]
+            loss, m = ledger_llds_loss(
+                logp, anchor[idx, :width].to(cfg.device), mb.loss_mask, gate, None, num_tokens
+            )
+            loss = cfg.ledger_lambda * loss
+            if not bool(torch.isfinite(loss)):
+                return loss.detach().cpu(), dict(sums)
+            loss.backward()
+            total = total + loss.detach().cpu()
+            share = float(mb.loss_mask.sum()) / num_tokens
+            sums["ledger_llds_loss"] += m["ledger_llds_loss"]
+            sums["ledger_gate_open"] += m["ledger_gate_open"] * share
+        return total, dict(sums)
 
     def loss(
         self,
@@ -448,8 +520,36 @@ class GRPOTrainer:
         """
         self.model.eval()
         after = self._score(self.model, batch, micro_batches)
+        self.logp_after = after  # the anchors of the step's successes (ledger_metrics)
         out = displacement_by_advantage(logp_before, after, advantages, batch.loss_mask)
         return {f"lld/{k}": v for k, v in out.items()}
+
+    @torch.no_grad()
+    def ledger_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        """Cross-step LLD: the ledger of earlier successes re-scored now against its anchors
+        (``lld/ledger_delta``, ``lld/ledger_frac_displaced``, ``lld/ledger_size``: the responses measured);
+        then this step's positively rewarded responses join it, anchored at their log-likelihood after all
+        of this step's updates (``lld/ledger_added``)."""
+        if self.ledger is None:
+            return {}
+        mode = self.model.training
+        self.model.eval()
+        if len(self.ledger):
+            ledger, anchor = self.ledger.batch()
+            out = ledger_displacement(self._score_all(ledger), anchor, ledger.loss_mask)
+        else:
+            out = {"ledger_delta": float("nan"), "ledger_frac_displaced": float("nan"), "ledger_size": 0.0}
+        self.model.train(mode)
+        assert self.logp_after is not None, "ledger_metrics runs after update()"
+        out["ledger_added"] = float(self.ledger.add(batch, self.logp_after, self.step))
+        return {f"lld/{k}": v for k, v in out.items()}
+
+    def _score_all(self, batch: RolloutBatch) -> Tensor:
+        """``(B, T)`` log-probs of every response of ``batch`` under the current model, no grad, in
+        length-bucketed micro-batches (the shapes of the update passes)."""
+        return self._score(
+            self.model, batch, self._micro([torch.arange(len(batch))], batch.attention_mask.sum(dim=1))[0]
+        )
 
     def _build_probe(self) -> RolloutBatch | None:
         """The fixed probe set: ``probe_size`` correct transcripts (demonstrations), padded, with masks."""
@@ -488,15 +588,67 @@ class GRPOTrainer:
     @torch.no_grad()
     def probe_metrics(self) -> dict[str, float]:
         """Mean per-token log-likelihood of the probe set, overall and per action kind (``lld/probe_logp*``)."""
-        if self.probe is None:
-            return {}
-        size = self.config.micro_batch_size or self.config.minibatch_responses
-        chunks = [torch.arange(i, min(i + size, len(self.probe))) for i in range(0, len(self.probe), size)]
         mode = self.model.training
         self.model.eval()
-        logp = self._score(self.model, self.probe, chunks)
+        out: dict[str, float] = {}
+        if self.probe is not None:
+            out |= probe_metrics(self._score_all(self.probe), self.probe_masks)
+        for name, probe in self.onpolicy_probes.items():
+            value = float(masked_mean(self._score_all(probe), probe.loss_mask)) if len(probe) else math.nan
+            out[f"probe_onpolicy_{name}"] = value
         self.model.train(mode)
-        return {f"lld/{k}": v for k, v in probe_metrics(logp, self.probe_masks).items()}
+        return {f"lld/{k}": v for k, v in out.items()}
+
+    @torch.no_grad()
+    def _build_onpolicy_probes(self) -> tuple[dict[str, RolloutBatch], dict[str, float]]:
+        """The on-policy probes: up to ``onpolicy_probe_size`` correct responses the initial policy samples
+        itself, on the first training questions (``train``) and on the first questions of the held-out split
+        (``heldout``). Also returns the initial policy's sampled behaviour on those training questions
+        (``reward``, ``searches``, ``answered``, ``episodes``: the warm-start reference of the behaviour
+        collapse rule). Seeded independently of the run's seed, so every run of an experiment has the same
+        probes."""
+        cfg = self.config
+        if not cfg.onpolicy_probe_size:
+            return {}, {}
+        budget = cfg.onpolicy_probe_episodes or 4 * cfg.onpolicy_probe_size
+        probes: dict[str, RolloutBatch] = {}
+        summary: dict[str, float] = {}
+        for k, (name, split) in enumerate((("train", cfg.split), ("heldout", cfg.onpolicy_heldout_split))):
+            env = SearchQAVectorEnv(
+                min(cfg.onpolicy_probe_size, budget),
+                autoreset_mode="Disabled",
+                **{**cfg.env_kwargs(split), "tokenizer": self.policy.tokenizer},
+            )
+            ids = [q.id for q in env.questions]
+            kept: list[RolloutBatch] = []
+            found, infos, rewards = 0, [], []
+            try:
+                for start in range(0, budget, env.num_envs):
+                    chunk = [ids[(start + j) % len(ids)] for j in range(env.num_envs)]
+                    self.policy.reset({}, seed=7_919 * (k + 1) + start)
+                    batch = collect_rollouts(env, self.policy, seed=start, group_size=1, question_ids=chunk)
+                    infos += batch.infos
+                    rewards += batch.rewards.tolist()
+                    rows = [i for i in range(len(batch)) if float(batch.rewards[i]) > 0]
+                    rows = rows[: cfg.onpolicy_probe_size - found]
+                    if rows:
+                        kept.append(batch.select(rows))
+                        found += len(rows)
+                    if found >= cfg.onpolicy_probe_size:
+                        break
+            finally:
+                env.close()
+            probes[name] = _concat(kept, self.policy.tokenizer.pad_token_id)
+            if name == "train":
+                s = summarize_episodes(infos)
+                summary = {
+                    "reward": float(np.mean(rewards)),
+                    "searches": s["searches"],
+                    "answered": s["answered"],
+                    "episodes": float(len(infos)),
+                }
+            summary[f"probe_onpolicy_{name}_size"] = float(found)
+        return probes, summary
 
     def evaluate(self) -> dict[str, float]:
         """Greedy play on the first ``eval_questions`` questions of the eval split, as ``eval/`` metrics."""
@@ -518,6 +670,7 @@ class GRPOTrainer:
                 "scheduler": self.scheduler.state_dict(),
                 "rng": get_rng_state(),
                 "config": dataclasses.asdict(self.config),
+                **({"ledger": self.ledger.state_dict()} if self.ledger is not None else {}),
             },
         )
 
@@ -538,6 +691,8 @@ class GRPOTrainer:
             self.scheduler.load_state_dict(payload["scheduler"])
             set_rng_state(payload["rng"])
             self.step = int(payload["step"])
+            if self.ledger is not None and "ledger" in payload:
+                self.ledger.load_state_dict(payload["ledger"])
         except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
             raise CheckpointError(f"cannot resume from {path}: {e}") from None
 
@@ -684,6 +839,22 @@ def _resume_init(config: GRPOConfig) -> GRPOConfig:
             "the reference model would change; pass --init with the original file"
         )
     return dataclasses.replace(config, init=given)
+
+
+def _concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Rows of several batches in one, re-padded to the longest transcript (empty without rows)."""
+    lengths = [int(n) for b in batches for n in b.attention_mask.sum(dim=1).tolist()]
+    rows = [(b, i) for b in batches for i in range(len(b))]
+    tokens, mask, sources = pad_transcripts(
+        [b.tokens[i, :n] for (b, i), n in zip(rows, lengths, strict=True)],
+        [b.sources[i, :n] for (b, i), n in zip(rows, lengths, strict=True)],
+        pad_id,
+    )
+    logp = torch.zeros(tokens.shape, dtype=torch.float32)
+    for j, ((b, i), n) in enumerate(zip(rows, lengths, strict=True)):
+        logp[j, :n] = b.logp_old[i, :n]
+    rewards = torch.tensor([float(b.rewards[i]) for b, i in rows], dtype=torch.float32)
+    return RolloutBatch(tokens, mask, sources, logp, rewards, [b.infos[i] for b, i in rows])
 
 
 def _pi_old_gap(batch: RolloutBatch, logp_old: Tensor, first: Tensor) -> Tensor:

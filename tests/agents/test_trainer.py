@@ -45,6 +45,8 @@ def tiny(tmp_path: Path, **overrides: Any) -> GRPOConfig:
         "progress": False,
         "tensorboard": False,
         "lr": 1e-2,
+        "onpolicy_probe_size": 0,
+        "ledger_size": 0,
     }
     return GRPOConfig(**{**values, **overrides})
 
