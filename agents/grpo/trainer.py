@@ -55,7 +55,8 @@ from .losses import (
     probe_masks,
     probe_metrics,
 )
-from .rollout import RolloutBatch, collect_rollouts, pad_transcripts, summarize_episodes
+from .probes import onpolicy_probes, oracle_probe
+from .rollout import RolloutBatch, collect_rollouts, summarize_episodes
 from .runtime import (
     MetricLogger,
     build_policy,
@@ -552,38 +553,11 @@ class GRPOTrainer:
         )
 
     def _build_probe(self) -> RolloutBatch | None:
-        """The fixed probe set: ``probe_size`` correct transcripts (demonstrations), padded, with masks."""
-        cfg = self.config
-        if not cfg.probe_size:
-            return None
-        from ..demonstrations import generate_demonstrations, read_demonstrations
-
-        if cfg.probe_demos is not None:
-            demos = [d for d in read_demonstrations(cfg.probe_demos) if d.reward > 0][: cfg.probe_size]
-        else:
-            import gymnasium as gym
-
-            import searchgym  # noqa: F401 - registers the env ids
-
-            env = gym.make("SearchQA-v0", **{**cfg.env_kwargs(), "tokenizer": self.policy.tokenizer})
-            demos = []
-            # Oracle episodes of the first training questions (the oracle fails when retrieval misses).
-            for demo in generate_demonstrations(env, 4 * cfg.probe_size, seed=0):
-                if demo.reward > 0:
-                    demos.append(demo)
-                if len(demos) == cfg.probe_size:
-                    break
-            env.close()
-        if not demos:
-            raise ConfigError("the probe set is empty: no rewarded transcript to score (set --probe-size 0)")
-        tokens, mask, sources = pad_transcripts(
-            [d.tokens for d in demos], [d.sources for d in demos], self.policy.tokenizer.pad_token_id
-        )
-        n = len(demos)
-        self.probe_masks = probe_masks(tokens, sources, self.policy.tokenizer.token_bytes)
-        return RolloutBatch(
-            tokens, mask, sources, torch.zeros(tokens.shape), torch.ones(n), [{} for _ in range(n)]
-        )
+        """The fixed oracle probe set (:func:`.probes.oracle_probe`); its action-kind masks in ``probe_masks``."""
+        probe = oracle_probe(self.config, self.policy.tokenizer)
+        if probe is not None:
+            self.probe_masks = probe_masks(probe.tokens, probe.sources, self.policy.tokenizer.token_bytes)
+        return probe
 
     @torch.no_grad()
     def probe_metrics(self) -> dict[str, float]:
@@ -599,56 +573,9 @@ class GRPOTrainer:
         self.model.train(mode)
         return {f"lld/{k}": v for k, v in out.items()}
 
-    @torch.no_grad()
     def _build_onpolicy_probes(self) -> tuple[dict[str, RolloutBatch], dict[str, float]]:
-        """The on-policy probes: up to ``onpolicy_probe_size`` correct responses the initial policy samples
-        itself, on the first training questions (``train``) and on the first questions of the held-out split
-        (``heldout``). Also returns the initial policy's sampled behaviour on those training questions
-        (``reward``, ``searches``, ``answered``, ``episodes``: the warm-start reference of the behaviour
-        collapse rule). Seeded independently of the run's seed, so every run of an experiment has the same
-        probes."""
-        cfg = self.config
-        if not cfg.onpolicy_probe_size:
-            return {}, {}
-        budget = cfg.onpolicy_probe_episodes or 4 * cfg.onpolicy_probe_size
-        probes: dict[str, RolloutBatch] = {}
-        summary: dict[str, float] = {}
-        for k, (name, split) in enumerate((("train", cfg.split), ("heldout", cfg.onpolicy_heldout_split))):
-            env = SearchQAVectorEnv(
-                min(cfg.onpolicy_probe_size, budget),
-                autoreset_mode="Disabled",
-                **{**cfg.env_kwargs(split), "tokenizer": self.policy.tokenizer},
-            )
-            ids = [q.id for q in env.questions]
-            kept: list[RolloutBatch] = []
-            found, infos, rewards = 0, [], []
-            try:
-                for start in range(0, budget, env.num_envs):
-                    chunk = [ids[(start + j) % len(ids)] for j in range(env.num_envs)]
-                    self.policy.reset({}, seed=7_919 * (k + 1) + start)
-                    batch = collect_rollouts(env, self.policy, seed=start, group_size=1, question_ids=chunk)
-                    infos += batch.infos
-                    rewards += batch.rewards.tolist()
-                    rows = [i for i in range(len(batch)) if float(batch.rewards[i]) > 0]
-                    rows = rows[: cfg.onpolicy_probe_size - found]
-                    if rows:
-                        kept.append(batch.select(rows))
-                        found += len(rows)
-                    if found >= cfg.onpolicy_probe_size:
-                        break
-            finally:
-                env.close()
-            probes[name] = _concat(kept, self.policy.tokenizer.pad_token_id)
-            if name == "train":
-                s = summarize_episodes(infos)
-                summary = {
-                    "reward": float(np.mean(rewards)),
-                    "searches": s["searches"],
-                    "answered": s["answered"],
-                    "episodes": float(len(infos)),
-                }
-            summary[f"probe_onpolicy_{name}_size"] = float(found)
-        return probes, summary
+        """The on-policy probes and the initial policy's sampled behaviour (:func:`.probes.onpolicy_probes`)."""
+        return onpolicy_probes(self.config, self.policy)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy play on the first ``eval_questions`` questions of the eval split, as ``eval/`` metrics."""
@@ -839,22 +766,6 @@ def _resume_init(config: GRPOConfig) -> GRPOConfig:
             "the reference model would change; pass --init with the original file"
         )
     return dataclasses.replace(config, init=given)
-
-
-def _concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
-    """Rows of several batches in one, re-padded to the longest transcript (empty without rows)."""
-    lengths = [int(n) for b in batches for n in b.attention_mask.sum(dim=1).tolist()]
-    rows = [(b, i) for b in batches for i in range(len(b))]
-    tokens, mask, sources = pad_transcripts(
-        [b.tokens[i, :n] for (b, i), n in zip(rows, lengths, strict=True)],
-        [b.sources[i, :n] for (b, i), n in zip(rows, lengths, strict=True)],
-        pad_id,
-    )
-    logp = torch.zeros(tokens.shape, dtype=torch.float32)
-    for j, ((b, i), n) in enumerate(zip(rows, lengths, strict=True)):
-        logp[j, :n] = b.logp_old[i, :n]
-    rewards = torch.tensor([float(b.rewards[i]) for b, i in rows], dtype=torch.float32)
-    return RolloutBatch(tokens, mask, sources, logp, rewards, [b.infos[i] for b, i in rows])
 
 
 def _pi_old_gap(batch: RolloutBatch, logp_old: Tensor, first: Tensor) -> Tensor:

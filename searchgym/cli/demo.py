@@ -23,7 +23,13 @@ _ENV: dict[str, Any] = {"max_turn_tokens": 48, "max_context_tokens": 1024}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run-dir", default="runs/demo", help="where the runs, metrics and plots go")
+    parser.add_argument(
+        "--run-dir",
+        default=None,
+        help="where the runs, metrics and plots go (default: runs/demo, or runs/demo-2, -3 … when it is taken: "
+        "an earlier demo is never replaced unless you name its folder and pass --overwrite)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace the runs in an existing --run-dir")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage")
     parser.add_argument(
@@ -57,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.cli import plot
 
     torch.set_num_threads(args.threads)
-    root = Path(args.run_dir)
+    root = demo_dir(args.run_dir, args.overwrite)
+    print(f"demo runs go to {root}/")
     start = time.perf_counter()
     common: dict[str, Any] = {
         **_ENV,
@@ -75,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         demos=str(root / "demos.jsonl"),
         epochs=args.sft_epochs,
         tiny_layers=args.layers,
-        overwrite=True,
+        overwrite=True,  # inside a folder demo_dir() handed out: fresh, or replaced by request
         **common,
     )
     untrained = _evaluate_untrained(sft)
@@ -99,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             lr=args.lr,
             save_every=0,
             eval_at_start=False,
-            overwrite=True,  # a new demo replaces the previous one's runs  # the warm-start is the SFT row, evaluated on the same questions
+            onpolicy_probe_size=32,  # half the default: the demo's warm-start rarely answers right
+            overwrite=True,  # inside a folder demo_dir() handed out: fresh, or replaced by request
             **common,
         )
         metrics = train_grpo(cfg)
@@ -136,6 +144,30 @@ def run(args: argparse.Namespace) -> int:
         "and its verdict are in docs/experiments/lld.md."
     )
     return 0
+
+
+def demo_dir(run_dir: str | None, overwrite: bool) -> Path:
+    """The demo's folder: ``run_dir`` (refused when it holds a run, unless ``overwrite``), else ``runs/demo``
+    or the first free ``runs/demo-N``, so running the demo twice never replaces the first one's runs.
+
+    Raises:
+        ConfigError: ``run_dir`` is not empty and ``overwrite`` is not set.
+    """
+    from searchgym.errors import ConfigError
+
+    if run_dir is not None:
+        root = Path(run_dir)
+        if root.exists() and any(root.iterdir()) and not overwrite:
+            raise ConfigError(
+                f"{root} already holds a demo's runs; pass --overwrite to replace them (make demo "
+                f"DEMO_ARGS='--run-dir {root} --overwrite'), or another --run-dir"
+            )
+        return root
+    root, n = Path("runs/demo"), 1
+    while root.exists() and any(root.iterdir()):
+        n += 1
+        root = Path(f"runs/demo-{n}")
+    return root
 
 
 def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -359,14 +359,16 @@ def test_ledger_survives_a_checkpoint(tmp_path: Path) -> None:
 def test_onpolicy_probes_hold_the_initial_policys_own_successes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = trainer_module.collect_rollouts
+    import searchgym.agents.grpo.probes as probes_module
+
+    real = probes_module.collect_rollouts
 
     def lucky(env: Any, policy: Any, **kwargs: Any) -> RolloutBatch:
         batch = real(env, policy, **kwargs)
         batch.rewards = torch.tensor([float(i % 3 == 0) for i in range(len(batch))])  # every third correct
         return batch
 
-    monkeypatch.setattr(trainer_module, "collect_rollouts", lucky)
+    monkeypatch.setattr(probes_module, "collect_rollouts", lucky)
     cfg = config(tmp_path, onpolicy_probe_size=5, onpolicy_probe_episodes=20, max_turn_tokens=8, max_turns=2)
     trainer = GRPOTrainer(cfg)
     assert {k: len(v) for k, v in trainer.onpolicy_probes.items()} == {"train": 5, "heldout": 5}

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli.demo import verdict, wilson
+from searchgym.cli.demo import demo_dir, verdict, wilson
+from searchgym.errors import ConfigError
 
 
 def test_wilson_interval_hand_computed() -> None:
@@ -59,3 +60,18 @@ def test_demo_runs_end_to_end_on_a_small_budget(tmp_path: Path, capsys: pytest.C
     assert (tmp_path / "grpo" / "metrics.jsonl").is_file() and (
         tmp_path / "grpo_llds" / "checkpoint.pt"
     ).is_file()
+
+
+def test_a_second_demo_never_replaces_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert demo_dir(None, False) == Path("runs/demo")
+    (tmp_path / "runs" / "demo").mkdir(parents=True)
+    assert demo_dir(None, False) == Path("runs/demo")  # an empty folder holds nothing to lose
+    (tmp_path / "runs" / "demo" / "demos.jsonl").write_text("{}\n")
+    assert demo_dir(None, False) == Path("runs/demo-2")
+    (tmp_path / "runs" / "demo-2").mkdir()
+    (tmp_path / "runs" / "demo-2" / "sft").mkdir()
+    assert demo_dir(None, False) == Path("runs/demo-3")
+    with pytest.raises(ConfigError, match="--overwrite"):
+        demo_dir("runs/demo", False)
+    assert demo_dir("runs/demo", True) == Path("runs/demo")

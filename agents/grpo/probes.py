@@ -1,0 +1,135 @@
+"""The probe sets a GRPO run scores every step to watch likelihood displacement across steps.
+
+* :func:`oracle_probe`: fixed correct transcripts from the oracle (or a demonstrations file). They come from
+  the same generator as the supervised warm-start's demonstrations, so their fall mixes forgetting of SFT
+  data with LLD.
+* :func:`onpolicy_probes`: the *initial* policy's own correct samples, on training questions and on held-out
+  questions the run never trains on — what the policy could already do, in its own words.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from searchgym.envs.vector import SearchQAVectorEnv
+from searchgym.errors import ConfigError
+
+from .config import GRPOConfig
+from .rollout import RolloutBatch, collect_rollouts, pad_transcripts, summarize_episodes
+
+__all__ = ["concat_batches", "onpolicy_probes", "oracle_probe"]
+
+
+def oracle_probe(cfg: GRPOConfig, tokenizer: Any) -> RolloutBatch | None:
+    """``cfg.probe_size`` correct oracle transcripts (``cfg.probe_demos``, else oracle episodes of the first
+    training questions), padded; ``None`` when ``probe_size`` is 0.
+
+    Raises:
+        ConfigError: no rewarded transcript was found.
+    """
+    if not cfg.probe_size:
+        return None
+    from ..demonstrations import generate_demonstrations, read_demonstrations
+
+    if cfg.probe_demos is not None:
+        demos = [d for d in read_demonstrations(cfg.probe_demos) if d.reward > 0][: cfg.probe_size]
+    else:
+        import gymnasium as gym
+
+        import searchgym  # noqa: F401 - registers the env ids
+
+        env = gym.make("SearchQA-v0", **{**cfg.env_kwargs(), "tokenizer": tokenizer})
+        demos = []
+        # Oracle episodes of the first training questions (the oracle fails when retrieval misses).
+        for demo in generate_demonstrations(env, 4 * cfg.probe_size, seed=0):
+            if demo.reward > 0:
+                demos.append(demo)
+            if len(demos) == cfg.probe_size:
+                break
+        env.close()
+    if not demos:
+        raise ConfigError("the probe set is empty: no rewarded transcript to score (set --probe-size 0)")
+    tokens, mask, sources = pad_transcripts(
+        [d.tokens for d in demos], [d.sources for d in demos], tokenizer.pad_token_id
+    )
+    n = len(demos)
+    return RolloutBatch(
+        tokens, mask, sources, torch.zeros(tokens.shape), torch.ones(n), [{} for _ in range(n)]
+    )
+
+
+@torch.no_grad()
+def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatch], dict[str, float]]:
+    """The on-policy probes: up to ``onpolicy_probe_size`` correct responses ``policy`` samples itself, on
+    the first training questions (``train``) and on the first questions of the held-out split
+    (``heldout``), at most ``onpolicy_probe_episodes`` episodes each.
+
+    Sampling is seeded independently of ``cfg.seed``, so every run of an experiment started from the same
+    checkpoint has the same probes.
+
+    Returns:
+        ``(probes, summary)``: ``{"train": batch, "heldout": batch}`` (possibly empty batches), and the
+        policy's sampled behaviour on those training questions (``reward``, ``searches``, ``answered``,
+        ``episodes``) with each probe's size (``probe_onpolicy_{name}_size``); both empty when
+        ``onpolicy_probe_size`` is 0.
+    """
+    if not cfg.onpolicy_probe_size:
+        return {}, {}
+    budget = cfg.onpolicy_probe_episodes or 4 * cfg.onpolicy_probe_size
+    probes: dict[str, RolloutBatch] = {}
+    summary: dict[str, float] = {}
+    for k, (name, split) in enumerate((("train", cfg.split), ("heldout", cfg.onpolicy_heldout_split))):
+        env = SearchQAVectorEnv(
+            min(cfg.onpolicy_probe_size, budget),
+            autoreset_mode="Disabled",
+            **{**cfg.env_kwargs(split), "tokenizer": policy.tokenizer},
+        )
+        ids = [q.id for q in env.questions]
+        kept: list[RolloutBatch] = []
+        found, infos, rewards = 0, [], []
+        try:
+            for start in range(0, budget, env.num_envs):
+                chunk = [ids[(start + j) % len(ids)] for j in range(env.num_envs)]
+                policy.reset({}, seed=7_919 * (k + 1) + start)
+                batch = collect_rollouts(env, policy, seed=start, group_size=1, question_ids=chunk)
+                infos += batch.infos
+                rewards += batch.rewards.tolist()
+                rows = [i for i in range(len(batch)) if float(batch.rewards[i]) > 0]
+                rows = rows[: cfg.onpolicy_probe_size - found]
+                if rows:
+                    kept.append(batch.select(rows))
+                    found += len(rows)
+                if found >= cfg.onpolicy_probe_size:
+                    break
+        finally:
+            env.close()
+        probes[name] = concat_batches(kept, policy.tokenizer.pad_token_id)
+        if name == "train":
+            s = summarize_episodes(infos)
+            summary = {
+                "reward": float(np.mean(rewards)),
+                "searches": s["searches"],
+                "answered": s["answered"],
+                "episodes": float(len(infos)),
+            }
+        summary[f"probe_onpolicy_{name}_size"] = float(found)
+    return probes, summary
+
+
+def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """The rows of several batches in one, re-padded to the longest transcript (empty without rows)."""
+    lengths = [int(n) for b in batches for n in b.attention_mask.sum(dim=1).tolist()]
+    rows = [(b, i) for b in batches for i in range(len(b))]
+    tokens, mask, sources = pad_transcripts(
+        [b.tokens[i, :n] for (b, i), n in zip(rows, lengths, strict=True)],
+        [b.sources[i, :n] for (b, i), n in zip(rows, lengths, strict=True)],
+        pad_id,
+    )
+    logp = torch.zeros(tokens.shape, dtype=torch.float32)
+    for j, ((b, i), n) in enumerate(zip(rows, lengths, strict=True)):
+        logp[j, :n] = b.logp_old[i, :n]
+    rewards = torch.tensor([float(b.rewards[i]) for b, i in rows], dtype=torch.float32)
+    return RolloutBatch(tokens, mask, sources, logp, rewards, [b.infos[i] for b, i in rows])
