@@ -109,10 +109,14 @@ def test_each_algorithm_learns_a_few_hundred_steps(algo: str, view: str, tmp_pat
     model.save(tmp_path / "model.zip")
     env_id, kwargs, _ = VIEWS[view]
     env = gym.make(env_id, split="test", **kwargs)
-    loaded = load_model(tmp_path / "model.zip", env=env)  # no config.json: the algorithm is read from the file
+    loaded = load_model(
+        tmp_path / "model.zip", env=env
+    )  # no config.json: the algorithm is read from the file
     assert type(loaded) is type(model)
     obs, _ = env.reset(seed=0)
-    assert np.array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+    assert np.array_equal(
+        loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0]
+    )
     saved, rebuilt = model.policy.state_dict(), loaded.policy.state_dict()
     assert saved.keys() == rebuilt.keys() and all(torch.equal(saved[k], rebuilt[k]) for k in saved)
     summary = evaluate(env, SB3Agent(env, loaded), episodes=2)

@@ -448,10 +448,10 @@ def test_load_refuses_a_truncated_or_corrupt_faiss_index(
     out = build_dense_index(passages, encoder, tmp_path / "hnsw", index_type="hnsw", progress=False)
     data = (out / "index.faiss").read_bytes()
     (out / "index.faiss").write_bytes(data[:-100])
-    with pytest.raises(DataFormatError, match="does not match the size and hash dense.json records"):
+    with pytest.raises(DataFormatError, match=r"does not match the size and hash dense\.json records"):
         DenseRetriever.load(out, passages, encoder=encoder)
     (out / "index.faiss").write_bytes(b"\0" * len(data))
-    with pytest.raises(DataFormatError, match="does not match the size and hash dense.json records"):
+    with pytest.raises(DataFormatError, match=r"does not match the size and hash dense\.json records"):
         DenseRetriever.load(out, passages, encoder=encoder)
 
 
