@@ -24,6 +24,7 @@ from searchgym.errors import ConfigError
 __all__ = [
     "FORMATS",
     "EpisodeTokens",
+    "chat_turns",
     "episodes_from_batch",
     "split_transcript",
     "to_record",
@@ -105,37 +106,48 @@ def episodes_from_batch(batch: Any) -> list[EpisodeTokens]:
     return out
 
 
+def chat_turns(response_mask: Sequence[int]) -> int:
+    """Chat turns as verl's ``AgentLoopOutput.num_turns`` counts them: the prompt, then each run of policy
+    (mask 1) or tool (mask 0) tokens of the response."""
+    return 1 + sum(1 for i in range(len(response_mask)) if i == 0 or response_mask[i] != response_mask[i - 1])
+
+
 def to_record(episode: EpisodeTokens, fmt: Format = "trl") -> dict[str, Any]:
-    """One episode as a JSON-friendly row in an engine's field names.
+    """One episode as a JSON-friendly row that builds the engine's own type.
 
     * ``"trl"``: ``prompt_ids``, ``completion_ids``, ``env_mask``, ``logprobs``, ``reward`` — what a TRL
-      ``rollout_func`` returns per completion.
-    * ``"verl"``: ``prompt_ids``, ``response_ids``, ``response_mask``, ``response_logprobs``,
-      ``reward_score`` — the fields of verl's ``AgentLoopOutput``.
-
-    Both also carry the episode's ``question_id``, ``question``, ``golden_answers``, ``answer``, ``em``,
-    ``f1``, ``searches`` and ``end_reason``.
+      ``rollout_func`` returns per completion — and the episode's ``question_id``, ``question``,
+      ``golden_answers``, ``answer``, ``em``, ``f1``, ``searches`` and ``end_reason`` beside them (TRL hands
+      extra fields to the reward functions).
+    * ``"verl"``: exactly the fields of verl's ``AgentLoopOutput``, so that ``AgentLoopOutput(**row)``
+      works: ``prompt_ids``, ``response_ids``, ``response_mask``, ``response_logprobs``, ``reward_score``,
+      ``num_turns``, ``metrics`` (empty: verl's defaults), and ``extra_fields`` holding what the
+      ``searchgym`` agent loop returns there (``reward_extra_info`` with ``em``, ``f1``, ``searches``) plus
+      the episode fields above.
     """
     info = {k: episode.info.get(k) for k in _INFO_KEYS}
     if fmt == "trl":
-        core: dict[str, Any] = {
+        return {
             "prompt_ids": episode.prompt_ids,
             "completion_ids": episode.response_ids,
             "env_mask": episode.response_mask,
             "logprobs": episode.response_logprobs,
             "reward": episode.reward,
+            **info,
         }
-    elif fmt == "verl":
-        core = {
+    if fmt == "verl":
+        extra = {k: float(info[k]) if info[k] is not None else 0.0 for k in ("em", "f1", "searches")}
+        return {
             "prompt_ids": episode.prompt_ids,
             "response_ids": episode.response_ids,
             "response_mask": episode.response_mask,
             "response_logprobs": episode.response_logprobs,
             "reward_score": episode.reward,
+            "num_turns": chat_turns(episode.response_mask),
+            "metrics": {},
+            "extra_fields": {"reward_extra_info": extra, "turn_scores": [], "tool_rewards": [], **info},
         }
-    else:
-        raise ConfigError(f"unknown trajectory format {fmt!r}; choose one of {list(FORMATS)}")
-    return {**core, **info}
+    raise ConfigError(f"unknown trajectory format {fmt!r}; choose one of {list(FORMATS)}")
 
 
 def write_jsonl(records: Iterable[dict[str, Any]], path: str | Path) -> int:

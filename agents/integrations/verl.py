@@ -78,7 +78,7 @@ from searchgym.envs.wrappers import TurnLevelWrapper
 from searchgym.errors import ConfigError
 from searchgym.tokenization import Tokenizer, load_tokenizer
 
-from .trajectories import split_transcript
+from .trajectories import chat_turns, split_transcript
 from .verl_data import AGENT_NAME, ENV_KEYS
 
 __all__ = [
@@ -164,6 +164,22 @@ def _token_denominator(config: Any) -> float | None:
     return float(tokens) / float(info.get("dp_size", 1) or 1)
 
 
+def _micro_batches(config: Any, batch_size: int) -> float:
+    """Micro-batches of ``batch_size`` responses in one data-parallel rank's share of the mini-batch.
+
+    verl averages a metric over the micro-batches, while each micro-batch's LLDS term (normalised by the
+    global token count) is only its share of the mini-batch's term: the logged value is that share times
+    this count, so that the average is the term the update trained on. ``1`` without verl's global batch
+    information (the term is then the micro-batch's own token mean). Exact with fixed micro-batches
+    (``ppo_micro_batch_size_per_gpu``); with ``use_dynamic_bsz`` the sizes vary and it is an estimate.
+    """
+    info = getattr(config, "global_batch_info", None) or {}
+    responses = info.get("global_batch_size")
+    if responses is None or info.get("batch_num_tokens") is None or batch_size < 1:
+        return 1.0
+    return float(responses) / float(info.get("dp_size", 1) or 1) / batch_size
+
+
 def _llds_coef(config: Any) -> float:
     policy = getattr(config, "policy_loss", None)
     coef = getattr(policy, "llds_coef", None) if policy is not None else None
@@ -197,7 +213,8 @@ def llds_policy_loss(
         rollout_is_weights: verl's rollout-correction weights, applied to the policy-gradient term.
 
     Returns:
-        ``(loss, metrics)``: verl's metrics plus ``actor/llds_loss`` (unscaled), ``actor/llds_gate_open``,
+        ``(loss, metrics)``: verl's metrics plus ``actor/llds_loss`` (before lambda; scaled so that verl's
+        mean over micro-batches is the mini-batch's term, see :func:`_micro_batches`), ``actor/llds_gate_open``,
         ``actor/llds_coef``, and for each advantage sign ``s`` in ``pos``, ``zero``, ``neg``:
         ``lld/n_adv_s`` (responses of the micro-batch with that sign) and ``lld/sum_delta_adv_s`` (the sum
         over them of the change of their mean per-token log-likelihood since the rollout, at the update
@@ -223,7 +240,7 @@ def llds_policy_loss(
     displacement = displacement_by_advantage(old_log_prob, log_prob, per_response, mask)
     metrics = {
         **metrics,
-        "actor/llds_loss": llds_metrics["llds_loss"],
+        "actor/llds_loss": llds_metrics["llds_loss"] * _micro_batches(config, int(mask.shape[0])),
         "actor/llds_gate_open": llds_metrics["llds_gate_open"],
         "actor/llds_coef": coef,
     }
@@ -493,15 +510,13 @@ class SearchQAAgentLoop(AgentLoopBase):
         prompt, response, mask, lps = split_transcript(tokens, sources, per_token)
         cut = self.response_length
         info = core.episode.info()
-        # Chat turns as verl counts them: the prompt, then each run of policy or tool tokens.
-        runs = 1 + sum(1 for i in range(len(mask)) if i == 0 or mask[i] != mask[i - 1])
         return AgentLoopOutput(
             prompt_ids=prompt,
             response_ids=response[:cut],
             response_mask=mask[:cut],
             response_logprobs=lps[:cut] if logprobs is not None else None,
             reward_score=float(reward),
-            num_turns=runs,
+            num_turns=chat_turns(mask),
             metrics=AgentLoopMetrics(generate_sequences=generate_s, tool_calls=tool_s),
             extra_fields={
                 "reward_extra_info": {

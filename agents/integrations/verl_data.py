@@ -23,7 +23,17 @@ from searchgym.data import load_dataset
 from searchgym.errors import ConfigError, MissingDependencyError
 from searchgym.protocol import format_prompt
 
-__all__ = ["AGENT_NAME", "ENV_KEYS", "question_rows", "write_verl_parquet"]
+__all__ = [
+    "AGENT_NAME",
+    "ENV_KEYS",
+    "PLUGIN_MODULE",
+    "check_verl_plugin",
+    "question_rows",
+    "write_verl_parquet",
+]
+
+PLUGIN_MODULE = "searchgym.agents.integrations.verl"
+"""The module the ``searchgym`` entry point of the ``verl.plugins`` group names (``setup.cfg``)."""
 
 AGENT_NAME = "searchgym"
 """The name the SearchQA agent loop is registered under in verl (the rows' ``agent_name``)."""
@@ -135,3 +145,34 @@ def write_verl_parquet(
         os.replace(tmp, path)
         written[split] = path
     return written
+
+
+def check_verl_plugin() -> str | None:
+    """Loads the searchgym plugin the way ``import verl`` does, and says what is wrong with it.
+
+    verl imports the modules of the ``verl.plugins`` entry-point group when it is imported, and logs a
+    failure only at debug level: a plugin that cannot be imported shows up much later, in a Ray worker, as
+    "Agent loop searchgym not registered". This makes the real error visible where the data is prepared.
+
+    Returns:
+        ``None`` when the plugin loads, or when verl is not installed here (nothing to check); otherwise
+        the problem: a missing entry point, or the import's traceback.
+    """
+    import importlib
+    import importlib.metadata
+    import importlib.util
+    import traceback
+
+    if importlib.util.find_spec("verl") is None:
+        return None
+    names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="verl.plugins")}
+    if names.get(AGENT_NAME) != PLUGIN_MODULE:
+        return (
+            f"the verl.plugins entry point {AGENT_NAME!r} -> {PLUGIN_MODULE} is not installed (found "
+            f"{names or 'none'}): install searchgym with pip (pip install 'searchgym[verl]', or -e '.[verl]')"
+        )
+    try:
+        importlib.import_module(PLUGIN_MODULE)
+    except Exception:
+        return traceback.format_exc()
+    return None

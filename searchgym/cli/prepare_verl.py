@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 COMMAND = ("prepare", "verl")
 HELP = "write OUT/{split}.parquet for verl's RLHFDataset: one row per question, played by the searchgym agent loop"
@@ -43,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="base",
         help="Search-R1's base prompt or a chat turn",
     )
+    parser.add_argument(
+        "--no-plugin-check",
+        dest="plugin_check",
+        action="store_false",
+        help="do not import the searchgym verl plugin after writing (it shows the error verl would hide)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,4 +69,16 @@ def run(args: argparse.Namespace) -> int:
     }
     written = write_verl_parquet(args.out, env_kwargs, args.split or ["train"], limit=args.limit)
     print(json.dumps({split: str(path) for split, path in written.items()}))
+    if args.plugin_check:
+        from searchgym.agents.integrations.verl_data import check_verl_plugin
+
+        problem = check_verl_plugin()
+        if problem is not None:
+            print(
+                "searchgym prepare verl: the data is written, but the searchgym plugin does not load where "
+                "verl is installed, so verl's workers would only report 'Agent loop searchgym not "
+                f"registered'. The real error:\n{problem}",
+                file=sys.stderr,
+            )
+            return 1
     return 0

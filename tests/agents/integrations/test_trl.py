@@ -468,6 +468,51 @@ def test_tool_env_contract() -> None:
     assert 0 < f1_env.get_reward() < 1
 
 
+def test_exported_trl_rows_are_what_trls_rollout_func_returns(tok: Any, tmp_path: Path) -> None:
+    """export-trajectories --format trl rows, replayed as a rollout_func, go through a real TRL step."""
+    import datasets
+    import trl
+
+    from searchgym.agents.integrations.export import export_trajectories
+    from searchgym.agents.integrations.trajectories import iter_jsonl
+
+    path = tmp_path / "traj.jsonl"
+    assert export_trajectories(path, fmt="trl", episodes=4, group_size=2, batch=4, env_kwargs=ENV) == 4
+    rows = list(iter_jsonl(path))
+
+    def replay(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        assert prompts == [r["question_id"] for r in rows]  # TRL's sampler repeats each question G times
+        return {key: [r[key] for r in rows] for key in rows[0]}
+
+    def reward(completions: Any, reward: list[float], **_: Any) -> list[float]:
+        return reward
+
+    config = TRLConfig(
+        run_dir=str(tmp_path / "trl"),
+        questions_per_step=2,
+        group_size=2,
+        minibatch_size=4,
+        num_iterations=1,
+        steps=1,
+        kl_coef=0.0,
+        progress=False,
+        **ENV,
+    )
+    trainer = trl.GRPOTrainer(
+        model=_model(tok),
+        reward_funcs=[reward],
+        args=trl_args(config, shuffle_dataset=False),
+        train_dataset=datasets.Dataset.from_dict({"prompt": [r["question_id"] for r in rows[::2]]}),
+        processing_class=tok.to_transformers(),
+        rollout_func=replay,
+    )
+    trainer.train()
+    batch = trainer._buffered_inputs[0]
+    lengths = batch["completion_mask"].sum(dim=1).tolist()
+    masks = sorted(tuple(m[: int(n)]) for m, n in zip(batch["tool_mask"].tolist(), lengths, strict=True))
+    assert masks == sorted(tuple(r["env_mask"]) for r in rows)  # env_mask became TRL's tool_mask
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

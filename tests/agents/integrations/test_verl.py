@@ -189,6 +189,40 @@ def test_verls_own_ppo_loss_call_site_runs_the_llds_mode() -> None:
     assert metrics["actor/llds_loss"].aggregate() == pytest.approx(float(term.detach()))
 
 
+def test_logged_llds_loss_is_the_mini_batchs_term_after_verls_averaging() -> None:
+    """verl averages metrics over micro-batches: two micro-batches through ppo_loss, aggregated as verl does,
+    log the LLDS term of the whole mini-batch (what the update trained on), not half of it."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
+
+    b = _batch(seed=4)
+    tokens = int(b["response_mask"].sum())
+    config = _actor_config(0.4, mode="llds_token")
+    logged = []
+    for rows in (slice(0, 2), slice(2, 4)):
+        mask, logp = b["response_mask"][rows], b["log_prob"][rows]
+        n, length, prompt = mask.shape[0], mask.shape[1], 2
+        flat = torch.zeros(n, prompt + length)
+        flat[:, prompt - 1 : prompt - 1 + length] = logp.detach()
+        data = tu.get_tensordict(
+            tensor_dict={
+                "prompts": torch.ones(n, prompt, dtype=torch.long),
+                "responses": torch.ones(n, length, dtype=torch.long),
+                "attention_mask": torch.ones(n, prompt + length, dtype=torch.long),
+                "response_mask": mask.long(),
+                "old_log_probs": b["old_log_prob"][rows],
+                "advantages": b["advantages"][rows],
+            },
+            non_tensor_dict={"dp_size": 1, "batch_num_tokens": tokens, "global_batch_size": 4},
+        )
+        _, metrics = ppo_loss(config, {"log_probs": flat.reshape(-1)}, data)
+        logged.append(metrics["actor/llds_loss"])
+    logged[0].extend(logged[1])  # verl's accumulation over micro-batches, then its aggregate
+    whole, _ = llds_loss(b["log_prob"], b["old_log_prob"], b["per_response"], b["response_mask"], "token")
+    assert float(whole.detach()) > 0
+    assert logged[0].aggregate() == pytest.approx(float(whole.detach()), rel=1e-6)
+
+
 def test_lambda_defaults_to_the_papers_and_zero_leaves_verls_loss() -> None:
     b = _batch()
     args = (b["old_log_prob"], b["log_prob"], b["advantages"], b["response_mask"])
@@ -261,12 +295,28 @@ def test_lambda_reaches_the_actor_through_verls_own_config_composition() -> None
         LLDSPolicyLossConfig(llds_coef=-1.0)
 
 
+ROOT = Path(__file__).resolve().parents[3]
+
+
 def _documented_launch_overrides() -> list[str]:
     import shlex
 
-    text = (Path(__file__).resolve().parents[3] / "docs" / "scale.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "scale.md").read_text(encoding="utf-8")
     start = text.index("\npython -m verl.trainer.main_ppo") + 1
     command = text[start : text.index("```", start)].replace("\\\n", " ")
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "verl.trainer.main_ppo"]
+    return words[3:]
+
+
+def _smoke_script_overrides(out: str, model: str) -> list[str]:
+    """The main_ppo overrides of scripts/verl_smoke.sh, with its variables at the given values."""
+    import shlex
+
+    text = (ROOT / "scripts" / "verl_smoke.sh").read_text(encoding="utf-8")
+    start = text.index("\npython -m verl.trainer.main_ppo") + 1
+    command = text[start : text.index('"$@"', start)].replace("\\\n", " ")
+    command = command.replace("$OUT", out).replace("$MODEL", model).replace("$GPUS", "1")
     words = shlex.split(command)
     assert words[:3] == ["python", "-m", "verl.trainer.main_ppo"]
     return words[3:]
@@ -290,9 +340,66 @@ def test_the_documented_launch_command_composes_with_verls_config() -> None:
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.calculate_log_probs
     # LLDS acts only with several updates per rollout batch.
     assert cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size > 1
+    assert cfg.trainer.use_v1 is False  # verl's default v1 trainer needs transfer_queue (see below)
+
+
+def test_the_smoke_script_composes_and_its_data_step_runs(tmp_path: Path) -> None:
+    """scripts/verl_smoke.sh: its prepare step works here, its overrides compose with verl 0.9.1's config."""
+    import shlex
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    text = (ROOT / "scripts" / "verl_smoke.sh").read_text(encoding="utf-8")
+    assert (
+        subprocess.run(["bash", "-n", str(ROOT / "scripts" / "verl_smoke.sh")], check=False).returncode == 0
+    )
+    prepare = text[text.index("searchgym prepare verl") :].split("\n\n", 1)[0].replace("\\\n", " ")
+    prepare = prepare.replace('"$OUT', f'"{tmp_path}').replace("--limit 256", "--limit 4")
+    done = subprocess.run(
+        [sys.executable, "-m", "searchgym.cli", *shlex.split(prepare)[1:]],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    overrides = _smoke_script_overrides(str(tmp_path), "Qwen/Qwen2.5-0.5B")
+    with initialize_config_dir(
+        config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
+    ):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert actor.policy_loss.loss_mode == "llds_action" and actor.policy_loss.llds_coef == 0.2
+    assert cfg.trainer.total_training_steps == 10 and cfg.trainer.use_v1 is False
+    assert Path(cfg.data.train_files).is_file()
+    # 16 questions x n 4 in mini-batches of 4 questions: 4 updates per step, so LLDS acts.
+    assert cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 4
+
+
+def test_the_v0_trainer_starts_without_transfer_queue() -> None:
+    """searchgym[verl] does not install transfer_queue, which verl 0.9.1's default v1 trainer imports; the
+    trainer.use_v1=False path imports without it (a fresh process, as main_ppo would)."""
+    code = (
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('transfer_queue') is None\n"
+        "from verl.trainer.main_ppo_v0 import TaskRunner\n"
+        "print('v0 ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd="/")
+    assert out.returncode == 0 and "v0 ok" in out.stdout, out.stderr[-3000:]
 
 
 # -- the plugin and the early warning ------------------------------------------------------------------
+
+
+def test_prepare_verl_checks_that_the_plugin_loads(tmp_path: Path, capsys: Any) -> None:
+    from searchgym.agents.integrations.verl_data import check_verl_plugin
+    from searchgym.cli import main
+
+    assert check_verl_plugin() is None  # installed, and it imports
+    assert main(["prepare", "verl", "--out", str(tmp_path), "--limit", "2"]) == 0
+    assert "not registered" not in capsys.readouterr().err
 
 
 def test_plugin_is_discovered_in_a_fresh_process_by_import_verl() -> None:
@@ -522,6 +629,96 @@ def test_agent_loop_with_a_tiny_model_keeps_tokens_masks_and_logprobs_aligned(hf
     assert bool((got[~mask] == 0).all())
 
 
+def test_verls_agent_loop_worker_plays_prepared_rows(tmp_path: Path, hf_tok: Any) -> None:
+    """verl's own AgentLoopWorker.generate_sequences on `searchgym prepare verl` rows, a tiny model behind a
+    fake server: log-probs equal a re-scoring, tool tokens are masked out, rewards land in rm_scores."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    from searchgym.agents.llm import token_logprobs
+
+    tok = load_tokenizer(hf_tok)
+    first = searchgym.envs.SearchQAEnv(tokenizer=tok).questions[0]
+
+    class Server(TinyModelServer):
+        """Samples the tiny model, except that it answers the first question right (scored by the model)."""
+
+        async def generate(
+            self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any
+        ) -> Any:
+            if first.question not in tok.decode(prompt_ids):
+                return await super().generate(
+                    request_id, prompt_ids=prompt_ids, sampling_params=sampling_params
+                )
+            answer = tok.encode(f" <answer> {first.golden_answers[0]} </answer>")
+            ids = torch.tensor([prompt_ids + answer])
+            with torch.no_grad():
+                lps, _ = token_logprobs(self.model, ids, torch.ones_like(ids), vocab_size=tok.vocab_size)
+            self.segments.append(answer)
+            return TokenOutput(token_ids=answer, log_probs=lps[0, -len(answer) :].tolist())
+
+    server = Server(tok.vocab_size, tok.eos_token_id, tok.pad_token_id)
+    model_dir = tmp_path / "model"  # what actor_rollout_ref.model.path names: config and tokenizer
+    server.model.save_pretrained(str(model_dir))
+    hf_tok.save_pretrained(str(model_dir))
+    settings = {**ENV, "max_turn_tokens": 16, "max_turns": 3, "max_context_tokens": 640}
+    paths = write_verl_parquet(tmp_path / "data", settings, ["train"], limit=3)
+    with initialize_config_dir(
+        config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
+    ):
+        config = compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model_dir}",
+                f"data.train_files={paths['train']}",
+                "data.max_prompt_length=256",
+                "data.max_response_length=384",
+                "actor_rollout_ref.rollout.name=sglang",
+                "actor_rollout_ref.rollout.calculate_log_probs=True",
+                "trainer.use_v1=False",
+            ],
+        )
+    dataset = RLHFDataset(str(paths["train"]), hf_tok, config.data)
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(3)]))
+    worker = AgentLoopWorker(config, server)
+    out = asyncio.run(worker.generate_sequences(batch))
+
+    assert len(out) == 3 and len(server.segments) >= 3
+    rewards, tool_tokens = [], 0
+    for row in range(3):
+        attention = out.batch["attention_mask"][row].bool()
+        ids = out.batch["input_ids"][row][attention]
+        width = out.batch["responses"].shape[1]
+        n = int(attention[-width:].sum())
+        mask = out.batch["response_mask"][row, :n].bool()
+        got = out.batch["rollout_log_probs"][row, :n]
+        # Re-scoring the whole transcript gives back the rollout log-probs on the policy's tokens.
+        one = ids[None]
+        rescored, _ = token_logprobs(server.model, one, torch.ones_like(one), vocab_size=tok.vocab_size)
+        torch.testing.assert_close(got[mask], rescored[0, -n:][mask].float(), atol=1e-4, rtol=1e-4)
+        # Replaying the policy's tokens through the Gymnasium env rebuilds the transcript, tool tokens and all.
+        question = str(batch.non_tensor_batch["extra_info"][row]["question_id"])
+        env = gym.make("SearchQA-v0", tokenizer=tok, **settings)
+        obs, _ = env.reset(options={"question_id": question})
+        reward = 0.0
+        for token in out.batch["responses"][row, :n][mask].tolist():
+            obs, r, terminated, truncated, _ = env.step(token)
+            reward += float(r)
+        assert terminated or truncated
+        length = int(obs["length"][0])
+        assert obs["tokens"][:length].tolist() == ids.tolist()
+        sources = obs["sources"][:length][-n:]
+        assert mask.tolist() == (sources == Source.POLICY).tolist()  # 0 exactly on tool tokens
+        assert float(out.batch["rm_scores"][row].sum()) == reward
+        assert float(out.batch["rm_scores"][row, n - 1]) == reward  # at the last response token
+        rewards.append(reward)
+        tool_tokens += int((~mask).sum())
+    assert rewards[0] == 1.0 and tool_tokens > 0  # the checks above had something to check
+
+
 def test_agent_loop_overrides_and_bad_rows(hf_tok: Any) -> None:
     tok = load_tokenizer(hf_tok)
     question = searchgym.envs.SearchQAEnv(tokenizer=tok, **ENV).questions[1]
@@ -576,9 +773,10 @@ def test_exported_verl_trajectories_are_verl_agent_loop_outputs(tmp_path: Path) 
     path = tmp_path / "traj.jsonl"
     env = {"max_turn_tokens": 8, "max_turns": 2, "max_context_tokens": 768, "topk": 2}
     assert export_trajectories(path, fmt="verl", episodes=4, group_size=2, batch=4, env_kwargs=env) == 4
-    keys = ("prompt_ids", "response_ids", "response_mask", "response_logprobs")
     for record in iter_jsonl(path):
-        out = AgentLoopOutput(**{k: record[k] for k in keys}, reward_score=record["reward_score"], metrics={})
+        out = AgentLoopOutput(**record)  # the line as it is: every field is one of AgentLoopOutput's
+        assert out.model_dump(exclude_unset=True).keys() == record.keys()
+        assert out.extra_fields["reward_extra_info"]["em"] == record["extra_fields"]["em"]
         tensors = out.as_dict()
         assert (
             tensors["responses"].shape == tensors["response_mask"].shape == tensors["rollout_log_probs"].shape
@@ -597,8 +795,9 @@ def test_verl_trajectory_records_build_verls_agent_loop_output() -> None:
         info={"em": 1.0},
     )
     record = to_record(episode, "verl")
-    fields = {k: record[k] for k in ("prompt_ids", "response_ids", "response_mask", "response_logprobs")}
-    out = AgentLoopOutput(**fields, reward_score=record["reward_score"], metrics={}).as_dict()
+    loop_output = AgentLoopOutput(**record)
+    assert loop_output.num_turns == 4  # prompt, policy, tool, policy: as the searchgym agent loop counts
+    out = loop_output.as_dict()
     assert out["responses"].tolist() == [8, 9, 10, 11, 12]
     assert out["response_mask"].tolist() == [1, 1, 0, 0, 1]
     torch.testing.assert_close(out["rollout_log_probs"], torch.tensor([-0.5, -0.25, 0.0, 0.0, -1.0]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,28 @@ def test_without_verl_the_integration_names_the_extra() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert "pip install 'searchgym[verl]'" in out.stdout
+
+
+def test_prepare_verl_shows_the_error_verl_would_hide(tmp_path: Path) -> None:
+    """A verl whose modules the plugin cannot import (here a stand-in package): prepare prints the real error."""
+    fake = tmp_path / "site" / "verl"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")  # no verl.trainer: the plugin's first verl import fails
+    command = [sys.executable, "-m", "searchgym.cli", "prepare", "verl"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    out = subprocess.run(
+        [*command, "--out", str(tmp_path / "data")], capture_output=True, text=True, cwd="/", env=env
+    )
+    assert out.returncode == 1, out.stderr
+    assert (tmp_path / "data" / "train.parquet").is_file()  # written before the check
+    assert "Agent loop searchgym not registered" in out.stderr
+    assert "No module named 'verl." in out.stderr  # the import's own error, with its traceback
+    assert "Traceback" in out.stderr
+    skipped = subprocess.run(
+        [*command, "--out", str(tmp_path / "d2"), "--no-plugin-check"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env=env,
+    )
+    assert skipped.returncode == 0, skipped.stderr
