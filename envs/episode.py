@@ -282,8 +282,8 @@ class Episode:
         if self.tokens.dtype != np.int64 or self.sources.dtype != np.int8:
             raise ValueError("transcript buffers must be int64 (tokens) and int8 (sources)")
         # Byte views of the buffers: snapshots copy the transcript in and out as bytes, with no array overhead.
-        self._token_bytes = memoryview(self.tokens).cast("B")
-        self._source_bytes = memoryview(self.sources).cast("B")
+        self._token_bytes = self.tokens.data.cast("B")
+        self._source_bytes = self.sources.data.cast("B")
         self.length = 0
         self.question: Question | None = None
         self.done = True

@@ -369,7 +369,7 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         """The env's generator (Gymnasium's); whoever reads it may draw from it, so the state a snapshot
         would reuse is forgotten."""
         self._rng_state = None
-        return gym.Env.np_random.fget(self)  # type: ignore[attr-defined,no-any-return]
+        return gym.Env.np_random.fget(self)  # type: ignore[attr-defined]
 
     @np_random.setter
     def np_random(self, value: np.random.Generator) -> None:

@@ -70,7 +70,7 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     from searchgym.integrity import file_sha256
 
     size = Path(path).stat().st_size
-    return f"sha256:{file_sha256(path, record=size > RECORD_LIMIT)}"
+    return f"sha256:{file_sha256(Path(path), record=size > RECORD_LIMIT)}"
 
 
 def folder_digest(path: str | os.PathLike[str]) -> str:

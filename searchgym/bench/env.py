@@ -114,7 +114,7 @@ def snapshot_us(
     """
     from searchgym.envs import SearchQAEnv, SearchQAVectorEnv
 
-    sizes = {"max_turn_tokens": tokens + 1, "max_context_tokens": tokens + 512}
+    sizes: dict[str, Any] = {"max_turn_tokens": tokens + 1, "max_context_tokens": tokens + 512}
     env = SearchQAEnv(**sizes)
     env.reset(seed=0)
     text = _text_tokens(env.tokenizer, tokens)
