@@ -136,7 +136,7 @@ def to_record(episode: EpisodeTokens, fmt: Format = "trl") -> dict[str, Any]:
             **info,
         }
     if fmt == "verl":
-        extra = {k: float(info[k]) if info[k] is not None else 0.0 for k in ("em", "f1", "searches")}
+        extra = {k: float(info[k] or 0.0) for k in ("em", "f1", "searches")}
         return {
             "prompt_ids": episode.prompt_ids,
             "response_ids": episode.response_ids,
