@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         "dim": meta["dim"],
         "index_type": meta["index_type"],
         "encoder": meta["encoder"]["name"],
-        "bytes": sum(meta["files"].values()),
+        "bytes": sum(entry["bytes"] for entry in meta["files"].values()),  # sealed: {name: {bytes, sha256}}
         "seconds": round(seconds, 3),
     }
     retriever = None
