@@ -309,7 +309,8 @@ def _parameter_lower_bound(kwargs: dict[str, Any], env: gym.Env[Any, Any], path:
         embed = size(options.get("embed_dim", 32), "embed_dim")
         last_k = size(options.get("last_k", 8), "last_k")
         features = size(options.get("features_dim", 128), "features_dim")
-        vocab = int(np.max(space["tokens"].high)) + 1  # type: ignore[index]
+        tokens = space["tokens"]
+        vocab = int(np.max(tokens.high)) + 1 if isinstance(tokens, gym.spaces.Box) else 1
         extractor = embed * vocab + embed * (1 + last_k) * features
     elif isinstance(space, gym.spaces.Box):
         features = int(np.prod(space.shape))
@@ -414,7 +415,7 @@ def load_model(
             "was trained on (same env id, view and sizes)",
         ) from None
     rate = data.get("exploration_rate")
-    if name == "dqn" and isinstance(rate, float) and 0.0 <= rate <= 1.0:
+    if isinstance(model, DQN) and isinstance(rate, float) and 0.0 <= rate <= 1.0:
         model.exploration_rate = rate  # used by predict(deterministic=False)
     model.policy.set_training_mode(False)
     return model
