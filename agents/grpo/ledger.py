@@ -89,7 +89,9 @@ class Ledger:
         changes). The batch's ``logp_old`` holds the anchors too; its rewards are 1."""
         if self._padded is None:
             tokens, mask, sources = pad_transcripts(
-                [e.tokens for e in self.entries], [e.sources for e in self.entries], self.pad_token_id
+                [e.tokens.numpy() for e in self.entries],
+                [e.sources.numpy() for e in self.entries],
+                self.pad_token_id,
             )
             anchor = torch.zeros(tokens.shape, dtype=torch.float32)
             for i, e in enumerate(self.entries):

@@ -124,8 +124,8 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     lengths = [int(n) for b in batches for n in b.attention_mask.sum(dim=1).tolist()]
     rows = [(b, i) for b in batches for i in range(len(b))]
     tokens, mask, sources = pad_transcripts(
-        [b.tokens[i, :n] for (b, i), n in zip(rows, lengths, strict=True)],
-        [b.sources[i, :n] for (b, i), n in zip(rows, lengths, strict=True)],
+        [b.tokens[i, :n].numpy() for (b, i), n in zip(rows, lengths, strict=True)],
+        [b.sources[i, :n].numpy() for (b, i), n in zip(rows, lengths, strict=True)],
         pad_id,
     )
     logp = torch.zeros(tokens.shape, dtype=torch.float32)

@@ -36,7 +36,14 @@ from torch import Tensor
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import ConfigError
 
-from .checkpoint import CheckpointError, get_rng_state, load_checkpoint, save_checkpoint, set_rng_state
+from .checkpoint import (
+    CheckpointError,
+    get_rng_state,
+    load_checkpoint,
+    load_training_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from .config import GRPOConfig
 from .diagnostics import lld_warning
 from .ledger import Ledger
@@ -614,8 +621,7 @@ class GRPOTrainer:
         )
         try:
             self.model.load_state_dict(payload["model"])
-            self.optimizer.load_state_dict(payload["optimizer"])
-            self.scheduler.load_state_dict(payload["scheduler"])
+            load_training_state(self.optimizer, self.scheduler, payload, path)
             set_rng_state(payload["rng"])
             self.step = int(payload["step"])
             if self.ledger is not None and "ledger" in payload:

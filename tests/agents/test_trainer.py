@@ -165,7 +165,8 @@ def test_train_logs_the_metric_set_and_checkpoints(tmp_path: Path) -> None:
     ):
         assert name in metrics, name
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == [1, 2]
+    assert [x["step"] for x in lines] == [0, 1, 2]  # step 0: the initial policy's probes, always logged
+    assert "lld/probe_logp" in lines[0] and "rollout/reward" not in lines[0]
     payload = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
     assert payload["step"] == 2 and {"model", "optimizer", "scheduler", "rng"} <= set(payload)
 
