@@ -140,8 +140,9 @@ def run(args: argparse.Namespace) -> int:
         "probe set's log-likelihood per action kind (falling = displacement of correct behaviour); top right,\n"
         "LLD itself: the change of log-likelihood of each step's own responses, by advantage sign (A > 0 at or\n"
         "below 0 is the warning sign); bottom left, the per-update gradient-norm maximum (spikes: the late\n"
-        "phase of the collapse). This budget shows the pipeline, not the result: the pre-registered experiment\n"
-        "and its verdict are in docs/experiments/lld.md."
+        "phase of the collapse). This budget shows the pipeline, not the result: the pre-registered experiments\n"
+        "and their verdicts are in docs/experiments/lld.md and docs/experiments/lld2.md (no RL gain over the\n"
+        "warm-start at this scale so far)."
     )
     return 0
 
