@@ -69,7 +69,7 @@ def test_sigkill_then_resume_continues_from_the_saved_step(tmp_path: Path) -> No
     assert 1 <= saved < steps, "the run should be killed before it finishes"
     assert main(["train", "grpo", "--run-dir", str(run), *TINY, "--steps", str(steps), "--resume"]) == 0
     assert load_checkpoint(checkpoint)["step"] == steps
-    assert steps_logged(run) == list(range(1, steps + 1))  # no step lost, none logged twice
+    assert steps_logged(run) == list(range(steps + 1))  # step 0 (the initial probes) and every step, once
 
 
 def test_sft_then_grpo_from_it_then_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
