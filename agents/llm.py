@@ -42,7 +42,15 @@ from searchgym.tokenization import Tokenizer, load_tokenizer
 
 from .base import Observation, SegmentAgent
 
-__all__ = ["LLMPolicy", "Segment", "sample_tokens", "tiny_causal_lm", "token_logprobs"]
+__all__ = [
+    "DEFAULT_SCORING",
+    "LLMPolicy",
+    "ScoringOptions",
+    "Segment",
+    "sample_tokens",
+    "tiny_causal_lm",
+    "token_logprobs",
+]
 
 
 # -- models --------------------------------------------------------------------------------------------
@@ -210,8 +218,44 @@ def _picked_logprobs_reference(
     return picked, -(logp.exp() * logp).sum(-1) if with_entropy else None
 
 
-#: What :func:`token_logprobs` scores with (``searchgym bench update`` swaps in the reference for its *before*).
-_pick = _picked_logprobs
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How log-probabilities are computed. The defaults are the fast path; the other values give the
+    reference paths that ``searchgym bench update`` times as its *before*, and that tests compare against.
+
+    Attributes:
+        fused: The output layer's log-softmax and entropy through the fused autograd function with its
+            hand-written backward (``False``: plain autograd through ``log_softmax``).
+        shared_prefix_min: :func:`token_logprobs` with a ``score_mask`` reads a prefix every row shares
+            once when it is at least this long (0: never; each row reads it) and saves at least
+            :data:`_SHARED_PREFIX_SAVING` of the batch's token slots (else a second forward call is not
+            worth it).
+        inference_mode: Gradient-free scoring (a trainer's ``pi_old``, reference and diagnostics) runs
+            under ``torch.inference_mode`` (``False``: ``torch.no_grad``). See :meth:`no_grad`.
+    """
+
+    fused: bool = True
+    shared_prefix_min: int = 16
+    inference_mode: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.shared_prefix_min, bool) or self.shared_prefix_min < 0:
+            raise ConfigError(f"shared_prefix_min must be an integer >= 0, got {self.shared_prefix_min!r}")
+
+    def pick(
+        self, logits: Tensor, target: Tensor, vocab_size: int, temperature: float, with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``log p(target)`` (and the entropy, if asked) by the chosen output-layer path."""
+        fn = _picked_logprobs if self.fused else _picked_logprobs_reference
+        return fn(logits, target, vocab_size, temperature, with_entropy)
+
+    def no_grad(self) -> Any:
+        """The context manager of gradient-free scoring: ``torch.inference_mode()`` or ``torch.no_grad()``."""
+        return torch.inference_mode() if self.inference_mode else torch.no_grad()
+
+
+DEFAULT_SCORING = ScoringOptions()
+"""The options every scoring call takes unless given others: fused, shared prefixes read once."""
 
 
 def sample_tokens(
@@ -274,6 +318,7 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     score_mask: Tensor | None = None,
+    scoring: ScoringOptions = DEFAULT_SCORING,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probability of every token given its prefix, under ``model`` (differentiable).
 
@@ -292,6 +337,7 @@ def token_logprobs(
             the selected positions only, which is most of the cost when the vocabulary is large and few
             tokens count (a trainer's policy tokens). Needs a model with ``base_model`` and output
             embeddings (every ``transformers`` causal LM without logit post-processing).
+        scoring: How the output layer and shared prefixes are computed (:class:`ScoringOptions`).
 
     Returns:
         ``(logp, entropy)``: ``(B, T)`` float32 each (``entropy`` is ``None`` unless requested). Position
@@ -303,14 +349,16 @@ def token_logprobs(
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     if score_mask is not None:
         return _selected_logprobs(
-            model, input_ids, mask, positions, score_mask, vocab, temperature, with_entropy
+            model, input_ids, mask, positions, score_mask, vocab, temperature, with_entropy, scoring
         )
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
     target = input_ids[:, 1:]
     # A token is scored when it and its predecessor are real: the first real token has no prefix.
     real = mask[:, 1:].bool() & mask[:, :-1].bool()
     valid = real & (target < vocab)
-    picked, ent_inner = _pick(logits[:, :-1], torch.where(valid, target, 0), vocab, temperature, with_entropy)
+    picked, ent_inner = scoring.pick(
+        logits[:, :-1], torch.where(valid, target, 0), vocab, temperature, with_entropy
+    )
     logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     logp[:, 1:] = torch.where(valid, picked, 0.0)
     if ent_inner is None:
@@ -320,10 +368,8 @@ def token_logprobs(
     return logp, entropy
 
 
-#: A prefix every row shares is read once by :func:`_hidden_states` when it is at least this long (0: never;
-#: ``searchgym bench update`` turns it off for its *before* path) and saves at least
-#: :data:`_SHARED_PREFIX_SAVING` of the batch's token slots (else a second forward call is not worth it).
-_SHARED_PREFIX_MIN = 16
+#: A prefix every row shares is read once by :func:`_hidden_states` only if that saves at least this share
+#: of the batch's token slots (and it is at least :attr:`ScoringOptions.shared_prefix_min` long).
 _SHARED_PREFIX_SAVING = 0.05
 
 
@@ -346,7 +392,9 @@ def _checkpointing(model: Any) -> bool:
     return bool(flag if flag is not None else getattr(model, "is_gradient_checkpointing", False))
 
 
-def _hidden_states(base: Any, input_ids: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+def _hidden_states(
+    base: Any, input_ids: Tensor, mask: Tensor, positions: Tensor, shared_prefix_min: int
+) -> Tensor:
     """``(B, T, H)`` last hidden states of right-padded rows, differentiable.
 
     When the rows start with the same tokens (a GRPO group's prompt, or a shared instruction template), that
@@ -354,13 +402,13 @@ def _hidden_states(base: Any, input_ids: Tensor, mask: Tensor, positions: Tensor
     cache: the prefix's work is not done ``B`` times, and its gradient is the sum over the rows, as autograd
     takes it through the repeat. The result equals one forward over the whole batch up to float rounding
     (tested, gradients included). Models without a row-selectable cache, or with gradient checkpointing,
-    take the whole batch in one forward.
+    take the whole batch in one forward, and so does a prefix shorter than ``shared_prefix_min`` (0: always).
     """
     prefix = _shared_prefix(input_ids, mask)
     rows, width = input_ids.shape
     shareable = (
-        _SHARED_PREFIX_MIN
-        and _SHARED_PREFIX_MIN <= prefix < width
+        shared_prefix_min
+        and shared_prefix_min <= prefix < width
         and prefix * (rows - 1) >= _SHARED_PREFIX_SAVING * rows * width
         and not _checkpointing(base)
     )
@@ -397,15 +445,18 @@ def _selected_logprobs(
     vocab: int,
     temperature: float,
     with_entropy: bool,
+    scoring: ScoringOptions,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`token_logprobs` restricted to ``score_mask``: the output layer runs on those positions only."""
-    hidden = _hidden_states(model.base_model, input_ids, mask, positions)
+    hidden = _hidden_states(model.base_model, input_ids, mask, positions, scoring.shared_prefix_min)
     # Token t is predicted from the hidden state at t - 1; the first token has no prefix.
     real = mask[:, 1:].bool() & mask[:, :-1].bool() & score_mask[:, 1:].bool()
     target = input_ids[:, 1:]
     valid = real & (target < vocab)
     logits = model.get_output_embeddings()(hidden[:, :-1][real])
-    picked, ent_sel = _pick(logits, torch.where(valid, target, 0)[real], vocab, temperature, with_entropy)
+    picked, ent_sel = scoring.pick(
+        logits, torch.where(valid, target, 0)[real], vocab, temperature, with_entropy
+    )
     logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     inner = torch.zeros(real.shape, dtype=torch.float32, device=input_ids.device)
     inner = inner.masked_scatter(real, torch.where(valid[real], picked, 0.0))
@@ -491,6 +542,7 @@ class LLMPolicy(SegmentAgent):
             a trainer's ratio assumes).
         reuse_cache: Keep each sequence's KV cache across :meth:`rollout_segments` calls, so a turn after a
             tool observation feeds the model only the new tokens (see :meth:`generate_segments`).
+        scoring: How :meth:`token_logprobs` computes log-probabilities (a trainer scores through it too).
     """
 
     name = "llm"
@@ -506,6 +558,7 @@ class LLMPolicy(SegmentAgent):
         seed: int = 0,
         top_p: float = 1.0,
         reuse_cache: bool = True,
+        scoring: ScoringOptions = DEFAULT_SCORING,
     ) -> None:
         super().__init__()
         self.model = model
@@ -527,6 +580,7 @@ class LLMPolicy(SegmentAgent):
         self.max_turn_tokens = max_turn_tokens
         self.top_p = top_p
         self.reuse_cache = reuse_cache
+        self.scoring = scoring
         self._session: _Session | None = None
         self._rows_selectable = True  # becomes False for a model whose cache rows cannot be selected
         self._io = _ModelIO(model)
@@ -889,7 +943,7 @@ class LLMPolicy(SegmentAgent):
         with_entropy: bool = False,
         score_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """:func:`token_logprobs` under this policy's model, vocabulary and temperature."""
+        """:func:`token_logprobs` under this policy's model, vocabulary, temperature and scoring options."""
         return token_logprobs(
             self.model,
             input_ids,
@@ -898,4 +952,5 @@ class LLMPolicy(SegmentAgent):
             temperature=self.temperature,
             with_entropy=with_entropy,
             score_mask=score_mask,
+            scoring=self.scoring,
         )

@@ -36,6 +36,7 @@ from torch import Tensor
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import ConfigError
 
+from ..llm import DEFAULT_SCORING, ScoringOptions, token_logprobs
 from .checkpoint import (
     CheckpointError,
     get_rng_state,
@@ -92,13 +93,15 @@ class GRPOTrainer:
 
     Args:
         config: The run's configuration (validated on construction).
+        scoring: How the policy's log-probabilities are computed, in the updates and in every
+            gradient-free scoring pass (held by the policy: ``trainer.policy.scoring``).
 
     Raises:
         CheckpointError: ``config.resume`` is set and ``RUN_DIR/checkpoint.pt`` is missing or corrupted, or
             the init checkpoint the run started from (the reference model) is gone or changed.
     """
 
-    def __init__(self, config: GRPOConfig) -> None:
+    def __init__(self, config: GRPOConfig, *, scoring: ScoringOptions = DEFAULT_SCORING) -> None:
         if config.resume:
             config = _resume_init(config)
         self.config = cfg = config
@@ -108,7 +111,11 @@ class GRPOTrainer:
         torch.manual_seed(cfg.seed)
         self.run_dir = Path(cfg.run_dir)
         self.policy, self.arch = build_policy(
-            cfg, temperature=cfg.temperature, max_turn_tokens=cfg.max_turn_tokens, seed=cfg.seed
+            cfg,
+            temperature=cfg.temperature,
+            max_turn_tokens=cfg.max_turn_tokens,
+            seed=cfg.seed,
+            scoring=scoring,
         )
         self.model = self.policy.model
         # The reference is the initial policy; skipped entirely (no copy, no forward) when kl_coef == 0.
@@ -257,18 +264,17 @@ class GRPOTrainer:
     def _score(self, model: Any, batch: RolloutBatch, micro_batches: list[Tensor]) -> Tensor:
         """``(B, T)`` log-probs of the batch's policy tokens under ``model``, micro-batch by micro-batch.
 
-        Runs under :data:`torch.inference_mode` (no autograd bookkeeping at all); the result is an ordinary
-        tensor, so it can enter the loss as a constant.
+        Runs under :data:`torch.inference_mode` (no autograd bookkeeping at all; the policy's
+        :class:`ScoringOptions` may ask for ``torch.no_grad`` instead); the result is an ordinary tensor, so
+        it can enter the loss as a constant.
         """
         out = torch.zeros(batch.logp_old.shape, dtype=torch.float32)
-        with self._scoring_mode():
+        with self.policy.scoring.no_grad():
             for idx in micro_batches:
                 mb = batch.select(idx).to(self.config.device)
                 logp, _ = _token_logprobs(self.policy, model, mb)
                 out[idx, : logp.shape[1]] = logp.float().cpu()
         return out
-
-    _scoring_mode: Any = staticmethod(torch.inference_mode)  # the benchmark's "before" path swaps in no_grad
 
     def update(self, batch: RolloutBatch, advantages: Tensor) -> dict[str, float]:
         """``epochs`` × mini-batch optimizer updates on one rollout batch, all against the same ``pi_old``;
@@ -782,9 +788,8 @@ def _pi_old_gap(batch: RolloutBatch, logp_old: Tensor, first: Tensor) -> Tensor:
 def _token_logprobs(
     policy: Any, model: Any, mb: RolloutBatch, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (and entropies) of ``mb``'s policy tokens under ``model`` at the policy's temperature."""
-    from ..llm import token_logprobs
-
+    """Log-probs (and entropies) of ``mb``'s policy tokens under ``model`` at the policy's temperature, with
+    the policy's scoring options."""
     return token_logprobs(
         model,
         mb.tokens,
@@ -793,6 +798,7 @@ def _token_logprobs(
         temperature=policy.temperature,
         with_entropy=with_entropy,
         score_mask=mb.loss_mask,
+        scoring=policy.scoring,
     )
 
 

@@ -274,21 +274,17 @@ def run_update_benchmark(
     """
     import torch
 
-    from searchgym.agents import llm
     from searchgym.agents.grpo.config import GRPOConfig
     from searchgym.agents.grpo.losses import group_advantages
     from searchgym.agents.grpo.trainer import GRPOTrainer
+    from searchgym.agents.llm import DEFAULT_SCORING, ScoringOptions
 
-    fused, plain, share = llm._picked_logprobs, llm._picked_logprobs_reference, llm._SHARED_PREFIX_MIN
-    today = {"scoring": None, "pick": fused, "share": share}
+    # Before: no-grad scoring, plain autograd through the output layer's log-softmax, every row reads a
+    # shared prefix itself. Today: the defaults (inference mode, the fused kernel, shared prefixes read once).
+    plain = ScoringOptions(fused=False, shared_prefix_min=0, inference_mode=False)
+    today = {"scoring": DEFAULT_SCORING}
     paths: dict[str, dict[str, Any]] = {
-        "before": {
-            "length_buckets": False,
-            "rescore_pi_old": True,
-            "scoring": torch.no_grad,
-            "pick": plain,
-            "share": 0,
-        },
+        "before": {"length_buckets": False, "rescore_pi_old": True, "scoring": plain},
         "after": {"length_buckets": True, "rescore_pi_old": None, **today},
         "rescored": {"length_buckets": True, "rescore_pi_old": True, **today},
     }
@@ -327,68 +323,60 @@ def run_update_benchmark(
             return out
 
         setattr(trainer, "displacement", timed_displacement)  # noqa: B010 - times the diagnostics
-        try:
-            for r in range(repeats):
-                trainer.step = r + 1
-                trainer.model.load_state_dict(
-                    model_state
-                )  # the batch's sampler is the weights every path starts from
-                start = time.perf_counter()
-                batch = trainer.rollout()
+        for r in range(repeats):
+            trainer.step = r + 1
+            trainer.model.load_state_dict(
+                model_state
+            )  # the batch's sampler is the weights every path starts from
+            start = time.perf_counter()
+            batch = trainer.rollout()
+            _sync(device)
+            rollout_s = time.perf_counter() - start
+            advantages = group_advantages(batch.rewards, group_size)
+            tokens = int(batch.loss_mask.sum()) * cfg.epochs
+            names = list(paths)
+            order = names[r % len(names) :] + names[: r % len(names)]  # each path runs first in turn
+            if r == 0:  # one untimed update first: the first call of a process pays for warm-up
+                order = [order[-1], *order]
+            for n, path in enumerate(order):
+                timed = not (r == 0 and n == 0)
+                setting = paths[path]
+                # Read by GRPOTrainer.update and _micro; the scoring options by every scoring pass.
+                setattr(cfg, "length_buckets", setting["length_buckets"])  # noqa: B010
+                setattr(cfg, "rescore_pi_old", setting["rescore_pi_old"])  # noqa: B010
+                trainer.policy.scoring = setting["scoring"]
+                trainer.model.load_state_dict(model_state)
+                trainer.optimizer.load_state_dict(optim_state)
+                trainer.scheduler.load_state_dict(sched_state)
+                diag_time[0] = 0.0
                 _sync(device)
-                rollout_s = time.perf_counter() - start
-                advantages = group_advantages(batch.rewards, group_size)
-                tokens = int(batch.loss_mask.sum()) * cfg.epochs
-                names = list(paths)
-                order = names[r % len(names) :] + names[: r % len(names)]  # each path runs first in turn
-                if r == 0:  # one untimed update first: the first call of a process pays for warm-up
-                    order = [order[-1], *order]
-                for n, path in enumerate(order):
-                    timed = not (r == 0 and n == 0)
-                    setting = paths[path]
-                    # Read by GRPOTrainer.update and _micro; the scoring context by _score.
-                    setattr(cfg, "length_buckets", setting["length_buckets"])  # noqa: B010
-                    setattr(cfg, "rescore_pi_old", setting["rescore_pi_old"])  # noqa: B010
-                    llm._pick = setting["pick"]  # the output layer's log-softmax: fused, or plain autograd
-                    llm._SHARED_PREFIX_MIN = setting["share"]  # shared prefixes read once, or per row
-                    if setting["scoring"] is None:
-                        trainer.__dict__.pop("_scoring_mode", None)
-                    else:
-                        trainer._scoring_mode = setting["scoring"]
-                    trainer.model.load_state_dict(model_state)
-                    trainer.optimizer.load_state_dict(optim_state)
-                    trainer.scheduler.load_state_dict(sched_state)
-                    diag_time[0] = 0.0
-                    _sync(device)
+                start = time.perf_counter()
+                metrics = trainer.update(batch, advantages)
+                _sync(device)
+                update_s = time.perf_counter() - start
+                if not timed:
+                    continue
+                # The update's own time: the displacement diagnostics it ends with are timed apart (the
+                # issue's split: rollout / update / diagnostics); both rates are reported.
+                train_s = update_s - diag_time[0]
+                rates[path].append(tokens / train_s)
+                rates_total[path].append(tokens / update_s)
+                padding[path] = _padding_share(trainer, batch)
+                if log:
+                    log(
+                        f"update {path:8s} run {r}: {tokens} policy tokens in {train_s:.2f} s "
+                        f"+ {diag_time[0]:.2f} s diagnostics = {tokens / train_s:.0f}/s "
+                        f"({tokens / update_s:.0f}/s with them)"
+                    )
+                if path == "after":
+                    mismatch = max(mismatch, metrics["rollout/logp_mismatch"])
                     start = time.perf_counter()
-                    metrics = trainer.update(batch, advantages)
+                    trainer.probe_metrics()
                     _sync(device)
-                    update_s = time.perf_counter() - start
-                    if not timed:
-                        continue
-                    # The update's own time: the displacement diagnostics it ends with are timed apart (the
-                    # issue's split: rollout / update / diagnostics); both rates are reported.
-                    train_s = update_s - diag_time[0]
-                    rates[path].append(tokens / train_s)
-                    rates_total[path].append(tokens / update_s)
-                    padding[path] = _padding_share(trainer, batch)
-                    if log:
-                        log(
-                            f"update {path:8s} run {r}: {tokens} policy tokens in {train_s:.2f} s "
-                            f"+ {diag_time[0]:.2f} s diagnostics = {tokens / train_s:.0f}/s "
-                            f"({tokens / update_s:.0f}/s with them)"
-                        )
-                    if path == "after":
-                        mismatch = max(mismatch, metrics["rollout/logp_mismatch"])
-                        start = time.perf_counter()
-                        trainer.probe_metrics()
-                        _sync(device)
-                        probe_s = time.perf_counter() - start
-                        split["rollout"].append(rollout_s)
-                        split["update"].append(train_s)
-                        split["diagnostics"].append(diag_time[0] + probe_s)
-        finally:
-            llm._pick, llm._SHARED_PREFIX_MIN = fused, share
+                    probe_s = time.perf_counter() - start
+                    split["rollout"].append(rollout_s)
+                    split["update"].append(train_s)
+                    split["diagnostics"].append(diag_time[0] + probe_s)
         trainer.env.close()
         trainer.logger.close()
     parts = {k: statistics.median(v) for k, v in split.items()}

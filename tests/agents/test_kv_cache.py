@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from searchgym.agents.grpo.rollout import collect_rollouts
-from searchgym.agents.llm import LLMPolicy, tiny_causal_lm
+from searchgym.agents.llm import LLMPolicy, ScoringOptions, tiny_causal_lm
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.tokenization import builtin_tokenizer
 
@@ -135,9 +135,7 @@ def test_a_parameter_update_invalidates_the_kept_cache() -> None:
 
 @pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2])
 @pytest.mark.parametrize("rows", [4, 1])
-def test_scoring_reads_a_shared_prefix_once_with_the_same_values_and_gradients(
-    build: Any, rows: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_scoring_reads_a_shared_prefix_once_with_the_same_values_and_gradients(build: Any, rows: int) -> None:
     """Right-padded rows that start with the same 40 tokens (a group's prompt): log-probs, entropies and
     every parameter's gradient equal the whole-batch forward's, and the prefix runs through the model once."""
     import searchgym.agents.llm as llm
@@ -159,9 +157,11 @@ def test_scoring_reads_a_shared_prefix_once_with_the_same_values_and_gradients(
         lambda _m, args, kwargs: seen.append(int(kwargs["input_ids"].numel())), with_kwargs=True
     )
 
-    def run() -> list[torch.Tensor]:
+    def run(scoring: ScoringOptions) -> list[torch.Tensor]:
         model.zero_grad()
-        logp, entropy = llm.token_logprobs(model, ids, mask, with_entropy=True, score_mask=score)
+        logp, entropy = llm.token_logprobs(
+            model, ids, mask, with_entropy=True, score_mask=score, scoring=scoring
+        )
         assert entropy is not None
         (logp.sum() + 0.1 * entropy.sum()).backward()
         return [
@@ -170,11 +170,10 @@ def test_scoring_reads_a_shared_prefix_once_with_the_same_values_and_gradients(
             *(p.grad.clone() for p in model.parameters() if p.grad is not None),
         ]
 
-    shared = run()
+    shared = run(ScoringOptions())
     shared_tokens = sum(seen)
     seen.clear()
-    monkeypatch.setattr(llm, "_SHARED_PREFIX_MIN", 0)
-    whole = run()
+    whole = run(ScoringOptions(shared_prefix_min=0))
     hook.remove()
     assert sum(seen) == ids.numel()
     # One row: nothing to share. Several: the 40-token prefix is read once, not once per row.

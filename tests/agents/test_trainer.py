@@ -17,6 +17,7 @@ from searchgym.agents.grpo.config import GRPOConfig, SFTConfig  # noqa: E402
 from searchgym.agents.grpo.losses import group_advantages  # noqa: E402
 from searchgym.agents.grpo.rollout import RolloutBatch  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer, minibatch_plan  # noqa: E402
+from searchgym.agents.llm import ScoringOptions  # noqa: E402
 from searchgym.envs.episode import Source  # noqa: E402
 from searchgym.errors import ConfigError  # noqa: E402
 
@@ -59,11 +60,9 @@ def rollout_with_rewards(trainer: GRPOTrainer, rewards: list[float]) -> tuple[Ro
     return batch, group_advantages(batch.rewards, trainer.config.group_size)
 
 
-def test_tool_and_prompt_positions_get_no_gradient(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import searchgym.agents.llm as llm
-
-    monkeypatch.setattr(llm, "_SHARED_PREFIX_MIN", 0)  # one forward, so the hook sees all positions at once
-    trainer = GRPOTrainer(tiny(tmp_path))
+def test_tool_and_prompt_positions_get_no_gradient(tmp_path: Path) -> None:
+    # Shared prefixes read per row: one forward, so the hook sees all positions at once.
+    trainer = GRPOTrainer(tiny(tmp_path), scoring=ScoringOptions(shared_prefix_min=0))
     batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
     assert (batch.sources == Source.TOOL).any(), "the transcripts should hold tool text (corrective messages)"
     captured: dict[str, Any] = {}
