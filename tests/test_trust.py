@@ -761,3 +761,198 @@ def test_no_module_loads_sb3_files_through_stable_baselines3s_unpickling_loader(
         )
     ]
     assert hits == []
+
+
+# -- 6. silent overwrites -----------------------------------------------------------------------------------------
+
+
+def test_train_sb3_into_an_existing_run_is_refused_without_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("stable_baselines3")
+    from searchgym.cli import main
+
+    out = tmp_path / "sb3"
+    args = ["train", "sb3", "--algo", "a2c", "--timesteps", "16", "--eval-episodes", "0", "--out", str(out)]
+    assert main(args) == 0
+    stale = out / "checkpoints" / "a2c_999_steps.zip"  # a checkpoint of the earlier run
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"earlier run")
+    before = (out / "model.zip").read_bytes()
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--overwrite" in err
+    assert (out / "model.zip").read_bytes() == before and stale.exists()  # nothing touched
+    assert main([*args, "--overwrite"]) == 0
+    assert not stale.exists(), "the replaced run's checkpoints must not mix with the new run's"
+
+
+def test_index_bm25_over_another_index_is_refused_without_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.cli import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": str(i), "contents": f'"T{i}"\nword{i} text'}) + "\n" for i in range(5))
+    )
+    out = tmp_path / "index"
+    assert main(["index", "bm25", "--corpus", "world", "--out", str(out), "--no-progress"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(["index", "bm25", "--corpus", str(corpus), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds files" in err and "bm25.json" in err and "--overwrite" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the world's index is untouched
+    assert (
+        main(["index", "bm25", "--corpus", str(corpus), "--out", str(out), "--overwrite", "--no-progress"])
+        == 0
+    )
+    assert len(BM25Retriever.load(out, _passages_of(corpus)).passages) == 5
+
+
+def _passages_of(corpus: Path) -> list[Passage]:
+    from searchgym.data.flashrag import read_corpus
+
+    return read_corpus(corpus)
+
+
+# -- 8. the user's mistakes ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command", ["eval --agent oracle", "demos --out d.jsonl", "export-trajectories --out t.jsonl"]
+)
+@pytest.mark.parametrize("episodes", ["0", "-5"])
+def test_episodes_below_one_is_a_usage_error(
+    command: str, episodes: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command.split(), "--episodes", episodes])
+    assert exit_info.value.code == 2
+    assert f"--episodes: must be >= 1, got {episodes}" in capsys.readouterr().err
+
+
+def test_more_episodes_than_questions_says_so_and_reports_distinct_questions(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from searchgym.cli import main
+
+    assert (
+        main(
+            [
+                "eval",
+                "--agent",
+                "oracle",
+                "--split",
+                "validation",
+                "--episodes",
+                "1100",
+                "--json",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    captured = capsys.readouterr()
+    figures = json.loads(captured.out)
+    assert figures["episodes"] == 1100 and figures["questions"] == 500
+    assert "1100 episodes over the 500 questions of split 'validation'" in captured.err
+    assert "2 or 3 times" in captured.err
+    assert main(["eval", "--agent", "oracle", "--episodes", "20", "--json", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["questions"] == 20 and "note:" not in captured.err
+
+
+def test_eval_help_lists_every_agent_form(capsys: pytest.CaptureFixture[str]) -> None:
+    from searchgym.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    agent_help = capsys.readouterr().out.split("--agent AGENT", 2)[-1].split("--episodes")[0]
+    words = " ".join(agent_help.split())
+    for form in ("random", "oracle", "heuristic", "checkpoint:PATH", "sb3:PATH", "package.module:Class"):
+        assert form in words
+
+
+GRPO_TINY = [
+    "--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768", "--questions-per-step", "2",
+    "--group-size", "2", "--minibatch-size", "2", "--eval-questions", "0", "--threads", "1", "--no-progress",
+    "--no-tensorboard", "--probe-size", "0", "--onpolicy-probe-size", "0",
+]  # fmt: skip
+
+
+def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resume_command(
+    tmp_path: Path,
+) -> None:
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "searchgym.cli", "train", "grpo", "--run-dir", str(run), *GRPO_TINY]
+    cmd += ["--steps", "500", "--save-every", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    checkpoint = run / "checkpoint.pt"
+    deadline = time.monotonic() + 180
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert checkpoint.exists() and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    last = lines[-1]
+    assert last.startswith("searchgym: train grpo interrupted;") and str(checkpoint) in last
+    saved = load_checkpoint(checkpoint)["step"]
+    assert f"holds step {saved};" in last
+    assert last.endswith(f"continue with: searchgym train grpo --run-dir {run} --resume")
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(tmp_path: Path) -> None:
+    import argparse
+
+    from searchgym.cli._common import interrupted_message
+
+    args = argparse.Namespace(_command=("train", "sft"), run_dir=str(tmp_path), resume=False)
+    assert "before its first checkpoint; nothing to resume" in interrupted_message(args)
+    assert interrupted_message(argparse.Namespace(_command=("eval",))) == "searchgym: eval interrupted"
+
+
+def test_an_exported_folder_plays_exactly_as_its_checkpoint(tmp_path: Path) -> None:
+    from searchgym.cli import main
+
+    sft = tmp_path / "sft"
+    sizes = ["--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768"]
+    args = ["train", "sft", "--run-dir", str(sft), *sizes, "--demo-episodes", "8", "--epochs", "1"]
+    assert main([*args, "--eval-questions", "0", "--threads", "1", "--no-progress", "--no-tensorboard"]) == 0
+    assert main(["export", str(sft / "checkpoint.pt"), str(tmp_path / "hf")]) == 0
+    note = json.loads((tmp_path / "hf" / "searchgym_export.json").read_text())
+    assert note["env"] == {"max_turn_tokens": 8, "max_context_tokens": 768}
+    transcripts = {}
+    for name, agent in (("ckpt", sft / "checkpoint.pt"), ("hf", tmp_path / "hf")):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["eval", "--agent", f"checkpoint:{agent}", "--max-turns", "2", "--episodes", "6",
+                     "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+        transcripts[name] = [json.loads(line) for line in out.read_text().splitlines()]
+    strip = ("seconds", "agent")
+    assert [{k: v for k, v in r.items() if k not in strip} for r in transcripts["hf"]] == [
+        {k: v for k, v in r.items() if k not in strip} for r in transcripts["ckpt"]
+    ]
+
+
+@pytest.mark.parametrize(
+    "env", [{"max_turn_tokens": "abc"}, {"max_context_tokens": 10**12}, [], {"max_turn_tokens": 0}]
+)
+def test_a_bad_export_note_is_a_checkpoint_error(tmp_path: Path, env: Any) -> None:
+    from searchgym.agents.grpo.export import export_env_sizes
+
+    (tmp_path / "searchgym_export.json").write_text(json.dumps({"env": env}))
+    with pytest.raises(CheckpointError, match=r"searchgym_export\.json"):
+        export_env_sizes(tmp_path)
+    (tmp_path / "searchgym_export.json").write_text('{"env": {"max_turn_tokens": 1' + "0" * 5000 + "}}")
+    with pytest.raises(CheckpointError, match="not a readable export note"):
+        export_env_sizes(tmp_path)

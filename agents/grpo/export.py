@@ -20,7 +20,14 @@ from ..llm import LLMPolicy
 from .config import CommonConfig
 from .runtime import build_policy
 
-__all__ = ["export_pretrained", "load_policy"]
+__all__ = ["ENV_SIZES", "export_env_sizes", "export_pretrained", "load_policy"]
+
+EXPORT_NOTE = "searchgym_export.json"
+"""The provenance note :func:`export_pretrained` writes beside the model files."""
+
+ENV_SIZES = ("max_turn_tokens", "max_context_tokens")
+"""The env sizes a model was trained with, recorded in a checkpoint's config and in an export's note: the
+model plays best (and at its trained speed) in an env of the same sizes."""
 
 
 def load_policy(
@@ -102,6 +109,50 @@ def export_pretrained(checkpoint: str | Path, out_dir: str | Path, *, overwrite:
         "exported_from": str(Path(checkpoint).resolve()),
         "sha256": digest,
         "tokenizer": policy.tokenizer.name,
+        "env": _checkpoint_env_sizes(checkpoint),
     }
-    (out / "searchgym_export.json").write_text(json.dumps(note, indent=1) + "\n")
+    (out / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
     return out
+
+
+def _checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:
+    """The :data:`ENV_SIZES` a checkpoint's config records (already checked by :func:`load_policy`)."""
+    import torch
+
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    config = payload.get("config", {})
+    return {name: int(config[name]) for name in ENV_SIZES if name in config}
+
+
+def export_env_sizes(folder: str | Path) -> dict[str, int]:
+    """The :data:`ENV_SIZES` an exported folder's note records (``{}`` for a folder with no note, e.g. one
+    ``save_pretrained`` wrote outside searchgym, or an export older than the record).
+
+    Raises:
+        CheckpointError: the note is not JSON, or a recorded size is not an integer in ``[1, 2**20]``.
+    """
+    from .checkpoint import MAX_CONTEXT_TOKENS
+
+    path = Path(folder) / EXPORT_NOTE
+    if not path.is_file():
+        return {}
+    try:
+        note = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, integer bombs, bad bytes
+        raise CheckpointError(
+            f"{path}: not a readable export note ({type(e).__name__}: {str(e)[:200]})"
+        ) from None
+    env = note.get("env", {}) if isinstance(note, dict) else None
+    if not isinstance(env, dict):
+        raise CheckpointError(f"{path}: field 'env' must be an object of {list(ENV_SIZES)}")
+    sizes: dict[str, int] = {}
+    for name in ENV_SIZES:
+        if name not in env:
+            continue
+        value = env[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONTEXT_TOKENS:
+            raise CheckpointError(
+                f"{path}: env.{name} is {value!r:.80}, expected an integer in [1, {MAX_CONTEXT_TOKENS}]"
+            )
+        sizes[name] = value
+    return sizes

@@ -35,7 +35,7 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text.lower():
+        if "default" in text.lower() or action.required:  # a required option has no default to show
             return text
         return super()._get_help_string(action) or text
 
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=_DefaultsFormatter,
         )
         module.add_arguments(sub)
-        sub.set_defaults(_run=module.run)
+        sub.set_defaults(_run=module.run, _command=path)
     return parser
 
 
@@ -76,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SearchGymError as e:
         print(f"searchgym: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line (what was saved, how to continue), not a traceback
+        from searchgym.cli._common import interrupted_message
+
+        print(f"\n{interrupted_message(args)}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -4,14 +4,74 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from searchgym.errors import ConfigError
 
-__all__ = ["add_env_arguments", "env_kwargs", "format_table", "load_agent", "make_env"]
+__all__ = [
+    "add_env_arguments",
+    "env_kwargs",
+    "format_table",
+    "interrupted_message",
+    "load_agent",
+    "make_env",
+    "positive_int",
+]
 
 BUILTIN_AGENTS = ("random", "oracle", "heuristic")
+AGENT_FORMS = (
+    "random | oracle | heuristic | checkpoint:PATH (a train sft/grpo checkpoint.pt, or a Hugging Face folder "
+    "from export) | sb3:PATH (a stable-baselines3 model.zip) | package.module:Class"
+)
+"""Every form ``--agent`` takes, for the commands' help."""
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 1 (``--episodes 0`` or ``-5`` is a usage error, not an empty run)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def interrupted_message(args: argparse.Namespace) -> str:
+    """The one line printed when a command is stopped with Ctrl-C.
+
+    For a training run (a command with ``--run-dir`` and ``--resume``) it names what was saved and the
+    command that continues it; otherwise it only says the command was interrupted.
+    """
+    command = " ".join(getattr(args, "_command", ()) or ("command",))
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is None or not hasattr(args, "resume"):
+        return f"searchgym: {command} interrupted"
+    checkpoint = Path(run_dir) / "checkpoint.pt"
+    if not checkpoint.is_file():
+        return (
+            f"searchgym: {command} interrupted before its first checkpoint; nothing to resume in {run_dir} "
+            "(--save-every N writes one every N steps)"
+        )
+    step = _saved_step(checkpoint)
+    saved = f"step {step}" if step is not None else "an unreadable step"
+    resume = shlex.join(["searchgym", *command.split(), "--run-dir", str(run_dir), "--resume"])
+    return f"searchgym: {command} interrupted; {checkpoint} holds {saved}; continue with: {resume}"
+
+
+def _saved_step(checkpoint: Path) -> int | None:
+    """The step a checkpoint file records, read without loading its tensors (``None`` if unreadable)."""
+    import torch
+
+    try:
+        payload = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a damaged file: the resume itself will say what is wrong with it
+        return None
+    step = payload.get("step") if isinstance(payload, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def add_env_arguments(parser: argparse.ArgumentParser) -> None:

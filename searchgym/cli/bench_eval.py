@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from searchgym.cli._common import positive_int
 from searchgym.cli.bench_all import ROWS, report
 
 COMMAND = ("bench", "eval")
@@ -12,8 +13,8 @@ HELP = "measure oracle episodes/s on the generated world and on HotpotQA (when .
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--episodes", type=int, default=500, help="episodes per run")
-    parser.add_argument("--repeats", type=int, default=3, help="runs (fresh envs); medians")
+    parser.add_argument("--episodes", type=positive_int, default=500, help="episodes per run")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs (fresh envs); medians")
     parser.add_argument("--data", default=None, help="folder holding hotpotqa_dev_distractor_1100")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 

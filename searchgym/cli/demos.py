@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from searchgym.cli._common import add_env_arguments, make_env
+from searchgym.cli._common import add_env_arguments, make_env, positive_int
 
 COMMAND = ("demos",)
 HELP = "write token-level oracle demonstrations to JSONL (for supervised warm-start)"
@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_env_arguments(parser)
     parser.set_defaults(split="train")
     parser.add_argument(
-        "--episodes", type=int, default=None, help="demonstrations (default: one per question)"
+        "--episodes", type=positive_int, default=None, help="demonstrations (default: one per question)"
     )
     parser.add_argument(
         "--out",

@@ -5,21 +5,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from searchgym.agents.evaluate import EvalSummary
-from searchgym.cli._common import add_env_arguments, env_kwargs, format_table, load_agent, make_env
+from searchgym.cli._common import (
+    AGENT_FORMS,
+    add_env_arguments,
+    env_kwargs,
+    format_table,
+    load_agent,
+    make_env,
+    positive_int,
+)
 
 COMMAND = ("eval",)
-HELP = "evaluate an agent (random, oracle, heuristic, or package.module:Class) on an environment"
+HELP = (
+    "evaluate an agent (random, oracle, heuristic, checkpoint:PATH, sb3:PATH, package.module:Class) on an env"
+)
 
-COLUMNS = ["agent", *EvalSummary.metric_names()]
+COLUMNS = ["agent", *EvalSummary.metric_names(), "questions"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_env_arguments(parser)
-    parser.add_argument("--agent", required=True, help="random | oracle | heuristic | package.module:Class")
-    parser.add_argument("--episodes", type=int, default=100, help="episodes (question i for episode i)")
+    parser.add_argument("--agent", required=True, help=AGENT_FORMS)
+    parser.add_argument(
+        "--episodes",
+        type=positive_int,
+        default=100,
+        help="episodes; episode i plays question i of the split (more episodes than questions play each "
+        "question again, with another seed, and the note and the 'questions' column say so)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="base seed")
     parser.add_argument(
         "--out",
@@ -45,16 +62,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
-    """The turn and context sizes a ``checkpoint:FILE`` agent was trained with, for those not given.
+    """The turn and context sizes a ``checkpoint:PATH`` agent was trained with, for those not given.
 
     A model trained on 48-token turns plays an env with 512-token turns very slowly (an untrained or drifted
-    policy fills every turn) and out of distribution, so the trainer's own sizes are the natural default.
+    policy fills every turn) and out of distribution, so the trainer's own sizes are the natural default. A
+    checkpoint file records them in its config; a Hugging Face folder from ``searchgym export`` in its note.
     """
     if not args.agent.startswith("checkpoint:"):
         return {}
     path = args.agent[len("checkpoint:") :]
+    names = [n for n in ("max_turn_tokens", "max_context_tokens") if getattr(args, n, None) is None]
+    if os.path.isdir(path):
+        from searchgym.agents.grpo.export import export_env_sizes
+
+        return {n: v for n, v in export_env_sizes(path).items() if n in names}
     if not os.path.isfile(path):
-        return {}  # a Hugging Face folder carries no env settings; a missing file errors in load_agent
+        return {}  # a missing file errors in load_agent
     import torch
 
     from searchgym.agents.grpo.checkpoint import check_config
@@ -67,8 +90,7 @@ def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
         return {}
     config = payload.get("config", {}) if isinstance(payload, dict) else {}
     check_config(config, payload.get("kind"), path)  # types and sizes, before the env is sized by them
-    names = ("max_turn_tokens", "max_context_tokens")
-    return {n: int(config[n]) for n in names if getattr(args, n, None) is None and n in config}
+    return {n: int(config[n]) for n in names if n in config}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,6 +107,16 @@ def run(args: argparse.Namespace) -> int:
         overrides["retriever"] = f"cassette:{args.record_retrieval};record={args.retriever}"
     env = make_env(args, **overrides)
     agent = load_agent(args.agent, env, seed=args.seed)
+    questions = min(args.episodes, len(env.unwrapped.questions))  # distinct questions played
+    if args.episodes > questions:
+        low, high = args.episodes // questions, -(-args.episodes // questions)
+        times = f"{low}" if low == high else f"{low} or {high}"
+        print(
+            f"note: {args.episodes} episodes over the {questions} questions of split {args.split!r}: each "
+            f"question is played {times} times (episode i plays question i mod {questions}, seeded seed+i); "
+            "the figures average over episodes",
+            file=sys.stderr,
+        )
     if args.out is None:
         summary = evaluate(env, agent, args.episodes, seed=args.seed, progress=not args.no_progress)
     else:
@@ -98,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
         write_run_manifest(args.out, "eval", settings, folder=False, seeds={"seed": args.seed}, config=config)
-    metrics = summary.metrics()
+    metrics = {**summary.metrics(), "questions": questions}
     if args.json:
         print(json.dumps(metrics))
     else:  # the faults column only when faults were injected

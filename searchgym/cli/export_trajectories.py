@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from searchgym.cli._common import env_kwargs, positive_int
 from searchgym.cli._manifest import write_run_manifest
 
 COMMAND = ("export-trajectories",)
@@ -18,9 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy", default=None, help="checkpoint.pt or Hugging Face folder (default: a fresh tiny model)"
     )
-    parser.add_argument("--episodes", type=int, default=64, help="episodes (questions x group size)")
-    parser.add_argument("--group-size", type=int, default=1, help="episodes per question (GRPO groups)")
-    parser.add_argument("--batch", type=int, default=32, help="episodes generated together")
+    parser.add_argument("--episodes", type=positive_int, default=64, help="episodes (questions x group size)")
+    parser.add_argument(
+        "--group-size", type=positive_int, default=1, help="episodes per question (GRPO groups)"
+    )
+    parser.add_argument("--batch", type=positive_int, default=32, help="episodes generated together")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     parser.add_argument(
         "--greedy", action="store_true", help="take the most likely token instead of sampling"
@@ -51,15 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.agents.integrations.export import export_trajectories
 
     env = {
-        "dataset": args.dataset,
-        "world_seed": args.world_seed,
-        "split": args.split,
-        "tokenizer": args.tokenizer,
-        "retriever": args.retriever,
-        "topk": args.topk,
-        "max_turns": args.max_turns,
-        "max_turn_tokens": args.max_turn_tokens,
-        "max_context_tokens": args.max_context_tokens,
+        **env_kwargs(args),
         "max_obs_tokens": args.max_obs_tokens,
         "reward": args.reward,
         "prompt_style": args.prompt_style,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -122,6 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timesteps", type=int, default=20_000, help="environment steps to train for")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the envs")
     parser.add_argument("--out", default=None, help="run directory (default: runs/sb3-ALGO-VIEW-sSEED)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace the run an existing --out holds (refused otherwise)"
+    )
     parser.add_argument("--n-envs", type=int, default=4, help="training envs stepped together")
     parser.add_argument("--learning-rate", type=float, default=None, help="override the default rate")
     parser.add_argument(
@@ -214,8 +218,44 @@ def train(config: SB3TrainConfig) -> dict[str, Any]:
     return metrics
 
 
+RUN_FILES = (
+    "config.json",
+    "model.zip",
+    "progress.csv",
+    "checkpoints",
+    "eval.json",
+    "eval.jsonl",
+    "manifest.json",
+)
+"""What a ``train sb3`` run writes into its folder (an earlier run is recognised by any of them)."""
+
+
+def prepare_out(out: str | Path, overwrite: bool) -> None:
+    """Refuses an ``--out`` that holds an earlier run unless ``overwrite``; with it, removes that run's files
+    (so old ``checkpoints/`` never mix with the new run's).
+
+    Raises:
+        ConfigError: ``out`` is a file, or holds a run and ``overwrite`` is not set.
+    """
+    root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--out {str(root)!r} is a file, not a run folder")
+    existing = [name for name in RUN_FILES if (root / name).exists()]
+    if not existing:
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"--out {str(root)!r} already holds a run ({', '.join(existing)}); pass --overwrite to replace it, "
+            "or choose another --out"
+        )
+    for name in existing:
+        target = root / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    prepare_out(config.out, args.overwrite)
     metrics = train(config)
     write_run_manifest(
         config.out, "train sb3", config.env, folder=True, seeds={"seed": config.seed}, config=config

@@ -140,7 +140,9 @@ def test_index_bm25_saves_what_serve_and_load_read(
     assert summary["recall"]["any_gold"] > 0.5  # BM25 finds generated entities by name
     passages = read_corpus(folder / "corpus.jsonl")
     BM25Retriever.load(out, passages)
-    assert main(args) == 0
+    assert main(args) == 2  # the folder holds an index: replaced only when asked
+    assert "--overwrite" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0
     assert "recall" not in capsys.readouterr().out
     assert main(["index", "bm25", "--corpus", "world", "--out", str(tmp_path / "w"), "--no-progress"]) == 0
     assert BM25Retriever.load(tmp_path / "w", generate_world(seed=0).passages).nbytes > 0
