@@ -19,6 +19,11 @@ def test_wheel_has_one_top_level_name(tmp_path: Path) -> None:
     assert top == {"searchgym"}
     assert "searchgym/envs/search_qa.py" in names and "searchgym/agents/scripted.py" in names
     assert "searchgym/py.typed" in names and "searchgym/assets/tokenizer.json" in names
+    # Every package of the source tree ships (setup.cfg lists them one by one: a new subpackage must be added).
+    folders = {"searchgym": "searchgym", "envs": "searchgym/envs", "agents": "searchgym/agents"}
+    for folder, installed in folders.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            assert f"{installed}/{init.relative_to(ROOT / folder).as_posix()}" in names, init
 
 
 def test_no_bare_envs_or_agents_imports() -> None:

@@ -40,7 +40,7 @@ from searchgym.errors import ConfigError, MissingDependencyError
 from searchgym.protocol import StopScanner
 from searchgym.tokenization import Tokenizer, load_tokenizer
 
-from .base import Observation, SegmentAgent
+from ..base import Observation, SegmentAgent
 
 __all__ = [
     "DEFAULT_SCORING",
