@@ -1,21 +1,33 @@
 """Fuzzes the file loaders in this process; run by ``test_fuzz_files.py`` in a child process.
 
 ``python fuzz_files_worker.py KIND CASES [--derandomize]`` mutates valid files of KIND (``checkpoint``, ``index``,
-``jsonl``, ``parquet``, ``demos``, ``metrics``) with hypothesis: truncation, bit flips, overwritten,
-inserted and deleted bytes, and changes of types, dtypes, shapes and values. Each case must end in a typed
-searchgym error or a correct load (and a loaded index must answer queries). A raw exception fails the run
-(hypothesis reports the smallest case); a crash (segfault) shows as the child's signal. The last line of
-output is a JSON summary: the kind, the number of cases, and their outcomes.
+``dense``, ``jsonl``, ``parquet``, ``demos``, ``metrics``) with hypothesis: truncation, bit flips, overwritten,
+inserted and deleted bytes, changes of types, dtypes, shapes and values, integer bombs (a JSON integer of
+thousands of digits), manifest field changes (re-sealed, as a crafted index is, or not), faiss ids past the
+corpus and parquet row bombs. Every case ends in one outcome:
+
+* ``typed error``: a :class:`~searchgym.errors.SearchGymError` (the promise for damaged input);
+* ``same results``: it loaded and gives exactly what the undamaged file gives;
+* ``silently wrong``: it loaded and gives something else; acceptable only for the mutation families of
+  :data:`NO_CHECKSUM`, where no checksum can exist (the reason is printed beside the count);
+* ``raw``: any other exception (a bug); ``hang``: a case that ran past :data:`HANG_S` seconds (a bug).
+
+A crash (segfault) kills this process; the test sees the signal. The last line of output is a JSON summary:
+the kind, the number of cases, the outcome counts, the counts per mutation family, and the first raw or
+hanging cases.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import signal
 import sys
 import tempfile
+import time
+import traceback
 import warnings
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,8 +38,36 @@ from hypothesis import strategies as st
 
 from searchgym.errors import SearchGymError
 
+OUTCOME_NAMES = ("typed error", "same results", "silently wrong", "raw", "hang")
 OUTCOMES: Counter[str] = Counter()
+FAMILIES: defaultdict[str, Counter[str]] = defaultdict(Counter)
+EXAMPLES: list[str] = []
 DERANDOMIZE = False
+HANG_S = 30.0
+"""A case running longer than this is a hang (interrupted by an alarm where Python code is running)."""
+
+NO_CHECKSUM = {
+    "checkpoint/fields": "a checkpoint written whole by torch.save is not sealed: any writer can change a field",
+    "checkpoint/config": "a config value of the right type and range is another run's setting: types and ranges "
+    "are checked, intent cannot be",
+    "index/array (re-sealed)": "a crafted index carries fresh hashes; the checks behind them run, not a checksum",
+    "index/meta field (re-sealed)": "as above: crafted and re-sealed",
+    "dense/manifest field (re-sealed)": "as above: crafted and re-sealed",
+    "jsonl/bytes": "FlashRAG files are the user's data: no checksum exists to compare with",
+    "jsonl/record": "the user's data, well-formed with other values",
+    "parquet/bytes": "the user's data (parquet's own page checksums are optional and rarely written)",
+    "parquet/column": "the user's data, well-formed with other values",
+    "demos/bytes": "demonstrations are the user's data (a JSONL file anyone may edit)",
+    "demos/record": "the user's data, well-formed with other values",
+    "metrics/bytes": "a run's log, appended line by line: no checksum can cover a growing file",
+    "metrics/record": "a run's log, well-formed with other values",
+    "metrics/integer bomb": "a bad last line is taken for a torn write (a run being written) and skipped, "
+    "with a warning",
+}
+"""The mutation families where ``silently wrong`` is acceptable, with the reason no checksum can catch them."""
+
+BOMB = "1" + "0" * 5000
+"""An integer literal past Python's 4,300-digit limit for int(str)."""
 
 
 def case_settings(cases: int) -> Any:
@@ -71,25 +111,98 @@ def byte_mutation(draw: Any, data: bytes) -> bytes:
     return data[:at] + b"\0" * min(length, n - at) + data[at + length :]
 
 
-def run(case: Callable[[], Any]) -> None:
-    """Runs one case; records a typed error or a load; anything else propagates (and fails the run)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            case()
-        except SearchGymError as e:
-            OUTCOMES[f"error:{type(e).__name__}"] += 1
-            return
-    OUTCOMES["loaded"] += 1
+@st.composite
+def integer_bomb(draw: Any, text: str) -> str:
+    """JSON ``text`` with one of its integer values (or, with none, a new field) replaced by a 5,001-digit
+    integer."""
+    value = json.loads(text)
+    spots: list[tuple[Any, Any]] = []  # (container, key) of every integer value
+
+    def walk(node: Any) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in items:
+            if isinstance(child, int) and not isinstance(child, bool):
+                spots.append((node, key))
+            walk(child)
+
+    walk(value)
+    if spots and draw(st.booleans()):
+        container, key = spots[draw(st.integers(0, len(spots) - 1))]
+        container[key] = "@BOMB@"
+    elif isinstance(value, dict):
+        value["bomb"] = "@BOMB@"
+    else:
+        value = {"bomb": "@BOMB@", "value": value}
+    return json.dumps(value).replace('"@BOMB@"', BOMB) + ("\n" if text.endswith("\n") else "")
+
+
+class Hang(BaseException):
+    """Raised by the alarm in a case that runs past :data:`HANG_S`."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise Hang
+
+
+def run(
+    family: str, case: Callable[[], Any], reference: Any, same: Callable[[Any, Any], bool] | None = None
+) -> None:
+    """Runs one case of a mutation family and records its outcome.
+
+    ``case()`` loads the mutated file and returns what a user would get from it (the loaded content, or the
+    answers of a loaded index), compared with ``reference`` (what the undamaged file gives) by ``same``
+    (default ``==``).
+    """
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, HANG_S)
+    start = time.monotonic()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = case()
+        equal = (same or (lambda a, b: bool(a == b)))(result, reference)
+        outcome = "same results" if equal else "silently wrong"
+    except SearchGymError:
+        outcome = "typed error"
+    except Hang:
+        outcome = "hang"
+    except Exception as e:
+        outcome = "raw"
+        if len(EXAMPLES) < 5:
+            EXAMPLES.append(f"{family}: {type(e).__name__}: {str(e)[:300]}\n{traceback.format_exc()[-1500:]}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    if outcome != "hang" and time.monotonic() - start > HANG_S:
+        outcome = "hang"  # stuck in C code, where the alarm could not interrupt it
+    if outcome == "hang" and len(EXAMPLES) < 5:
+        EXAMPLES.append(f"{family}: ran past {HANG_S} s")
+    OUTCOMES[outcome] += 1
+    FAMILIES[f"{KIND}/{family}"][outcome] += 1
+
+
+KIND = ""
 
 
 # -- checkpoints ---------------------------------------------------------------------------------------------
+
+
+def _same_tree(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_tree(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same_tree, a, b))
+    return bool(a == b) and type(a) is type(b)
 
 
 def fuzz_checkpoint(cases: int) -> None:
     import torch
 
     from searchgym.agents.grpo.checkpoint import (
+        check_config,
         get_rng_state,
         load_checkpoint,
         save_checkpoint,
@@ -108,20 +221,11 @@ def fuzz_checkpoint(cases: int) -> None:
         "arch": {"kind": "tiny", "layers": 1, "hidden": 4, "tokenizer": None},  # 2 * 4**2 <= 72 weights
         "optimizer": optimizer.state_dict(),
         "rng": get_rng_state(),
-        "config": {"lr": 0.1, "seed": 0},
+        "config": {"lr": 0.1, "seed": 0, "max_turn_tokens": 48, "max_context_tokens": 1024},
     }
     work = Path(tempfile.mkdtemp())
     original = save_checkpoint(work / "original.pt", payload).read_bytes()
     reference = load_checkpoint(work / "original.pt")
-
-    def same(a: Any, b: Any) -> bool:
-        if isinstance(a, torch.Tensor):
-            return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-        if isinstance(a, dict):
-            return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-        if isinstance(a, list | tuple):
-            return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-        return bool(a == b) and type(a) is type(b)
 
     tensors = st.builds(
         lambda dtype, shape: torch.zeros(shape, dtype=dtype),
@@ -129,20 +233,31 @@ def fuzz_checkpoint(cases: int) -> None:
         st.lists(st.integers(0, 3), max_size=3),
     )
     leaves = JSON | tensors
+    config_values = JSON | st.sampled_from(
+        [10**5000, 10**12, -1, 0, float("nan"), float("inf"), "abc", 2**63]
+    )
+
+    def load(path: Path) -> Any:
+        loaded = load_checkpoint(path)
+        if "rng" in loaded:
+            set_rng_state(loaded["rng"], torch.Generator())
+        check_config(loaded.get("config", {}), loaded.get("kind"), path)  # what every loader runs next
+        return loaded
+
+    def write(changed: dict[str, Any], path: Path) -> None:
+        buffer = io.BytesIO()
+        torch.save({"format": "searchgym-checkpoint-v2", **changed}, buffer)
+        path.write_bytes(buffer.getvalue())
 
     @case_settings(cases)
     @given(st.data())
     def check(data: Any) -> None:
         path = work / "case.pt"
-        if data.draw(st.booleans()):  # damaged bytes: a typed error, or exactly the saved content
+        family = data.draw(st.sampled_from(["bytes", "fields", "config"]))
+        changed = {**payload, "rng": dict(payload["rng"]), "model": dict(payload["model"])}
+        if family == "bytes":  # damaged bytes: a typed error, or exactly the saved content
             path.write_bytes(data.draw(byte_mutation(original)))
-
-            def case() -> None:
-                loaded = load_checkpoint(path)
-                assert same(loaded, reference), "a damaged checkpoint loaded with different content"
-
-        else:  # a well-formed file with wrong types, dtypes, shapes or values
-            changed = {**payload, "rng": dict(payload["rng"]), "model": dict(payload["model"])}
+        elif family == "fields":  # a well-formed file with wrong types, dtypes, shapes or values
             section = data.draw(st.sampled_from(["top", "rng", "model"]))
             target = changed if section == "top" else changed[section]
             key = data.draw(st.sampled_from(sorted(target)))
@@ -150,16 +265,12 @@ def fuzz_checkpoint(cases: int) -> None:
                 del target[key]
             else:
                 target[key] = data.draw(leaves)
-            buffer = io.BytesIO()
-            torch.save({"format": "searchgym-checkpoint-v2", **changed}, buffer)
-            path.write_bytes(buffer.getvalue())
-
-            def case() -> None:
-                loaded = load_checkpoint(path)
-                if "rng" in loaded:
-                    set_rng_state(loaded["rng"], torch.Generator())
-
-        run(case)
+            write(changed, path)
+        else:  # one config field out of type or range (integer bombs, NaN, terabyte contexts)
+            key = data.draw(st.sampled_from(sorted(payload["config"])))
+            changed["config"] = {**payload["config"], key: data.draw(config_values)}
+            write(changed, path)
+        run(family, lambda: load(path), reference, _same_tree)
 
     check()
 
@@ -181,15 +292,22 @@ def fuzz_index(cases: int) -> None:
         arrays = {k: f[k] for k in f.files}
     queries = ["alpha beta", "gamma 3 w2", "title 7", "nothing here", "delta delta 1"]
 
-    def reseal(case_dir: Path) -> None:
+    def answers(case_dir: Path) -> list[list[tuple[str, float]]]:
+        retriever = BM25Retriever.load(case_dir, passages)
+        return [[(h.passage_id, round(h.score, 6)) for h in hits] for hits in retriever.search(queries, 3)]
+
+    reference = answers(folder)
+
+    def reseal(case_dir: Path) -> bool:
         from searchgym.integrity import seal
 
         record = json.loads((case_dir / "bm25.json").read_text())
         try:
             sealed = seal(record, {"bm25.npz": case_dir / "bm25.npz"})
         except ValueError:  # a NaN drawn into the record has no canonical hash: it stays unsealed
-            return
+            return False
         (case_dir / "bm25.json").write_text(json.dumps(sealed))
+        return True
 
     dtypes = [np.int8, np.int16, np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64, np.bool_]
 
@@ -199,12 +317,16 @@ def fuzz_index(cases: int) -> None:
         case_dir = Path(tempfile.mkdtemp(dir=work))
         (case_dir / "bm25.npz").write_bytes(npz)
         (case_dir / "bm25.json").write_text(meta)
-        what = data.draw(st.sampled_from(["npz bytes", "json bytes", "array", "meta field"]))
-        if what == "npz bytes":
+        family = data.draw(
+            st.sampled_from(["npz bytes", "json bytes", "array", "meta field", "integer bomb"])
+        )
+        if family == "npz bytes":
             (case_dir / "bm25.npz").write_bytes(data.draw(byte_mutation(npz)))
-        elif what == "json bytes":
+        elif family == "json bytes":
             (case_dir / "bm25.json").write_bytes(data.draw(byte_mutation(meta.encode())))
-        elif what == "array":
+        elif family == "integer bomb":
+            (case_dir / "bm25.json").write_text(data.draw(integer_bomb(meta)))
+        elif family == "array":
             name = data.draw(st.sampled_from(sorted(arrays)))
             array = arrays[name].copy()
             change = data.draw(st.sampled_from(["dtype", "shape", "value", "slice"]))
@@ -223,21 +345,107 @@ def fuzz_index(cases: int) -> None:
             else:
                 array = array[data.draw(st.integers(0, len(array))) :]
             np.savez(case_dir / "bm25.npz", **{**arrays, name: array})
-            reseal(case_dir)  # as a crafted index would be: the checks behind the hashes run
+            if reseal(case_dir):  # as a crafted index would be: the checks behind the hashes run
+                family = "array (re-sealed)"
         else:
             record = json.loads(meta)
             key = data.draw(st.sampled_from(sorted(record)))
             record[key] = data.draw(JSON)
             (case_dir / "bm25.json").write_text(json.dumps(record))
-            if key not in ("sha256", "files"):
-                reseal(case_dir)
+            if key not in ("sha256", "files") and reseal(case_dir):
+                family = "meta field (re-sealed)"
+        run(family, lambda: answers(case_dir), reference)
 
-        def case() -> None:
-            retriever = BM25Retriever.load(case_dir, passages)
-            for hits in retriever.search(queries, 3):
-                assert len(hits) <= 3 and all(h.passage_id in {p.id for p in passages} for h in hits)
+    check()
 
-        run(case)
+
+# -- dense index -------------------------------------------------------------------------------------------------
+
+
+def fuzz_dense(cases: int) -> None:
+    import shutil
+
+    import faiss
+
+    from searchgym.data import Passage
+    from searchgym.integrity import seal
+    from searchgym.retrieval.dense import DenseRetriever, build_dense_index, tiny_encoder
+
+    passages = [
+        Passage(str(i), f"title {i}", f"alpha beta gamma {i} delta {i % 3} w{i % 7}") for i in range(120)
+    ]
+    work = Path(tempfile.mkdtemp())
+    encoder = tiny_encoder()
+    dirs = {
+        kind: build_dense_index(passages, encoder, work / kind, index_type=kind, progress=False)
+        for kind in ("flat", "ivf")
+    }
+    queries = ["alpha beta", "gamma 3 w2", "title 7", "delta delta 1"]
+
+    def answers(folder: Path, corrupt: Callable[[Any], None] | None = None) -> list[list[str]]:
+        retriever = DenseRetriever.load(folder, passages, encoder=encoder)
+        if corrupt is not None:
+            corrupt(retriever)
+        return [[h.passage_id for h in hits] for hits in retriever.search(queries, 5)]
+
+    references = {kind: answers(folder) for kind, folder in dirs.items()}
+    originals = {
+        kind: {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+        for kind, folder in dirs.items()
+    }
+
+    def bad_ids(data: Any) -> Callable[[Any], None]:
+        """Overwrites one id in an IVF list with one past the corpus (what a damaged index.faiss returns)."""
+        bad = data.draw(st.sampled_from([len(passages), len(passages) + 1, 10**6, 2**40, -2]))
+
+        def corrupt(retriever: Any) -> None:
+            lists = faiss.extract_index_ivf(retriever.index).invlists
+            filled = [i for i in range(lists.nlist) if lists.list_size(i)]
+            number = filled[data.draw(st.integers(0, len(filled) - 1))]
+            ids = faiss.rev_swig_ptr(lists.get_ids(number), lists.list_size(number))
+            ids[data.draw(st.integers(0, lists.list_size(number) - 1))] = bad
+            retriever.index.nprobe = lists.nlist
+
+        return corrupt
+
+    @case_settings(cases)
+    @given(st.data())
+    def check(data: Any) -> None:
+        kind = data.draw(st.sampled_from(sorted(dirs)))
+        case_dir = Path(tempfile.mkdtemp(dir=work))
+        for name, content in originals[kind].items():
+            (case_dir / name).write_bytes(content)
+        manifest = case_dir / "dense.json"
+        families = ["embeddings bytes", "faiss bytes", "manifest bytes", "manifest field", "integer bomb"]
+        family = data.draw(st.sampled_from(families + (["faiss ids"] if kind == "ivf" else [])))
+        corrupt = None
+        if family in ("embeddings bytes", "faiss bytes", "manifest bytes"):
+            name = {
+                "embeddings bytes": "embeddings.npy",
+                "faiss bytes": "index.faiss",
+                "manifest bytes": "dense.json",
+            }[family]
+            if (case_dir / name).is_file():
+                (case_dir / name).write_bytes(data.draw(byte_mutation(originals[kind][name])))
+        elif family == "integer bomb":
+            manifest.write_text(data.draw(integer_bomb(originals[kind]["dense.json"].decode())))
+        elif family == "faiss ids":
+            corrupt = bad_ids(data)
+        else:
+            record = json.loads(manifest.read_text())
+            key = data.draw(st.sampled_from(sorted(record)))
+            value = data.draw(JSON | st.sampled_from(["ivf", "hnsw", "flat", {"nlist": 4, "nprobe": 1.5}]))
+            record[key] = value
+            if data.draw(st.booleans()) and key not in ("sha256", "files"):
+                try:
+                    files = {n: case_dir / n for n in record.get("files", {}) if (case_dir / n).is_file()}
+                    record = seal(record, files)
+                    family = "manifest field (re-sealed)"
+                except (ValueError, TypeError, AttributeError):
+                    pass  # a record seal cannot hash stays unsealed
+            manifest.write_text(json.dumps(record))
+        run(family, lambda: answers(case_dir, corrupt), references[kind])
+        shutil.rmtree(case_dir, ignore_errors=True)
 
     check()
 
@@ -261,6 +469,19 @@ def _record_mutation(data: Any, records: list[dict[str, Any]]) -> bytes:
     return _lines(records)
 
 
+def _line_mutation(data: Any, records: list[dict[str, Any]]) -> tuple[str, bytes]:
+    """A mutation family and the mutated JSONL bytes: damaged bytes, a changed record or an integer bomb."""
+    family = data.draw(st.sampled_from(["bytes", "record", "integer bomb"]))
+    if family == "bytes":
+        return family, data.draw(byte_mutation(_lines(records)))
+    if family == "record":
+        return family, _record_mutation(data, records)
+    lines = _lines(records).decode().splitlines(keepends=True)
+    at = data.draw(st.integers(0, len(lines) - 1))
+    lines[at] = data.draw(integer_bomb(lines[at]))
+    return family, "".join(lines).encode()
+
+
 def fuzz_jsonl(cases: int) -> None:
     from searchgym.data import load_flashrag
 
@@ -276,29 +497,36 @@ def fuzz_jsonl(cases: int) -> None:
     ]
     files = {"corpus.jsonl": corpus, "test.jsonl": questions}
 
-    @case_settings(cases)
-    @given(st.data())
-    def check(data: Any) -> None:
+    def content(root: Path) -> Any:
+        dataset = load_flashrag(root)
+        qs = [
+            (q.id, q.question, tuple(q.golden_answers), tuple(q.supporting_ids))
+            for q in dataset.questions("test")
+        ]
+        for q in qs:
+            assert all(isinstance(x, str) for x in (q[0], q[1], *q[2], *q[3]))
+            "".join((q[1], *q[2])).encode("utf-8")
+        ps = [(p.id, p.title, p.text) for p in dataset.passages]
+        for p in ps:
+            "".join(p).encode("utf-8")
+        return qs, ps
+
+    def fresh() -> Path:
         root = Path(tempfile.mkdtemp())
         for name, records in files.items():
             (root / name).write_bytes(_lines(records))
+        return root
+
+    reference = content(fresh())
+
+    @case_settings(cases)
+    @given(st.data())
+    def check(data: Any) -> None:
+        root = fresh()
         name = data.draw(st.sampled_from(sorted(files)))
-        if data.draw(st.booleans()):
-            (root / name).write_bytes(data.draw(byte_mutation(_lines(files[name]))))
-        else:
-            (root / name).write_bytes(_record_mutation(data, files[name]))
-
-        def case() -> None:
-            dataset = load_flashrag(root)
-            for q in dataset.questions("test"):
-                assert all(
-                    isinstance(x, str) for x in (q.id, q.question, *q.golden_answers, *q.supporting_ids)
-                )
-                (q.question + "".join(q.golden_answers)).encode("utf-8")
-            for p in dataset.passages:
-                (p.id + p.title + p.text).encode("utf-8")
-
-        run(case)
+        family, mutated = _line_mutation(data, files[name])
+        (root / name).write_bytes(mutated)
+        run(family, lambda: content(root), reference)
 
     check()
 
@@ -309,7 +537,7 @@ def fuzz_demos(cases: int) -> None:
     demos = [
         {"question_id": f"q{i}", "tokens": [1, 2, 3], "sources": [1, 2, 3], "reward": 1.0} for i in range(3)
     ]
-    fuzz_lines(cases, demos, lambda path: read_demonstrations(path))
+    fuzz_lines(cases, demos, lambda path: [repr(d) for d in read_demonstrations(path)])
 
 
 def fuzz_metrics(cases: int) -> None:
@@ -317,23 +545,26 @@ def fuzz_metrics(cases: int) -> None:
 
     records = [{"step": i, "rollout/reward": 0.5, "train/lr": None} for i in range(1, 5)]
 
-    def consume(path: Path) -> None:
-        read_metrics(path)
+    def consume(path: Path) -> Any:
+        loaded = read_metrics(path)
         MetricLogger(path.parent, resume_step=3, tensorboard=False).close()
+        return loaded
 
     fuzz_lines(cases, records, consume)
 
 
 def fuzz_lines(cases: int, records: list[dict[str, Any]], consume: Callable[[Path], Any]) -> None:
+    reference_path = Path(tempfile.mkdtemp()) / "metrics.jsonl"
+    reference_path.write_bytes(_lines(records))
+    reference = consume(reference_path)
+
     @case_settings(cases)
     @given(st.data())
     def check(data: Any) -> None:
         path = Path(tempfile.mkdtemp()) / "metrics.jsonl"
-        if data.draw(st.booleans()):
-            path.write_bytes(data.draw(byte_mutation(_lines(records))))
-        else:
-            path.write_bytes(_record_mutation(data, records))
-        run(lambda: consume(path))
+        family, mutated = _line_mutation(data, records)
+        path.write_bytes(mutated)
+        run(family, lambda: consume(path), reference)
 
     check()
 
@@ -345,7 +576,7 @@ def fuzz_parquet(cases: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from searchgym.data import load_searchr1
+    from searchgym.data import load_searchr1, searchr1
 
     rows = [
         {
@@ -356,10 +587,23 @@ def fuzz_parquet(cases: int) -> None:
         }
         for i in range(4)
     ]
+    table = pa.Table.from_pylist(rows)
     buffer = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows), buffer)
+    pq.write_table(table, buffer)
     original = buffer.getvalue()
     corpus = _lines([{"id": "0", "contents": '"T"\nx'}])
+    cap = 2_000  # the row cap, lowered here so a bomb of cap + 1 identical rows is cheap to write
+    searchr1.MAX_ROWS = cap
+    bomb = io.BytesIO()
+    pq.write_table(table.take(np.zeros(cap + 1, dtype=np.int64)), bomb)
+
+    def content(path: Path) -> Any:
+        return [(q.id, q.question, tuple(q.golden_answers)) for q in load_searchr1(path).questions("test")]
+
+    root = Path(tempfile.mkdtemp())
+    (root / "corpus.jsonl").write_bytes(corpus)
+    (root / "test.parquet").write_bytes(original)
+    reference = content(root / "test.parquet")
 
     @case_settings(cases)
     @given(st.data())
@@ -367,8 +611,11 @@ def fuzz_parquet(cases: int) -> None:
         root = Path(tempfile.mkdtemp())
         (root / "corpus.jsonl").write_bytes(corpus)
         path = root / "test.parquet"
-        if data.draw(st.booleans()):
+        family = data.draw(st.sampled_from(["bytes", "column", "row bomb"]))
+        if family == "bytes":
             path.write_bytes(data.draw(byte_mutation(original)))
+        elif family == "row bomb":
+            path.write_bytes(bomb.getvalue())
         else:
             changed = [dict(r) for r in rows]
             key = data.draw(st.sampled_from(sorted(changed[0])))
@@ -376,13 +623,12 @@ def fuzz_parquet(cases: int) -> None:
             for r in changed:  # a parquet column has one type: change it in every row
                 r[key] = value
             try:
-                table = pa.Table.from_pylist(changed)
                 out = io.BytesIO()
-                pq.write_table(table, out)
+                pq.write_table(pa.Table.from_pylist(changed), out)
             except (pa.ArrowException, ValueError, TypeError, OverflowError):
                 return  # pyarrow cannot even write it
             path.write_bytes(out.getvalue())
-        run(lambda: load_searchr1(path).questions("test"))
+        run(family, lambda: content(path), reference)
 
     check()
 
@@ -390,6 +636,7 @@ def fuzz_parquet(cases: int) -> None:
 KINDS: dict[str, Callable[[int], None]] = {
     "checkpoint": fuzz_checkpoint,
     "index": fuzz_index,
+    "dense": fuzz_dense,
     "jsonl": fuzz_jsonl,
     "parquet": fuzz_parquet,
     "demos": fuzz_demos,
@@ -397,8 +644,21 @@ KINDS: dict[str, Callable[[int], None]] = {
 }
 
 
+def summary(kind: str) -> dict[str, Any]:
+    """The run's counts: per outcome, per mutation family, and the reasons where silently wrong is allowed."""
+    families = {name: dict(counts) for name, counts in sorted(FAMILIES.items())}
+    return {
+        "kind": kind,
+        "cases": sum(OUTCOMES.values()),
+        "outcomes": {name: OUTCOMES[name] for name in OUTCOME_NAMES},
+        "families": families,
+        "no_checksum": {name: NO_CHECKSUM[name] for name in families if name in NO_CHECKSUM},
+        "examples": EXAMPLES,
+    }
+
+
 if __name__ == "__main__":
-    kind, cases = sys.argv[1], int(sys.argv[2])
+    KIND, cases = sys.argv[1], int(sys.argv[2])
     DERANDOMIZE = "--derandomize" in sys.argv[3:]
-    KINDS[kind](cases)
-    print(json.dumps({"kind": kind, "cases": sum(OUTCOMES.values()), "outcomes": dict(OUTCOMES)}))
+    KINDS[KIND](cases)
+    print(json.dumps(summary(KIND)))
