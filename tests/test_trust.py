@@ -912,13 +912,23 @@ def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resu
     assert last.endswith(f"continue with: searchgym train grpo --run-dir {run} --resume")
 
 
-def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(tmp_path: Path) -> None:
+def test_ctrl_c_messages_of_each_training_command(tmp_path: Path) -> None:
     import argparse
 
     from searchgym.cli._common import interrupted_message
 
-    args = argparse.Namespace(_command=("train", "sft"), run_dir=str(tmp_path), resume=False)
-    assert "before its first checkpoint; nothing to resume" in interrupted_message(args)
+    def message(*command: str, **fields: Any) -> str:
+        return interrupted_message(argparse.Namespace(_command=command, run_dir=str(tmp_path), **fields))
+
+    assert "before its first checkpoint; nothing to resume" in message("train", "grpo", resume=False)
+    assert message("train", "sft").endswith(
+        f"start again with: searchgym train sft --run-dir {tmp_path} --overwrite ..."
+    )
+    for step in (2, 10):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    trl = message("train", "trl", resume=False)
+    assert f"newest checkpoint is {tmp_path / 'checkpoint-10'};" in trl
+    assert trl.endswith(f"continue with: searchgym train trl --run-dir {tmp_path} --resume")
     assert interrupted_message(argparse.Namespace(_command=("eval",))) == "searchgym: eval interrupted"
 
 

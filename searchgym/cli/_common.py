@@ -43,23 +43,37 @@ def positive_int(text: str) -> int:
 def interrupted_message(args: argparse.Namespace) -> str:
     """The one line printed when a command is stopped with Ctrl-C.
 
-    For a training run (a command with ``--run-dir`` and ``--resume``) it names what was saved and the
-    command that continues it; otherwise it only says the command was interrupted.
+    For a training run it names what was saved and the command that continues it (``train grpo``: the
+    run folder's ``checkpoint.pt``; ``train trl``: its newest ``checkpoint-N``); otherwise it says the
+    command was interrupted, and for ``train sft`` (saved once, at the end) how to start it again.
     """
-    command = " ".join(getattr(args, "_command", ()) or ("command",))
+    path = tuple(getattr(args, "_command", ()) or ("command",))
+    command = " ".join(path)
     run_dir = getattr(args, "run_dir", None)
+    if path == ("train", "sft") and run_dir is not None:
+        again = shlex.join(["searchgym", "train", "sft", "--run-dir", str(run_dir), "--overwrite"])
+        return f"searchgym: {command} interrupted; SFT saves its checkpoint at the end, so start again with: {again} ..."
     if run_dir is None or not hasattr(args, "resume"):
         return f"searchgym: {command} interrupted"
-    checkpoint = Path(run_dir) / "checkpoint.pt"
-    if not checkpoint.is_file():
-        return (
-            f"searchgym: {command} interrupted before its first checkpoint; nothing to resume in {run_dir} "
-            "(--save-every N writes one every N steps)"
-        )
-    step = _saved_step(checkpoint)
-    saved = f"step {step}" if step is not None else "an unreadable step"
-    resume = shlex.join(["searchgym", *command.split(), "--run-dir", str(run_dir), "--resume"])
-    return f"searchgym: {command} interrupted; {checkpoint} holds {saved}; continue with: {resume}"
+    resume = shlex.join(["searchgym", *path, "--run-dir", str(run_dir), "--resume"])
+    if path == ("train", "trl"):
+        saved = sorted(Path(run_dir).glob("checkpoint-*"), key=lambda p: _number(p.name.rpartition("-")[2]))
+        if saved:
+            return f"searchgym: {command} interrupted; the newest checkpoint is {saved[-1]}; continue with: {resume}"
+    else:
+        checkpoint = Path(run_dir) / "checkpoint.pt"
+        if checkpoint.is_file():
+            step = _saved_step(checkpoint)
+            holds = f"step {step}" if step is not None else "an unreadable step"
+            return f"searchgym: {command} interrupted; {checkpoint} holds {holds}; continue with: {resume}"
+    return (
+        f"searchgym: {command} interrupted before its first checkpoint; nothing to resume in {run_dir} "
+        "(--save-every/--save-steps N writes one every N steps)"
+    )
+
+
+def _number(text: str) -> int:
+    return int(text) if text.isdigit() else -1
 
 
 def _saved_step(checkpoint: Path) -> int | None:
