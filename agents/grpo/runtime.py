@@ -18,6 +18,7 @@ from searchgym.errors import ConfigError, DataFormatError
 from searchgym.tokenization import load_tokenizer
 
 from ..llm import LLMPolicy, tiny_causal_lm
+from ..llm.model import causal_lm_from_config
 from .checkpoint import CheckpointError, load_checkpoint, remove_stale_temp_files
 from .config import CommonConfig
 
@@ -123,7 +124,7 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
             pad_token_id=tokenizer.pad_token_id,
         )
     elif arch["kind"] == "config":
-        model = _model_from_config(arch["config"], tokenizer, config.seed)
+        model = causal_lm_from_config(arch["config"], tokenizer, config.seed)
     else:
         from ..llm import _import_transformers
 
@@ -174,30 +175,6 @@ def read_model_config(spec: str) -> dict[str, Any]:
             f"--model {CONFIG_PREFIX}{spec}: {path} has no 'model_type' (not a transformers config)"
         )
     return values
-
-
-def _model_from_config(values: Mapping[str, Any], tokenizer: Any, seed: int) -> Any:
-    """Random weights (seeded) for the architecture ``values`` describes, sized to ``tokenizer``'s vocabulary."""
-    from ..llm import _import_transformers
-
-    tf = _import_transformers("Building a model from a config")
-    fields = {
-        k: v for k, v in values.items() if k not in ("model_type", "architectures", "transformers_version")
-    }
-    fields |= {
-        "vocab_size": tokenizer.vocab_size,  # the embedding must cover the tokenizer the run uses
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.eos_token_id,
-    }
-    try:
-        config = tf.AutoConfig.for_model(values["model_type"], **fields)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"model config of type {values['model_type']!r} is not usable: {e}") from None
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = tf.AutoModelForCausalLM.from_config(config)
-    return model.eval()
 
 
 def _check_arch(arch: dict[str, Any], path: str) -> None:
