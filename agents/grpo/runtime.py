@@ -19,7 +19,7 @@ from searchgym.tokenization import load_tokenizer
 
 from ..llm import LLMPolicy, tiny_causal_lm
 from ..llm.model import causal_lm_from_config
-from .checkpoint import CheckpointError, load_checkpoint, remove_stale_temp_files
+from .checkpoint import CheckpointError, check_arch, load_checkpoint, remove_stale_temp_files
 from .config import CommonConfig
 
 __all__ = [
@@ -96,7 +96,7 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
         arch, state = dict(payload["arch"]), payload["model"]
         if config.tokenizer is not None:
             arch["tokenizer"] = config.tokenizer
-        _check_arch(arch, str(config.init))
+        check_arch(arch, state, config.init)  # again: --tokenizer may have replaced the saved one
     elif config.model is not None and config.model.startswith(CONFIG_PREFIX):
         arch = {
             "kind": "config",
@@ -175,33 +175,6 @@ def read_model_config(spec: str) -> dict[str, Any]:
             f"--model {CONFIG_PREFIX}{spec}: {path} has no 'model_type' (not a transformers config)"
         )
     return values
-
-
-def _check_arch(arch: dict[str, Any], path: str) -> None:
-    """Refuses an architecture description a checkpoint could not have been written with."""
-    kind = arch.get("kind")
-    if kind == "tiny":
-        for name in ("layers", "hidden"):
-            value = arch.get(name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 16:
-                raise CheckpointError(
-                    f"{path}: arch {name!r} must be an integer in [1, 65536], got {value!r}"
-                )
-        if arch.get("tokenizer") is not None and not isinstance(arch["tokenizer"], str):
-            raise CheckpointError(f"{path}: arch 'tokenizer' must be a string or null")
-    elif kind == "pretrained":
-        if not isinstance(arch.get("name"), str) or not isinstance(arch.get("tokenizer"), str):
-            raise CheckpointError(f"{path}: arch 'name' and 'tokenizer' must be strings")
-    elif kind == "config":
-        values = arch.get("config")
-        if not isinstance(values, dict) or not isinstance(values.get("model_type"), str):
-            raise CheckpointError(f"{path}: arch 'config' must be a transformers config with a 'model_type'")
-        if arch.get("tokenizer") is not None and not isinstance(arch["tokenizer"], str):
-            raise CheckpointError(f"{path}: arch 'tokenizer' must be a string or null")
-    else:
-        raise CheckpointError(
-            f"{path}: unknown model kind {kind!r} (expected 'tiny', 'config' or 'pretrained')"
-        )
 
 
 def make_optimizer(
