@@ -1,7 +1,9 @@
-"""What every training entry point shares: the run folder, the model, the optimizer, and the metric log."""
+"""What every training entry point shares: the run folder (and the record of what a run started from), the
+model, the optimizer, and the metric log."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -10,11 +12,12 @@ import warnings
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from searchgym.errors import ConfigError, DataFormatError
+from searchgym.integrity import file_sha256
 from searchgym.tokenization import load_tokenizer
 
 from ..llm import LLMPolicy, tiny_causal_lm
@@ -23,17 +26,26 @@ from .checkpoint import CheckpointError, check_arch, load_checkpoint, remove_sta
 from .config import CommonConfig
 
 __all__ = [
+    "CHECKPOINT",
     "RESUMABLE_OPTIONS",
     "RUN_FILES",
+    "RUN_RECORD",
     "MetricLogger",
     "build_policy",
     "check_resume_config",
     "make_optimizer",
     "prepare_run_dir",
     "read_metrics",
+    "resume_init",
+    "write_run_record",
 ]
 
-RUN_FILES = ("checkpoint.pt", "metrics.jsonl", "tb")
+_Config = TypeVar("_Config", bound=CommonConfig)
+
+CHECKPOINT = "checkpoint.pt"
+"""A run's checkpoint, in its folder."""
+
+RUN_FILES = (CHECKPOINT, "metrics.jsonl", "tb")
 """What a training run writes into its folder: a folder holding any of them holds a run."""
 
 RESUMABLE_OPTIONS = frozenset(
@@ -247,6 +259,62 @@ def prepare_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False) 
                 path.unlink()
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+RUN_RECORD = "run.json"
+"""What a run started from (its init checkpoint and that file's SHA-256), written beside its checkpoint."""
+
+
+def write_run_record(run_dir: Path, config: CommonConfig) -> None:
+    """Records what the run started from (``RUN_DIR/run.json``): the init checkpoint and its hash, so a
+    resume rebuilds the same frozen reference."""
+    record: dict[str, Any] = {"init": None, "init_sha256": None, "model": config.model}
+    if config.init is not None:
+        record |= {"init": str(Path(config.init).resolve()), "init_sha256": _init_digest(config.init)}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def resume_init(config: _Config) -> _Config:
+    """On ``--resume``: the config with the init checkpoint the run recorded (the reference's source).
+
+    Raises:
+        CheckpointError: the recorded init is gone or changed, or ``--init`` names another file.
+    """
+    path = Path(config.run_dir) / RUN_RECORD
+    if not path.is_file():
+        if config.init is None and (Path(config.run_dir) / CHECKPOINT).is_file():
+            raise CheckpointError(
+                f"{path} is missing, so the init checkpoint of this run (its reference model) is unknown; "
+                "pass --init with the checkpoint the run started from"
+            )
+        return config
+    try:
+        record = json.loads(path.read_text())
+        init, digest = record["init"], record["init_sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"cannot read the run record {path}: {e}") from None
+    if init is None:
+        if config.init is not None:
+            raise CheckpointError(f"{config.run_dir} was started without --init; resume it without --init")
+        return config
+    given = config.init if config.init is not None else init
+    if not Path(given).is_file():
+        raise CheckpointError(
+            f"the run was started from {init}, which is gone: the reference model cannot be rebuilt. "
+            "Restore that file, or pass --init with an identical copy"
+        )
+    if _init_digest(given) != digest:
+        raise CheckpointError(
+            f"{given} differs from the init checkpoint this run started from ({init}, sha256 {digest[:12]}…): "
+            "the reference model would change; pass --init with the original file"
+        )
+    return dataclasses.replace(config, init=given)
+
+
+def _init_digest(path: str | Path) -> str:
+    """The SHA-256 of an init checkpoint, read now (never a digest remembered from an earlier read)."""
+    return file_sha256(path, remember=False)
 
 
 def check_resume_config(saved_config: Mapping[str, Any], new_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
 import math
 import time
 from collections import defaultdict
@@ -34,9 +32,9 @@ import torch
 from torch import Tensor
 
 from searchgym.envs.vector import SearchQAVectorEnv
-from searchgym.errors import ConfigError
 
 from ..llm import DEFAULT_SCORING, ScoringOptions, token_logprobs
+from .batching import call_overhead_tokens, length_buckets, minibatch_plan
 from .checkpoint import (
     CheckpointError,
     get_rng_state,
@@ -66,18 +64,20 @@ from .losses import (
 from .probes import onpolicy_probes, oracle_probe
 from .rollout import RolloutBatch, collect_rollouts, summarize_episodes
 from .runtime import (
+    CHECKPOINT,
     MetricLogger,
     build_policy,
     check_resume_config,
     make_optimizer,
     prepare_run_dir,
     read_metrics,
+    resume_init,
+    write_run_record,
 )
 from .sft import evaluate_checkpoint_policy
 
 __all__ = ["GRPOTrainer", "length_buckets", "minibatch_plan", "train_grpo"]
 
-CHECKPOINT = "checkpoint.pt"
 PI_OLD_TOLERANCE = 1e-3
 """Largest gap between the sampler's log-probs and a full forward that ``rescore_pi_old=None`` accepts as
 ``pi_old`` (a ratio within 0.1% of 1, far inside the clip); fp32 models measure ~1e-6, bf16 ones far more."""
@@ -103,7 +103,7 @@ class GRPOTrainer:
 
     def __init__(self, config: GRPOConfig, *, scoring: ScoringOptions = DEFAULT_SCORING) -> None:
         if config.resume:
-            config = _resume_init(config)
+            config = resume_init(config)
         self.config = cfg = config
         prepare_run_dir(cfg.run_dir, cfg.resume, cfg.overwrite)  # never silently replaces an earlier run
         if cfg.threads:
@@ -136,7 +136,7 @@ class GRPOTrainer:
         if cfg.resume:
             self._restore(self.run_dir / CHECKPOINT)
         else:
-            _write_run_record(self.run_dir, cfg)
+            write_run_record(self.run_dir, cfg)
         self.logger = MetricLogger(
             self.run_dir, resume_step=self.step if cfg.resume else None, tensorboard=cfg.tensorboard
         )
@@ -258,7 +258,7 @@ class GRPOTrainer:
         micro = self.config.micro_batch_size or self.config.minibatch_responses
         if lengths is None or not self.config.length_buckets:
             return [[mb[j : j + micro] for j in range(0, len(mb), micro)] for mb in minibatches]
-        overhead = _call_overhead_tokens(self.config.device)
+        overhead = call_overhead_tokens(self.config.device)
         return [length_buckets(mb, lengths, micro, overhead) for mb in minibatches]
 
     def _score(self, model: Any, batch: RolloutBatch, micro_batches: list[Tensor]) -> Tensor:
@@ -634,150 +634,6 @@ class GRPOTrainer:
                 self.ledger.load_state_dict(payload["ledger"])
         except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
             raise CheckpointError(f"cannot resume from {path}: {e}") from None
-
-
-def minibatch_plan(
-    n: int, group_size: int, minibatch_size: int, epochs: int, plan: str, generator: torch.Generator
-) -> list[Tensor]:
-    """The mini-batches of one rollout step: response indices, one tensor per optimizer update.
-
-    * ``"groups"`` (default, the reference recipe with groups kept whole): every epoch shuffles the order of
-      the ``n / group_size`` groups and cuts it into mini-batches of ``minibatch_size / group_size`` whole
-      groups, so each trajectory is used exactly once per epoch and a group's responses — whose advantages
-      are relative to each other — are always updated together.
-    * ``"shuffle"``: every epoch shuffles the responses themselves, across groups.
-
-    Args:
-        n: Responses in the batch (consecutive blocks of ``group_size`` share a question).
-        group_size: G.
-        minibatch_size: Responses per update (a multiple of ``group_size`` for ``"groups"``).
-        epochs: Passes over the batch.
-        plan: ``"groups"`` or ``"shuffle"``.
-        generator: Seeded RNG of the shuffles.
-
-    Returns:
-        ``epochs * n / minibatch_size`` int64 tensors.
-
-    Raises:
-        ConfigError: an unknown plan, or sizes that do not divide.
-    """
-    if n % minibatch_size or (plan == "groups" and (n % group_size or minibatch_size % group_size)):
-        raise ConfigError(
-            f"cannot cut {n} responses in groups of {group_size} into mini-batches of {minibatch_size}"
-        )
-    out: list[Tensor] = []
-    for _ in range(epochs):
-        if plan == "groups":
-            groups = torch.randperm(n // group_size, generator=generator)
-            order = (groups[:, None] * group_size + torch.arange(group_size)).flatten()
-        elif plan == "shuffle":
-            order = torch.randperm(n, generator=generator)
-        else:
-            raise ConfigError(f"unknown minibatch plan {plan!r}; choose one of ['groups', 'shuffle']")
-        out.extend(order[i : i + minibatch_size] for i in range(0, n, minibatch_size))
-    return out
-
-
-def length_buckets(index: Tensor, lengths: Tensor, max_size: int, overhead: float) -> list[Tensor]:
-    """Cuts the responses ``index`` into micro-batches of similar lengths, at most ``max_size`` each.
-
-    The responses are sorted by length (longest first) and split into contiguous runs minimising the
-    padded slots computed, ``Σ (run size × its longest length)``, plus ``overhead`` slots per micro-batch
-    (what one more forward/backward call costs, in token slots): an exact dynamic programme, quadratic in
-    ``len(index)`` (a mini-batch).
-
-    Args:
-        index: ``(n,)`` int64 response indices of one mini-batch.
-        lengths: ``(B,)`` transcript length of every response of the batch.
-        max_size: The most responses per micro-batch (the memory bound, ``micro_batch_size``).
-        overhead: Cost of one micro-batch in token slots (0: one response per micro-batch when lengths
-            differ; large: as few micro-batches as ``max_size`` allows).
-
-    Returns:
-        Index tensors, longest responses first; together a permutation of ``index``.
-    """
-    n = len(index)
-    if n == 0:
-        return []
-    order = index[torch.argsort(lengths[index], descending=True, stable=True)]
-    size = lengths[order].tolist()
-    best = [0.0] + [math.inf] * n  # best[j]: the cheapest cut of the first j responses
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(max(0, j - max_size), j):  # the last run is order[i:j]; its width is size[i]
-            cost = best[i] + (j - i) * size[i] + overhead
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    runs = []
-    j = n
-    while j > 0:
-        runs.append(order[cut[j] : j])
-        j = cut[j]
-    return runs[::-1]
-
-
-def _call_overhead_tokens(device: str) -> float:
-    """One micro-batch's fixed cost in token slots: small on a CPU, where compute grows with the slots, large
-    on an accelerator, where a call's latency hides thousands of slots."""
-    return 256.0 if str(device).startswith("cpu") else 4096.0
-
-
-RUN_RECORD = "run.json"
-
-
-def _sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _write_run_record(run_dir: Path, config: GRPOConfig) -> None:
-    """Records what the run started from (``RUN_DIR/run.json``): the init checkpoint and its hash, so a
-    resume rebuilds the same frozen reference."""
-    record: dict[str, Any] = {"init": None, "init_sha256": None, "model": config.model}
-    if config.init is not None:
-        record |= {"init": str(Path(config.init).resolve()), "init_sha256": _sha256(config.init)}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RUN_RECORD).write_text(json.dumps(record, indent=1) + "\n")
-
-
-def _resume_init(config: GRPOConfig) -> GRPOConfig:
-    """On ``--resume``: the config with the init checkpoint the run recorded (the reference's source).
-
-    Raises:
-        CheckpointError: the recorded init is gone or changed, or ``--init`` names another file.
-    """
-    path = Path(config.run_dir) / RUN_RECORD
-    if not path.is_file():
-        if config.init is None and (Path(config.run_dir) / CHECKPOINT).is_file():
-            raise CheckpointError(
-                f"{path} is missing, so the init checkpoint of this run (its reference model) is unknown; "
-                "pass --init with the checkpoint the run started from"
-            )
-        return config
-    try:
-        record = json.loads(path.read_text())
-        init, digest = record["init"], record["init_sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"cannot read the run record {path}: {e}") from None
-    if init is None:
-        if config.init is not None:
-            raise CheckpointError(f"{config.run_dir} was started without --init; resume it without --init")
-        return config
-    given = config.init if config.init is not None else init
-    if not Path(given).is_file():
-        raise CheckpointError(
-            f"the run was started from {init}, which is gone: the reference model cannot be rebuilt. "
-            "Restore that file, or pass --init with an identical copy"
-        )
-    if _sha256(given) != digest:
-        raise CheckpointError(
-            f"{given} differs from the init checkpoint this run started from ({init}, sha256 {digest[:12]}…): "
-            "the reference model would change; pass --init with the original file"
-        )
-    return dataclasses.replace(config, init=given)
 
 
 def _pi_old_gap(batch: RolloutBatch, logp_old: Tensor, first: Tensor) -> Tensor:
