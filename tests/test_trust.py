@@ -665,7 +665,7 @@ def test_a_verified_file_is_not_hashed_again_until_it_changes(tmp_path: Path) ->
 def test_a_bm25_write_killed_between_its_renames_is_refused_not_mixed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import searchgym.retrieval.bm25 as bm25
+    import searchgym.retrieval.bm25_index as index_files
 
     folder, passages = bm25_index(tmp_path, k1=0.9)
     before = BM25Retriever.load(folder, passages).search(["alpha beta 3"], 3)
@@ -678,7 +678,7 @@ def test_a_bm25_write_killed_between_its_renames_is_refused_not_mixed(
             raise KeyboardInterrupt  # the process dies here: new bm25.npz in place, bm25.json still the old one
         real_replace(src, dst)
 
-    monkeypatch.setattr(bm25.os, "replace", killed_after_the_first)
+    monkeypatch.setattr(index_files.os, "replace", killed_after_the_first)
     with pytest.raises(KeyboardInterrupt):
         BM25Retriever(passages, k1=2.0).save(folder)
     monkeypatch.undo()
