@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
+import select
+import socket
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -15,7 +21,14 @@ from searchgym.data import Passage
 from searchgym.errors import ConfigError, MissingDependencyError, RetrieverError
 from searchgym.retrieval import BM25Retriever, Hit, Retriever
 from searchgym.retrieval.http import HttpRetriever
-from searchgym.server import RequestError, ServerLimits, ServerThread, create_app, parse_request
+from searchgym.server import (
+    RequestError,
+    ServerLimits,
+    ServerThread,
+    create_app,
+    loads_bounded,
+    parse_request,
+)
 
 LIMITS = ServerLimits(default_topk=3, topk_max=10, max_queries=16, max_query_chars=200, max_body_bytes=8000)
 
@@ -177,3 +190,408 @@ def test_load_2000_requests_from_8_clients(
     assert sorted(answers) == list(range(n_requests)), "requests were lost"
     wrong = [i for i, hits in answers.items() if hits != expected[1 + i % 5][i % 50]]
     assert not wrong, f"{len(wrong)} wrong answers, e.g. request {wrong[0]}"
+
+
+# -- slow and hostile clients (issue 22, item 7) ----------------------------------------------------------
+
+
+class Counting(Retriever):
+    """Returns the ``k`` largest passages for every query (the worst case for the answer's size); counts calls.
+
+    ``gate``, when given, is waited on inside :meth:`search` (a request held in progress).
+    """
+
+    name = "counting"
+
+    def __init__(self, passages: Sequence[Passage], gate: threading.Event | None = None) -> None:
+        self.ranked = sorted(passages, key=lambda p: -len(p.text))
+        self.calls = 0
+        self.gate = gate
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        self.calls += 1
+        if self.gate is not None:
+            self.gate.wait(30)
+        return [[Hit.of(p, 1.0) for p in self.ranked[:k]] for _ in queries]
+
+
+def sized_passages(sizes: list[int]) -> list[Passage]:
+    return [Passage(str(i), f"T{i}", "x" * n) for i, n in enumerate(sizes)]
+
+
+def slow_socket(srv: ServerThread, head: bytes = b"POST /retrieve HTTP/1.1\r\nHost: x\r\n") -> socket.socket:
+    """A connection that has sent part of a request head (and waits to send more)."""
+    s = socket.create_connection((srv.host, srv.port), timeout=10)
+    s.sendall(head)
+    return s
+
+
+def closed_by_server(s: socket.socket, timeout: float) -> bool:
+    """True when the server closes ``s`` (FIN or reset) within ``timeout`` seconds; reads what it sends."""
+    s.settimeout(timeout)
+    try:
+        while s.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:  # reset: the server aborted the connection
+        return True
+    return True
+
+
+def health_ms(srv: ServerThread, timeout: float = 10) -> float:
+    start = time.perf_counter()
+    assert httpx.get(srv.url + "/health", timeout=timeout).status_code == 200
+    return (time.perf_counter() - start) * 1000
+
+
+LOADS_TABLE: list[bytes] = [
+    b'{"queries": ["a", "b"], "topk": 3, "return_scores": true}',
+    b' \t\r\n{ "queries" : [ ] , "x" : { "y" : [1, -2.5e3, null, false, "\\u00e9\\n\\"q\\""] } }\n ',
+    b'{"a": 1, "a": 2}',  # the last of a repeated key wins, as json.loads
+    b'{"n": [NaN, Infinity, -Infinity, 0, 1E2], "deep": [[[[{}]]]], "e": {}}',
+    '{"q": ["caf\u00e9", "\u4e2d\u6587"]}'.encode(),
+    '{"q": ["caf\u00e9"]}'.encode("utf-16"),  # json.loads detects UTF-16 and UTF-32
+    b'\xef\xbb\xbf{"bom": true}',
+    b'["a list"]',
+    b'"a string"',
+]
+
+BAD_JSON: list[bytes] = [
+    b"",
+    b"{",
+    b'{"a" 1}',
+    b'{"a": 1,}',
+    b"[1 2]",
+    b"[1,]",
+    b"{'a': 1}",
+    b'{"a": 1} x',
+    b'{"a": "\x01"}',  # a control character in a string
+    b'{"a": "\\x"}',
+    b"\xff\xfe\xfd",
+    b'{"big": ' + b"9" * 5000 + b"}",  # over Python's 4,300-digit integer limit
+    b"[" * 65 + b"]" * 65,  # deeper than 64 levels
+]
+
+
+@pytest.mark.parametrize("body", LOADS_TABLE, ids=range(len(LOADS_TABLE)))
+def test_loads_bounded_equals_json_loads(body: bytes) -> None:
+    assert loads_bounded(body, 100) == json.loads(body)
+
+
+def random_json(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(8 if depth < 4 else 6)
+    if kind == 6:
+        return [random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 7:
+        return {rng.choice(["a", "b", "queries", "é", ""]): random_json(rng, depth + 1) for _ in range(3)}
+    return [None, True, False, rng.randint(-(10**20), 10**20), rng.uniform(-1e9, 1e9), 'q"\\\n\u2603'][kind]
+
+
+def test_loads_bounded_equals_json_loads_on_random_documents() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        doc = random_json(rng)
+        text = json.dumps(doc, indent=rng.choice([None, 0, 2]), ensure_ascii=rng.random() < 0.5)
+        assert loads_bounded(text.encode(), 10_000) == json.loads(text)
+
+
+@pytest.mark.parametrize("body", BAD_JSON, ids=range(len(BAD_JSON)))
+def test_loads_bounded_refuses_what_is_not_json(body: bytes) -> None:
+    with pytest.raises(RequestError) as info:
+        loads_bounded(body, 100)
+    assert info.value.status == 400
+
+
+def test_loads_bounded_stops_at_the_value_budget() -> None:
+    assert loads_bounded(b'{"queries": ["a", "b"]}', 4) == {"queries": ["a", "b"]}  # containers count
+    for body in (b'{"queries": ["a", "b", "c"]}', b'{"x": [[], []], "queries": []}'):
+        with pytest.raises(RequestError) as info:
+            loads_bounded(body, 4)
+        assert info.value.status == 413
+    # The issue's shape: 16 MiB of empty lists (json.loads: 5.6 million lists, ~5 s holding the GIL).
+    body = b'{"queries": [' + b"[]," * (16 * 2**20 // 3 - 10) + b"[]]}"
+    start = time.perf_counter()
+    with pytest.raises(RequestError, match="more than 5120 JSON values"):
+        parse_request(body, ServerLimits())
+    assert time.perf_counter() - start < 2.0
+
+
+def test_health_answers_while_16_mib_bodies_are_parsed(retriever: BM25Retriever, world: Any) -> None:
+    """Two clients send 16 MiB bodies of empty lists; /health stays fast (was 5 s: json.loads held the GIL)."""
+    body = b'{"queries": [' + b"[]," * (16 * 2**20 // 3 - 10) + b"[]]}"
+    assert len(body) <= ServerLimits().max_body_bytes
+    stop = threading.Event()
+    statuses: list[int] = []
+    with ServerThread(create_app(retriever, world.passages)) as srv:
+
+        def send() -> None:
+            with httpx.Client(timeout=60) as c:
+                while not stop.is_set():
+                    statuses.append(c.post(srv.url + "/retrieve", content=body).status_code)
+
+        senders = [threading.Thread(target=send) for _ in range(2)]
+        for t in senders:
+            t.start()
+        latencies = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline or len(statuses) < 4:
+            latencies.append(health_ms(srv))
+            time.sleep(0.05)
+        stop.set()
+        for t in senders:
+            t.join()
+    print(f"/health while parsing: max {max(latencies):.0f} ms over {len(latencies)}, {len(statuses)} bodies")
+    assert set(statuses) == {413}
+    assert max(latencies) < 1500  # unfixed: ~5,000 ms per body
+
+
+def test_slow_request_heads_are_cut_at_the_read_timeout(retriever: BM25Retriever, world: Any) -> None:
+    """Slowloris: partial heads, one more line every 0.3 s; closed after read_timeout, /health meanwhile."""
+    limits = ServerLimits(read_timeout=1.0)
+    with ServerThread(create_app(retriever, world.passages, limits)) as srv:
+        start = time.monotonic()
+        slow = [slow_socket(srv) for _ in range(20)]
+        # A kept-alive connection that trickles its second request is cut too.
+        kept = socket.create_connection((srv.host, srv.port), timeout=10)
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        kept.sendall(b"GET /health HTTP/1.1\r\n")
+        slow.append(kept)
+        for _ in range(2):
+            time.sleep(0.3)
+            for s in slow:
+                s.sendall(b"X-Slow: 1\r\n")
+        assert health_ms(srv) < 5000
+        assert all(closed_by_server(s, timeout=10) for s in slow)
+        elapsed = time.monotonic() - start
+        assert 0.9 <= elapsed < 8, elapsed
+        assert health_ms(srv) < 5000
+        for s in slow:
+            s.close()
+
+
+def test_a_stalled_body_gets_408(retriever: BM25Retriever, world: Any) -> None:
+    limits = ServerLimits(read_timeout=1.0)
+    with ServerThread(create_app(retriever, world.passages, limits)) as srv:
+        s = slow_socket(srv, b'POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"queries')
+        start = time.monotonic()
+        s.settimeout(10)
+        answer = b""
+        while chunk := s.recv(65536):  # the server answers, then closes
+            answer += chunk
+        assert 0.9 <= time.monotonic() - start < 8
+        head, _, detail = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
+        assert "did not arrive within 1 s" in json.loads(detail)["detail"]
+        s.close()
+
+
+def test_over_max_connections_the_longest_waiting_is_closed(retriever: BM25Retriever, world: Any) -> None:
+    limits = ServerLimits(read_timeout=60, max_connections=10)
+    with ServerThread(create_app(retriever, world.passages, limits)) as srv:
+        slow = []
+        for _ in range(30):
+            slow.append(slow_socket(srv))
+            time.sleep(0.005)  # an order the server sees
+        assert health_ms(srv) < 5000  # /health gets in: it closes the connection waiting longest
+        assert all(closed_by_server(s, timeout=5) for s in slow[:20])
+        assert not select.select(slow[-8:], [], [], 0.3)[0]  # the newest are open (nothing to read)
+        for s in slow:
+            s.close()
+
+
+def test_with_every_connection_busy_a_new_one_gets_503() -> None:
+    passages = sized_passages([10] * 5)
+    gate = threading.Event()
+    stub = Counting(passages, gate)
+    limits = ServerLimits(max_connections=2, max_concurrent=2)
+    with ServerThread(create_app(stub, passages, limits)) as srv:
+        busy = [
+            threading.Thread(
+                target=httpx.post, args=(srv.url + "/retrieve",), kwargs={"json": {"queries": ["q"]}}
+            )
+            for _ in range(2)
+        ]
+        for t in busy:
+            t.start()
+        while stub.calls < 2:
+            time.sleep(0.01)
+        s = slow_socket(srv, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.settimeout(10)
+        assert s.recv(65536).startswith(b"HTTP/1.1 503")
+        gate.set()
+        for t in busy:
+            t.join()
+        assert health_ms(srv) < 5000
+        s.close()
+
+
+@pytest.mark.slow  # ~6 s: a server process of its own
+def test_health_answers_under_300_slow_connections_with_256_descriptors(tmp_path: Any) -> None:
+    """The audit's input: `ulimit -n 256`, 300 slowloris connections; unfixed, accept fails and /health hangs."""
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))\n"
+        "from searchgym.data import Passage\n"
+        "from searchgym.retrieval import BM25Retriever\n"
+        "from searchgym.server import ServerLimits, create_app, run_server\n"
+        "passages = [Passage(str(i), f'T{i}', 'some text') for i in range(3)]\n"
+        "app = create_app(BM25Retriever(passages), passages, ServerLimits(read_timeout=60))\n"
+        "run_server(app, port=0, log_level='critical', on_ready=lambda url: print(url, flush=True))\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    slow: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        host, port = proc.stdout.readline().strip().rsplit("/", 1)[1].rsplit(":", 1)
+        for _ in range(300):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\n")
+            slow.append(s)
+        for _ in range(3):
+            r = httpx.get(f"http://{host}:{port}/health", timeout=10)
+            assert r.status_code == 200
+    finally:
+        for s in slow:
+            s.close()
+        proc.terminate()
+        proc.wait(30)
+
+
+def big_answer_server(write_timeout: float) -> tuple[ServerThread, Counting, dict[str, Any]]:
+    """One answer slot; each query's answer is 10 passages of 100 kB, so 10 queries make ~10 MB."""
+    passages = sized_passages([100_000] * 10)
+    stub = Counting(passages)
+    limits = ServerLimits(max_concurrent=1, write_timeout=write_timeout, topk_max=10)
+    srv = ServerThread(create_app(stub, passages, limits)).start()
+    return srv, stub, {"queries": ["q"] * 10, "topk": 10}
+
+
+def stalled_reader(srv: ServerThread, request: dict[str, Any]) -> socket.socket:
+    """Sends ``request`` and reads nothing (a small receive window), so the answer waits at the server."""
+    body = json.dumps(request).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect((srv.host, srv.port))
+    s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    return s
+
+
+def read_answer(s: socket.socket) -> tuple[bytes, bytes]:
+    """One HTTP answer with a Content-Length: its head and body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536)
+    head, _, start = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    body = bytearray(start)
+    while len(body) < length:
+        chunk = s.recv(1 << 20)
+        assert chunk, "the connection closed mid-answer"
+        body += chunk
+    return head, bytes(body)
+
+
+def test_an_answer_holds_its_slot_until_it_is_sent() -> None:
+    """16 slow readers held 16 answers (RSS 676 -> 1,270 MB); now the slot is held until the answer is sent."""
+    srv, stub, request = big_answer_server(write_timeout=30)
+    try:
+        reader = stalled_reader(srv, request)
+        while stub.calls < 1:
+            time.sleep(0.01)
+        other: list[int] = []
+        waiting = threading.Thread(
+            target=lambda: other.append(
+                httpx.post(srv.url + "/retrieve", json=request, timeout=60).status_code
+            )
+        )
+        waiting.start()
+        time.sleep(1.0)
+        assert stub.calls == 1 and not other  # unfixed: scored at once (its answer held in memory too)
+        assert health_ms(srv) < 5000
+        reader.settimeout(30)  # now the reader reads: its whole answer, intact
+        head, body = read_answer(reader)
+        assert head.startswith(b"HTTP/1.1 200")
+        result = json.loads(body)["result"]
+        assert len(result) == 10 and all(len(hits) == 10 for hits in result)
+        waiting.join(60)
+        assert other == [200] and stub.calls == 2
+        reader.close()
+    finally:
+        srv.stop()
+
+
+def test_a_reader_stalled_past_the_write_timeout_is_dropped() -> None:
+    srv, stub, request = big_answer_server(write_timeout=1.5)
+    try:
+        reader = stalled_reader(srv, request)
+        while stub.calls < 1:
+            time.sleep(0.01)
+        start = time.monotonic()
+        r = httpx.post(srv.url + "/retrieve", json=request, timeout=60)  # waits for the slot
+        assert r.status_code == 200 and len(r.json()["result"]) == 10
+        assert 0.5 < time.monotonic() - start < 20
+        # The stalled reader's connection was aborted: what it can still read is cut short.
+        reader.settimeout(10)
+        received = 0
+        with contextlib.suppress(OSError):
+            while chunk := reader.recv(1 << 20):
+                received += len(chunk)
+        assert received < 10 * 10 * 100_000
+        reader.close()
+    finally:
+        srv.stop()
+
+
+def test_an_answer_that_could_exceed_the_limit_is_refused_before_scoring() -> None:
+    """The issue's 1,000 queries x top 100 was scored for 1.7 s before its 413; now no scoring at all."""
+    # 100 passages of ~800 bytes and 900 of ~400: the mean (440) times 100,000 fits 64 MiB, the answer not.
+    passages = sized_passages([800] * 100 + [400] * 900)
+    stub = Counting(passages)
+    with ServerThread(create_app(stub, passages)) as srv:
+        request = {"queries": [f"q{i}" for i in range(1000)], "topk": 100, "return_scores": True}
+        r = httpx.post(srv.url + "/retrieve", json=request, timeout=60)
+        assert r.status_code == 413, r.text
+        assert stub.calls == 0  # unfixed: 1 (scored and rendered, then refused)
+        detail = r.json()["detail"]
+        assert "could make an answer of up to" in detail and "--max-response-mb" in detail
+        request["queries"] = request["queries"][:300]  # 300 x 100 x ~880 bytes: within the bound
+        r = httpx.post(srv.url + "/retrieve", json=request, timeout=60)
+        assert r.status_code == 200 and stub.calls == 1
+        assert len(r.content) <= srv.app.state.answer_bound(300, 100, True)
+
+
+@pytest.mark.parametrize("return_scores", [False, True])
+def test_the_answer_bound_covers_the_worst_answer(return_scores: bool) -> None:
+    passages = sized_passages([5, 900, 30, 7000, 12, 64])
+    app = create_app(Counting(passages), passages, ServerLimits(topk_max=10))
+    worst = len(
+        json.dumps(
+            {
+                "result": [
+                    [
+                        {"document": {"id": p.id, "contents": p.contents}, "score": -2.2250738585072014e-308}
+                        if return_scores
+                        else {"id": p.id, "contents": p.contents}
+                        for p in sorted(passages, key=lambda p: -len(p.text))[:k]
+                    ]
+                    for k in (3, 3, 3)
+                ]
+            }
+        )
+    )
+    bound = app.state.answer_bound(3, 3, return_scores)
+    assert worst <= bound <= worst + 3 * 6  # slack: a separator per hit and 2 bytes per list
+
+
+def test_new_limits_are_validated() -> None:
+    for bad in (
+        {"read_timeout": 0},
+        {"write_timeout": float("nan")},
+        {"read_timeout": True},
+        {"max_connections": 0},
+    ):
+        with pytest.raises(ConfigError):
+            ServerLimits(**bad)

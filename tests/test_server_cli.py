@@ -57,3 +57,15 @@ def test_serve_a_corpus_file_and_bad_paths(tmp_path: Path, served: list[tuple[An
     folder = write_corpus(tmp_path, ["a b", "c"])
     assert main(["serve", "--corpus", str(folder / "corpus.jsonl"), "--retriever", "rank_bm25"]) == 0
     assert main(["serve", "--corpus", str(tmp_path / "missing")]) == 2  # a clear error, no traceback
+
+
+def test_serve_options_for_slow_clients(tmp_path: Path, served: list[tuple[Any, str, int]]) -> None:
+    folder = write_corpus(tmp_path, ["a b", "c"])
+    assert main(["serve", "--corpus", str(folder)]) == 0
+    defaults = served[-1][0].state.limits
+    assert (defaults.read_timeout, defaults.write_timeout, defaults.max_connections) == (10.0, 30.0, 1024)
+    args = ["--read-timeout", "2.5", "--write-timeout", "60", "--max-connections", "64"]
+    assert main(["serve", "--corpus", str(folder), *args]) == 0
+    limits = served[-1][0].state.limits
+    assert (limits.read_timeout, limits.write_timeout, limits.max_connections) == (2.5, 60.0, 64)
+    assert main(["serve", "--corpus", str(folder), "--read-timeout", "0"]) == 2  # a ConfigError, one line

@@ -10,7 +10,6 @@ process (:class:`~searchgym.server.ServerThread`) and measures:
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -54,10 +53,8 @@ def run_server_benchmark(
     limits = ServerLimits()
     result: dict[str, Any] = {"corpus": dataset.name, "passages": len(dataset.passages)}
     rss_start = _rss_mb()
-    with (
-        ServerThread(create_app(retriever, dataset.passages, limits)) as server,
-        httpx.Client(timeout=600) as c,
-    ):
+    app = create_app(retriever, dataset.passages, limits)
+    with ServerThread(app) as server, httpx.Client(timeout=600) as c:
         url = server.url
         step = [questions[i % len(questions)] for i in range(2560)]
         start = time.perf_counter()
@@ -73,9 +70,10 @@ def run_server_benchmark(
             c.get(url + "/health")
             idle.append(time.perf_counter() - t_idle)
 
-        # The largest request the limits accept: as many queries at this topk as fit the answer bound.
-        per_query = len(json.dumps(r.json()["result"][0])) / 3 * topk
-        n_load = max(1, min(limits.max_queries, int(limits.max_response_bytes * 0.9 / per_query)))
+        # The largest request the limits accept: as many queries at this topk as the server's bound on the
+        # answer (each query's topk largest passages) admits.
+        per_query = app.state.answer_bound(1, topk, False) - app.state.answer_bound(0, topk, False)
+        n_load = max(1, min(limits.max_queries, int(limits.max_response_bytes * 0.99 / per_query)))
         body = {"queries": [questions[i % len(questions)] for i in range(n_load)], "topk": topk}
         stop = threading.Event()
         statuses: list[int] = []

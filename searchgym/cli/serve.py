@@ -41,10 +41,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-query-tokens", type=int, default=256, help="longer queries are cut to this many words"
     )
     parser.add_argument(
-        "--max-response-mb", type=int, default=64, help="largest answer in MiB; larger requests get 413"
+        "--max-response-mb",
+        type=int,
+        default=64,
+        help="largest answer in MiB; a request whose answer could be larger (each query's topk largest "
+        "passages) gets 413 before scoring",
     )
     parser.add_argument(
-        "--max-concurrent", type=int, default=2, help="requests scored at the same time (others wait)"
+        "--max-concurrent",
+        type=int,
+        default=2,
+        help="requests scored, rendered and sent at the same time (others wait)",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send a request's headers (closed after), and its body (408 after)",
+    )
+    parser.add_argument(
+        "--write-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client has to read its answer (disconnected after; the answer holds a "
+        "--max-concurrent slot until then)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        help="open connections at most (fewer if ulimit -n leaves less room); one more closes the "
+        "connection waiting longest for a request",
     )
     parser.add_argument("--log-level", default="info", help="uvicorn log level")
 
@@ -64,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
         max_query_tokens=args.max_query_tokens,
         max_response_bytes=args.max_response_mb * 2**20,
         max_concurrent=args.max_concurrent,
+        read_timeout=args.read_timeout,
+        write_timeout=args.write_timeout,
+        max_connections=args.max_connections,
     )
     path = Path(args.corpus).expanduser()
     corpus_path = path / "corpus.jsonl" if path.is_dir() else path
