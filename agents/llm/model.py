@@ -1,9 +1,10 @@
-"""The causal language models the policy runs: building them, and calling them across ``transformers`` versions.
+"""The causal language models the policy runs: building them, and calling them across versions.
 
 :func:`tiny_causal_lm` is the offline default (a small Qwen2-style model with random weights);
-:func:`causal_lm_from_config` gives random weights for any ``transformers`` architecture; :func:`load_pretrained`
-loads a checkpoint by name or path. :class:`_ModelIO`, :func:`_cache_of` and :func:`_select_rows` hide what
-changed across ``transformers`` versions (keyword names, cache classes) from the scoring and generation code.
+:func:`causal_lm_from_config` gives random weights for any ``transformers`` architecture;
+:func:`load_pretrained` loads a checkpoint by name or path. :class:`_ModelIO`, :func:`_cache_of` and
+:func:`_select_rows` hide what changed across ``transformers`` versions (keyword names, cache classes) from
+the scoring and generation code.
 """
 
 from __future__ import annotations
