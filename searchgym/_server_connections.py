@@ -31,12 +31,17 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from searchgym.server import ABORT_KEY
 
-__all__ = ["descriptor_budget", "protocol_class"]
+__all__ = ["ACCEPT_BURST", "descriptor_budget", "protocol_class", "uvicorn_options"]
 
 logger = logging.getLogger("uvicorn.error")
 
-# Descriptors kept free for what the process opens besides connections (files, pipes, the accept itself).
-_FD_RESERVE = 32
+# Connections asyncio accepts per turn of the event loop (uvicorn's ``backlog``; the kernel's accept queue
+# keeps bind_socket's 2,048). Accepted sockets hold descriptors a turn or two before the protocol counts
+# them and closes the connections they displace, so the burst must fit in the reserve below; otherwise a
+# flood runs the process out of descriptors, and asyncio stops accepting for a second at a time.
+ACCEPT_BURST = 16
+# Descriptors kept free for what the process opens besides counted connections: files, pipes, accept bursts.
+_FD_RESERVE = 64
 _REFUSAL = b'{"detail": "the server has too many connections with requests in progress; retry later"}'
 
 
@@ -96,10 +101,12 @@ class _GuardedH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self.app_state = {**self.app_state, ABORT_KEY: self.abort}  # copied into each request's scope
         self._deadline: asyncio.TimerHandle | None = None
+        # Counted as soon as asyncio has accepted the socket: connection_made comes a loop turn later.
+        self._admitted = self.registry.admit(self)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if self.registry.admit(self):
+        if self._admitted:
             self._await_request()
         else:
             head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
@@ -149,6 +156,15 @@ class _GuardedH11Protocol(H11Protocol):
     def _forget(self) -> None:
         self._stop_waiting()
         self.registry.open.discard(self)
+
+
+def uvicorn_options(read_timeout: float, max_connections: int) -> dict[str, Any]:
+    """uvicorn ``Config`` options for a guarded server: :func:`protocol_class` and the accept burst.
+
+    Serve on a socket from :func:`searchgym.server.bind_socket`, whose accept queue the small ``backlog``
+    does not shrink.
+    """
+    return {"http": protocol_class(read_timeout, max_connections), "backlog": ACCEPT_BURST}
 
 
 def protocol_class(read_timeout: float, max_connections: int) -> type[H11Protocol]:

@@ -530,14 +530,25 @@ def _uvicorn_server(app: Any, **options: Any) -> Any:
     try:
         import uvicorn
 
-        from searchgym._server_connections import protocol_class
+        from searchgym._server_connections import uvicorn_options
     except ImportError:
         raise MissingDependencyError("uvicorn", "server", "The retrieval server") from None
     limits = getattr(getattr(app, "state", None), "limits", None)
     if not isinstance(limits, ServerLimits):
         limits = ServerLimits()
-    http = protocol_class(limits.read_timeout, limits.max_connections)
-    return uvicorn.Server(uvicorn.Config(app, http=http, **options))
+    guards = uvicorn_options(limits.read_timeout, limits.max_connections)
+    return uvicorn.Server(uvicorn.Config(app, **guards, **options))
+
+
+class _Listener(socket.socket):
+    """A listening socket whose accept queue stays at least 2,048 connections long.
+
+    uvicorn's ``backlog`` is also how many connections asyncio accepts per turn of its loop; the server
+    keeps that small (:data:`searchgym._server_connections.ACCEPT_BURST`) without shortening the queue.
+    """
+
+    def listen(self, backlog: int = 2048, /) -> None:
+        super().listen(max(backlog, 2048))
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -547,11 +558,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
         ConfigError: the address cannot be bound (in use, not local, no permission).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = _Listener(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(2048)
+        sock.listen()
     except OSError as e:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
