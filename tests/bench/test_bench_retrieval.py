@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from searchgym.bench import retrieval as bench
+from searchgym.bench import retrieval_backends
 from searchgym.bench.retrieval import RetrievalBenchConfig, run_retrieval_benchmark, zipf_corpus
 from searchgym.cli import main
 from searchgym.errors import ConfigError
@@ -121,12 +121,12 @@ def test_every_backend_runs_or_says_why(tmp_path: Path) -> None:
 def test_a_missing_package_skips_its_backends_with_a_reason(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, module: str, skipped: set[str]
 ) -> None:
-    real = bench._missing
+    real = retrieval_backends.missing
 
     def missing(name: str) -> str | None:
         return f"{name} is not installed (pip install 'searchgym[bench]')" if name == module else real(name)
 
-    monkeypatch.setattr(bench, "_missing", missing)
+    monkeypatch.setattr(retrieval_backends, "missing", missing)
     result = run_retrieval_benchmark(tiny(data_dir=str(tmp_path)), with_dense=True)
     for name in skipped:
         assert f"{module} is not installed" in result["backends"][name]["skipped"], name
@@ -153,8 +153,8 @@ def test_without_numba_bm25_runs_numpy_and_has_no_warmup(tmp_path: Path) -> None
 def test_the_dense_rows_time_the_same_search() -> None:
     """``dense`` (searchgym's flat scan) and ``dense_faiss`` answer the same queries with the same passages."""
     pytest.importorskip("faiss")
-    ours = bench._build_dense(500, 16, 8, 3, seed=1)
-    theirs = bench._build_dense(500, 16, 8, 3, seed=1, engine="faiss")
+    ours = retrieval_backends.build_dense(500, 16, 8, 3, seed=1)
+    theirs = retrieval_backends.build_dense(500, 16, 8, 3, seed=1, engine="faiss")
     assert not isinstance(ours, str) and not isinstance(theirs, str)
     ids = [np.asarray(i) for i, _ in ours.search(list(ours.queries))]
     _, faiss_ids = theirs.search(list(theirs.queries))
