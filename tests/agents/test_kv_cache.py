@@ -6,7 +6,6 @@ the GRPO rollout path (:func:`collect_rollouts`: turns, tool observations, group
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,14 +19,6 @@ from searchgym.tokenization import builtin_tokenizer
 transformers = pytest.importorskip("transformers")
 
 TOK = builtin_tokenizer()
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_llama() -> Any:

@@ -7,10 +7,11 @@ docstring), not only when a pure function is wrong: the pure functions have thei
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,37 +34,25 @@ from searchgym.agents.grpo.rollout import RolloutBatch, pad_transcripts  # noqa:
 from searchgym.agents.grpo.trainer import GRPOTrainer  # noqa: E402
 from searchgym.agents.llm import token_logprobs  # noqa: E402
 
+SIZES: dict[str, Any] = {
+    "max_turns": 4,
+    "max_turn_tokens": 48,
+    "max_context_tokens": 1024,
+    "questions_per_step": 3,
+    "group_size": 2,
+    "minibatch_size": 2,
+    "probe_size": 0,
+    "onpolicy_probe_size": 0,
+    "ledger_size": 0,
+    "kl_coef": 0.0,
+    "entropy_coef": 0.0,
+}
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
-
-def config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
-    """3 questions x G 2, mini-batches of one group (3 updates a step), no probes, no evaluation."""
-    values: dict[str, Any] = {
-        "run_dir": str(tmp_path / "run"),
-        "max_turns": 4,
-        "max_turn_tokens": 48,
-        "max_context_tokens": 1024,
-        "steps": 1,
-        "questions_per_step": 3,
-        "group_size": 2,
-        "minibatch_size": 2,
-        "eval_questions": 0,
-        "probe_size": 0,
-        "onpolicy_probe_size": 0,
-        "ledger_size": 0,
-        "progress": False,
-        "tensorboard": False,
-        "lr": 1e-2,
-        "kl_coef": 0.0,
-        "entropy_coef": 0.0,
-    }
-    return GRPOConfig(**{**values, **overrides})
+@pytest.fixture
+def config(grpo_config: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
+    """3 questions x G 2, mini-batches of one group (3 updates a step), no probes (``config(folder, **overrides)``)."""
+    return functools.partial(grpo_config, **SIZES)
 
 
 _DEMOS: dict[int, list[Any]] = {}
@@ -121,7 +110,9 @@ def full_score(trainer: GRPOTrainer, model: Any, batch: RolloutBatch) -> Any:
 REWARDS = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
 
 
-def test_groups_plan_reaches_the_updates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_groups_plan_reaches_the_updates(
+    tmp_path: Path, config: Callable[..., GRPOConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Catches a trainer that hard-wires the shuffled plan (or the grouped one) in its call."""
     seen: dict[str, list[set[int]]] = {}
     for plan in ("groups", "shuffle"):
@@ -145,7 +136,7 @@ def test_groups_plan_reaches_the_updates(tmp_path: Path, monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize("schedule", ["code", "paper"])
 def test_llds_ma_weights_and_beta_reach_the_loss(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schedule: str
+    tmp_path: Path, config: Callable[..., GRPOConfig], monkeypatch: pytest.MonkeyPatch, schedule: str
 ) -> None:
     """Catches a trainer that drops LLDS-MA's weights or hard-codes the mean valid searches V."""
     trainer = GRPOTrainer(config(tmp_path, llds="action", llds_ma=True, llds_ma_schedule=schedule))
@@ -174,7 +165,9 @@ def test_llds_ma_weights_and_beta_reach_the_loss(
     assert sorted(set(seen.tolist())) == sorted(set(expected.flatten().tolist()))
 
 
-def test_displacement_is_measured_after_all_of_the_steps_updates(tmp_path: Path) -> None:
+def test_displacement_is_measured_after_all_of_the_steps_updates(
+    tmp_path: Path, config: Callable[..., GRPOConfig]
+) -> None:
     """Catches Δ measured after the first update only, or with its sign flipped."""
     trainer = GRPOTrainer(config(tmp_path, rescore_pi_old=True))
     batch = oracle_batch(trainer, REWARDS)
@@ -204,7 +197,7 @@ def test_displacement_is_measured_after_all_of_the_steps_updates(tmp_path: Path)
         assert metrics[f"lld/delta_adv_{sign}"] == pytest.approx(expected[f"delta_adv_{sign}"], abs=1e-5)
 
 
-def test_displacement_sign_follows_the_advantage(tmp_path: Path) -> None:
+def test_displacement_sign_follows_the_advantage(tmp_path: Path, config: Callable[..., GRPOConfig]) -> None:
     """Catches a flipped sign directly: one update that reinforces the positives raises their likelihood."""
     trainer = GRPOTrainer(config(tmp_path, minibatch_size=6, rescore_pi_old=True, lr=1e-3, weight_decay=0.0))
     batch = oracle_batch(trainer, REWARDS)
@@ -213,7 +206,7 @@ def test_displacement_sign_follows_the_advantage(tmp_path: Path) -> None:
     assert metrics["lld/delta_adv_pos"] > 0 > metrics["lld/delta_adv_neg"]
 
 
-def test_every_probe_is_scored_whole(tmp_path: Path) -> None:
+def test_every_probe_is_scored_whole(tmp_path: Path, config: Callable[..., GRPOConfig]) -> None:
     """Catches scoring only the first chunk (micro-batch) of a probe set."""
     trainer = GRPOTrainer(config(tmp_path, probe_size=12))
     assert trainer.probe is not None and len(trainer.probe) == 12
@@ -230,7 +223,7 @@ def test_every_probe_is_scored_whole(tmp_path: Path) -> None:
         assert metrics[f"lld/probe_onpolicy_{name}"] == pytest.approx(value, abs=1e-5)
 
 
-def test_warning_counts_the_current_step(tmp_path: Path) -> None:
+def test_warning_counts_the_current_step(tmp_path: Path, config: Callable[..., GRPOConfig]) -> None:
     """Catches ``lld/warning`` computed before the current step joins the history."""
     trainer = GRPOTrainer(config(tmp_path, warning_window=3))
     trainer.history = [{"step": 1, "lld/delta_adv_pos": -0.1}, {"step": 2, "lld/delta_adv_pos": -0.2}]
@@ -257,7 +250,9 @@ def _same(a: list[Any], b: list[Any]) -> bool:
 
 
 @pytest.mark.parametrize("skip", [False, True])
-def test_zero_signal_updates_are_skipped_only_when_asked(tmp_path: Path, skip: bool) -> None:
+def test_zero_signal_updates_are_skipped_only_when_asked(
+    tmp_path: Path, config: Callable[..., GRPOConfig], skip: bool
+) -> None:
     trainer = GRPOTrainer(config(tmp_path, llds="none", skip_zero_signal=skip, rescore_pi_old=True))
     batch = oracle_batch(trainer, REWARDS)
     trainer.step = 1
@@ -278,7 +273,7 @@ def test_zero_signal_updates_are_skipped_only_when_asked(tmp_path: Path, skip: b
     assert _same(before, _params(trainer)) == skip
 
 
-def test_a_kl_term_is_signal(tmp_path: Path) -> None:
+def test_a_kl_term_is_signal(tmp_path: Path, config: Callable[..., GRPOConfig]) -> None:
     trainer = GRPOTrainer(config(tmp_path, llds="none", kl_coef=0.1, skip_zero_signal=True))
     batch = oracle_batch(trainer, REWARDS)
     trainer.step = 1
@@ -291,7 +286,9 @@ def test_a_kl_term_is_signal(tmp_path: Path) -> None:
 # -- the ledger ----------------------------------------------------------------------------------------
 
 
-def test_ledger_anchors_successes_and_measures_their_later_displacement(tmp_path: Path) -> None:
+def test_ledger_anchors_successes_and_measures_their_later_displacement(
+    tmp_path: Path, config: Callable[..., GRPOConfig]
+) -> None:
     trainer = GRPOTrainer(config(tmp_path, ledger_size=5, rescore_pi_old=True))
     batch = oracle_batch(trainer, REWARDS)
     advantages = group_advantages(batch.rewards, 2)
@@ -316,7 +313,9 @@ def test_ledger_anchors_successes_and_measures_their_later_displacement(tmp_path
     assert len(trainer.ledger) == 5  # capacity: the oldest went first
 
 
-def test_ledger_llds_changes_the_update_and_pulls_back_to_the_anchor(tmp_path: Path) -> None:
+def test_ledger_llds_changes_the_update_and_pulls_back_to_the_anchor(
+    tmp_path: Path, config: Callable[..., GRPOConfig]
+) -> None:
     results = {}
     for on in (False, True):
         trainer = GRPOTrainer(
@@ -338,7 +337,7 @@ def test_ledger_llds_changes_the_update_and_pulls_back_to_the_anchor(tmp_path: P
     assert results[True][1] > results[False][1]  # less displacement of the past successes
 
 
-def test_ledger_survives_a_checkpoint(tmp_path: Path) -> None:
+def test_ledger_survives_a_checkpoint(tmp_path: Path, config: Callable[..., GRPOConfig]) -> None:
     trainer = GRPOTrainer(config(tmp_path, ledger_size=4))
     batch = oracle_batch(trainer, REWARDS)
     trainer.step = 1
@@ -357,7 +356,7 @@ def test_ledger_survives_a_checkpoint(tmp_path: Path) -> None:
 
 
 def test_onpolicy_probes_hold_the_initial_policys_own_successes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, config: Callable[..., GRPOConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import searchgym.agents.grpo.probes as probes_module
 

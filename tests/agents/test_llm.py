@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,6 @@ from searchgym.tokenization import builtin_tokenizer
 
 TOK = builtin_tokenizer()
 VOCAB = TOK.vocab_size
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CPUs are shared; the tiny model gains nothing from more
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,9 @@ sampler's log-probs, and makes the same update as a separate re-scoring pass."""
 from __future__ import annotations
 
 import copy
+import functools
 import math
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,27 +18,24 @@ from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
 from searchgym.agents.grpo.losses import group_advantages  # noqa: E402
 from searchgym.agents.grpo.trainer import PI_OLD_TOLERANCE, GRPOTrainer  # noqa: E402
 
+SIZES: dict[str, Any] = {
+    "max_turns": 3,
+    "max_turn_tokens": 12,
+    "max_context_tokens": 768,
+    "questions_per_step": 3,
+    "group_size": 4,
+    "minibatch_size": 4,
+    "micro_batch_size": 2,
+    "epochs": 2,
+    "probe_size": 0,
+    "llds": "action",
+}
 
-def config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
-    values: dict[str, Any] = {
-        "run_dir": str(tmp_path / "run"),
-        "max_turns": 3,
-        "max_turn_tokens": 12,
-        "max_context_tokens": 768,
-        "steps": 1,
-        "questions_per_step": 3,
-        "group_size": 4,
-        "minibatch_size": 4,
-        "micro_batch_size": 2,
-        "epochs": 2,
-        "eval_questions": 0,
-        "probe_size": 0,
-        "progress": False,
-        "tensorboard": False,
-        "lr": 1e-2,
-        "llds": "action",
-    }
-    return GRPOConfig(**{**values, **overrides})
+
+@pytest.fixture(scope="module")
+def config(grpo_config: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
+    """3 questions x G 4, two epochs of micro-batches of 2, LLDS on (``config(folder, **overrides)``)."""
+    return functools.partial(grpo_config, **SIZES)
 
 
 def run_update(
@@ -62,7 +60,9 @@ def close_weights(a: list[Any], b: list[Any], tol: float = 1e-5) -> bool:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[GRPOTrainer, Any, Any, Any]:
+def setup(
+    tmp_path_factory: pytest.TempPathFactory, config: Callable[..., GRPOConfig]
+) -> tuple[GRPOTrainer, Any, Any, Any]:
     trainer = GRPOTrainer(config(tmp_path_factory.mktemp("pi_old")))
     trainer.step = 1
     batch = trainer.rollout()

@@ -43,11 +43,6 @@ SMOKE: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-
-
 @pytest.mark.parametrize("view", sorted(VIEWS))
 def test_sb3_check_env_passes_on_the_registered_env(view: str) -> None:
     env_id, kwargs, _ = VIEWS[view]

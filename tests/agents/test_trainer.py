@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,35 +22,23 @@ from searchgym.agents.llm import ScoringOptions  # noqa: E402
 from searchgym.envs.episode import Source  # noqa: E402
 from searchgym.errors import ConfigError  # noqa: E402
 
+TINY: dict[str, Any] = {
+    "max_turns": 2,
+    "max_turn_tokens": 8,
+    "max_context_tokens": 768,
+    "questions_per_step": 2,
+    "group_size": 2,
+    "minibatch_size": 4,
+    "epochs": 1,
+    "onpolicy_probe_size": 0,
+    "ledger_size": 0,
+}
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
-
-def tiny(tmp_path: Path, **overrides: Any) -> GRPOConfig:
-    """A few-second configuration: 2 questions x 2 responses, short turns, no evaluation."""
-    values: dict[str, Any] = {
-        "run_dir": str(tmp_path / "run"),
-        "max_turns": 2,
-        "max_turn_tokens": 8,
-        "max_context_tokens": 768,
-        "steps": 1,
-        "questions_per_step": 2,
-        "group_size": 2,
-        "minibatch_size": 4,
-        "epochs": 1,
-        "eval_questions": 0,
-        "progress": False,
-        "tensorboard": False,
-        "lr": 1e-2,
-        "onpolicy_probe_size": 0,
-        "ledger_size": 0,
-    }
-    return GRPOConfig(**{**values, **overrides})
+@pytest.fixture
+def tiny(grpo_config: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
+    """A few-second configuration: 2 questions x 2 responses, short turns (``tiny(folder, **overrides)``)."""
+    return functools.partial(grpo_config, **TINY)
 
 
 def rollout_with_rewards(trainer: GRPOTrainer, rewards: list[float]) -> tuple[RolloutBatch, Any]:
@@ -60,7 +49,7 @@ def rollout_with_rewards(trainer: GRPOTrainer, rewards: list[float]) -> tuple[Ro
     return batch, group_advantages(batch.rewards, trainer.config.group_size)
 
 
-def test_tool_and_prompt_positions_get_no_gradient(tmp_path: Path) -> None:
+def test_tool_and_prompt_positions_get_no_gradient(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     # Shared prefixes read per row: one forward, so the hook sees all positions at once.
     trainer = GRPOTrainer(tiny(tmp_path), scoring=ScoringOptions(shared_prefix_min=0))
     batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
@@ -83,7 +72,7 @@ def test_tool_and_prompt_positions_get_no_gradient(tmp_path: Path) -> None:
     assert (grad[predicted] > 0).float().mean() > 0.9
 
 
-def test_every_parameter_changes_after_one_update(tmp_path: Path) -> None:
+def test_every_parameter_changes_after_one_update(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     trainer = GRPOTrainer(tiny(tmp_path))
     batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
@@ -95,7 +84,9 @@ def test_every_parameter_changes_after_one_update(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("gate", ["token", "action"])
-def test_llds_is_zero_on_the_first_update_and_acts_on_later_ones(tmp_path: Path, gate: str) -> None:
+def test_llds_is_zero_on_the_first_update_and_acts_on_later_ones(
+    tmp_path: Path, tiny: Callable[..., GRPOConfig], gate: str
+) -> None:
     trainer = GRPOTrainer(tiny(tmp_path, llds=gate, minibatch_size=2, epochs=2, kl_coef=0.0))
     batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
     trainer.update(batch, adv)
@@ -108,14 +99,18 @@ def test_llds_is_zero_on_the_first_update_and_acts_on_later_ones(tmp_path: Path,
     assert any(u["llds_loss"] > 0 for u in later)
 
 
-def test_vanilla_grpo_reports_llds_without_training_on_it(tmp_path: Path) -> None:
+def test_vanilla_grpo_reports_llds_without_training_on_it(
+    tmp_path: Path, tiny: Callable[..., GRPOConfig]
+) -> None:
     trainer = GRPOTrainer(tiny(tmp_path, llds="none", minibatch_size=2, epochs=2, kl_coef=0.0))
     batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
     metrics = trainer.update(batch, adv)
     assert "train/llds_loss" in metrics and trainer.update_metrics[0]["llds_loss"] == 0.0
 
 
-def test_nan_loss_skips_the_update(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nan_loss_skips_the_update(
+    tmp_path: Path, tiny: Callable[..., GRPOConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
     trainer = GRPOTrainer(tiny(tmp_path))
     batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
     real = trainer.loss
@@ -131,7 +126,7 @@ def test_nan_loss_skips_the_update(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert all(torch.equal(a, p.detach()) for a, p in zip(before, trainer.model.parameters(), strict=True))
 
 
-def test_train_logs_the_metric_set_and_checkpoints(tmp_path: Path) -> None:
+def test_train_logs_the_metric_set_and_checkpoints(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     import json
 
     cfg = tiny(tmp_path, steps=2, save_every=1, llds_ma=True)
@@ -170,7 +165,7 @@ def test_train_logs_the_metric_set_and_checkpoints(tmp_path: Path) -> None:
     assert payload["step"] == 2 and {"model", "optimizer", "scheduler", "rng"} <= set(payload)
 
 
-def test_corrupted_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+def test_corrupted_checkpoint_is_a_clear_error(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     path = tmp_path / "run" / "checkpoint.pt"
     path.parent.mkdir()
     path.write_bytes(b"not a checkpoint at all")
@@ -200,12 +195,14 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
         ({"micro_batch_size": 3}, "micro_batch_size must be >= 1 and divide"),
     ],
 )
-def test_config_errors_are_actionable(tmp_path: Path, overrides: dict[str, Any], message: str) -> None:
+def test_config_errors_are_actionable(
+    tmp_path: Path, tiny: Callable[..., GRPOConfig], overrides: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         tiny(tmp_path, **overrides)
 
 
-def test_sft_config_and_derived_values(tmp_path: Path) -> None:
+def test_sft_config_and_derived_values(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     cfg = tiny(tmp_path, questions_per_step=4, group_size=5, minibatch_size=10, epochs=3)
     assert cfg.batch_size == 20 and cfg.updates_per_step == 6 and cfg.llds_enabled
     # The reference recipe by default: one pass, one whole group per update (10 updates for 10 questions).
@@ -272,7 +269,9 @@ def test_shuffle_plan_crosses_groups_and_bad_sizes_fail() -> None:
         minibatch_plan(20, 5, 5, 1, "random", torch.Generator())
 
 
-def test_a_step_that_changes_nothing_measures_zero_displacement(tmp_path: Path) -> None:
+def test_a_step_that_changes_nothing_measures_zero_displacement(
+    tmp_path: Path, tiny: Callable[..., GRPOConfig]
+) -> None:
     # No gradient (zero advantages, no LLDS/KL/entropy) and no weight decay: the weights stay put, and the
     # within-step displacement must then be exactly 0 (the same responses, scored with the same shapes;
     # pi_old re-scored, not the sampler's log-probs, which match a full forward only to float noise).
@@ -305,7 +304,9 @@ def _init_checkpoint(tmp_path: Path) -> Path:
     return path
 
 
-def test_resume_without_init_restores_the_original_reference(tmp_path: Path) -> None:
+def test_resume_without_init_restores_the_original_reference(
+    tmp_path: Path, tiny: Callable[..., GRPOConfig]
+) -> None:
     init = _init_checkpoint(tmp_path)
     first = GRPOTrainer(tiny(tmp_path, init=str(init), kl_coef=0.01, steps=1))
     first.train()
@@ -321,7 +322,9 @@ def test_resume_without_init_restores_the_original_reference(tmp_path: Path) -> 
     assert not torch.equal(reference, fresh._score(fresh.ref_model, batch, [torch.arange(len(batch))]))
 
 
-def test_resume_whose_init_is_gone_or_changed_is_a_clear_error(tmp_path: Path) -> None:
+def test_resume_whose_init_is_gone_or_changed_is_a_clear_error(
+    tmp_path: Path, tiny: Callable[..., GRPOConfig]
+) -> None:
     init = _init_checkpoint(tmp_path)
     GRPOTrainer(tiny(tmp_path, init=str(init), steps=1)).train()
     with pytest.raises(CheckpointError, match="differs from the init checkpoint"):
@@ -340,7 +343,9 @@ def _init_other(tmp_path: Path) -> Path:
     return other
 
 
-def test_pi_old_from_the_sampler_when_rescoring_is_off(tmp_path: Path) -> None:
+def test_pi_old_from_the_sampler_when_rescoring_is_off(
+    tmp_path: Path, tiny: Callable[..., GRPOConfig]
+) -> None:
     # Off: the sampler's cached log-probs are pi_old, so the first update's ratio is 1 only to float noise.
     trainer = GRPOTrainer(tiny(tmp_path, rescore_pi_old=False, llds="token", kl_coef=0.0))
     batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])

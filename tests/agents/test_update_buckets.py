@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,6 @@ pytest.importorskip("transformers")
 from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
 from searchgym.agents.grpo.losses import group_advantages  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer, length_buckets  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_buckets_are_a_permutation_within_the_size_bound() -> None:
@@ -59,28 +52,28 @@ def test_buckets_minimise_padded_slots_plus_overhead() -> None:
         assert sum(len(r) * int(lengths[r].max()) + overhead for r in runs) == best
 
 
-def config(tmp_path: Path, **overrides: Any) -> GRPOConfig:
-    values: dict[str, Any] = {
-        "run_dir": str(tmp_path / "run"),
-        "max_turns": 3,
-        "max_turn_tokens": 12,
-        "max_context_tokens": 768,
-        "steps": 1,
-        "questions_per_step": 2,
-        "group_size": 4,
-        "minibatch_size": 4,
-        "micro_batch_size": 2,
-        "epochs": 2,
-        "eval_questions": 0,
-        "probe_size": 0,
-        "progress": False,
-        "tensorboard": False,
-        "lr": 1e-2,
-    }
-    return GRPOConfig(**{**values, **overrides})
+SIZES: dict[str, Any] = {
+    "max_turns": 3,
+    "max_turn_tokens": 12,
+    "max_context_tokens": 768,
+    "questions_per_step": 2,
+    "group_size": 4,
+    "minibatch_size": 4,
+    "micro_batch_size": 2,
+    "epochs": 2,
+    "probe_size": 0,
+}
 
 
-def test_bucketed_and_plain_micro_batches_make_the_same_update(tmp_path: Path) -> None:
+@pytest.fixture
+def config(grpo_config: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
+    """2 questions x G 4, two epochs of micro-batches of 2 (``config(folder, **overrides)``)."""
+    return functools.partial(grpo_config, **SIZES)
+
+
+def test_bucketed_and_plain_micro_batches_make_the_same_update(
+    tmp_path: Path, config: Callable[..., GRPOConfig]
+) -> None:
     trainer = GRPOTrainer(config(tmp_path, llds="action"))
     trainer.step = 1
     batch = trainer.rollout()
