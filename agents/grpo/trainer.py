@@ -620,7 +620,7 @@ class GRPOTrainer:
             raise CheckpointError(
                 f"{path} is a {payload.get('kind')!r} checkpoint, not a GRPO run's; use --init to start from it"
             )
-        # The init checkpoint was already checked by hash (_resume_init); how its path is spelled may differ.
+        # The init checkpoint was already checked by hash (resume_init); how its path is spelled may differ.
         check_resume_config(
             {k: v for k, v in payload.get("config", {}).items() if k != "init"},
             {k: v for k, v in dataclasses.asdict(self.config).items() if k != "init"},
