@@ -182,7 +182,12 @@ def cmd_lld(args: argparse.Namespace) -> None:
     def draw(paths: list[Path], labels: list[str], name: str, title: str) -> None:
         plot.run(
             argparse.Namespace(
-                runs=[str(p) for p in paths], labels=labels, smooth=3, out=str(args.plots / name), title=title
+                runs=[str(p) for p in paths],
+                labels=labels,
+                smooth=3,
+                out=str(args.plots / name),
+                title=title,
+                warm_start_em=None,  # every run evaluates its warm-start as step 0 and draws its own line
             )
         )
 

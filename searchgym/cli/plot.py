@@ -9,9 +9,14 @@ from typing import Any
 COMMAND = ("plot",)
 HELP = "plot the three-phase view of runs: reward/EM, probe likelihood, LLD by advantage sign, grad norm"
 
+FIGURE_TITLE = "training curves per GRPO step"
+"""The figure's title when none is given (each panel names its own metrics)."""
+WARM_START = "; warm-start EM (dashed)"
+"""Added to the first panel's title when a warm-start EM line is drawn there."""
+
 # (title, metric keys drawn in the panel, one line style each; legend names of the keys; log scale)
 PANELS: list[tuple[str, tuple[str, ...], tuple[str, ...], bool]] = [
-    ("rollout reward; test EM (dots); warm-start EM (line)", ("rollout/reward", "eval/em"), (), False),
+    ("rollout reward; test EM (dots)", ("rollout/reward", "eval/em"), (), False),
     (
         "probe set: log-lik. per token, by action",
         ("lld/probe_logp", "lld/probe_logp_first", "lld/probe_logp_search", "lld/probe_logp_answer"),
@@ -42,7 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one label per run (default: the folder name); runs sharing a label share a colour (seeds)",
     )
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window, in steps")
-    parser.add_argument("--title", default=None, help="figure title")
+    parser.add_argument("--title", default=None, help=f"figure title (default: {FIGURE_TITLE!r})")
+    parser.add_argument(
+        "--warm-start-em",
+        type=float,
+        default=None,
+        help="the warm-start's test EM, drawn as a grey dashed line in the first panel (for runs trained "
+        "with --no-eval-at-start; a run evaluated at step 0 draws its own line)",
+    )
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
@@ -80,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         if not metrics.is_file():
             raise ConfigError(f"{path} has no metrics.jsonl; is it a run folder?")
         runs.append(read_metrics(metrics))
-    fig = draw(runs, labels, smooth=args.smooth, title=args.title)
+    fig = draw(runs, labels, smooth=args.smooth, title=args.title, warm_start_em=args.warm_start_em)
     out = Path(args.out) if args.out else Path(args.runs[0]) / "curves.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=72)
@@ -90,12 +102,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def draw(
-    runs: list[list[dict[str, Any]]], labels: list[str], *, smooth: int = 1, title: str | None = None
+    runs: list[list[dict[str, Any]]],
+    labels: list[str],
+    *,
+    smooth: int = 1,
+    title: str | None = None,
+    warm_start_em: float | None = None,
 ) -> Any:
     """The figure of :data:`PANELS` for runs' metric records (one list per run), one colour per label.
 
-    Few points get markers (a one-step run still shows), step axes have integer ticks, and a run's step-0
-    evaluation (the warm-start) is a dashed level line in the EM panel.
+    Few points get markers (a one-step run still shows), step axes have integer ticks, and the warm-start's
+    EM is a dashed level line in the first panel: a run's own step-0 evaluation in its colour, and
+    ``warm_start_em`` (known from elsewhere, e.g. the SFT run) in grey. The first panel's title names that
+    line only when one is drawn.
     """
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -103,8 +122,9 @@ def draw(
 
     colours = {label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(labels))}
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
-    for ax, (title, keys, names, log) in zip(axes.flat, PANELS, strict=True):
+    for ax, (panel_title, keys, names, log) in zip(axes.flat, PANELS, strict=True):
         seen: set[str] = set()
+        warm_line = False
         for records, label in zip(runs, labels, strict=True):
             colour = colours[label]
             for j, key in enumerate(keys):
@@ -116,6 +136,7 @@ def draw(
                     ax.plot(x, y, "o", color=colour, markersize=4, label=legend)
                     if x[0] == 0:  # the initial policy (the warm-start), evaluated as step 0
                         ax.axhline(y[0], color=colour, ls="--", lw=0.8, alpha=0.6)
+                        warm_line = True
                 else:
                     ys = _smooth(y, smooth)
                     marker = "o" if len(x) <= 12 else None  # single or few points stay visible
@@ -132,6 +153,9 @@ def draw(
                     )
                 if legend:
                     seen.add(label)
+        if "eval/em" in keys and warm_start_em is not None:
+            ax.axhline(warm_start_em, color="0.4", ls="--", lw=0.8)
+            warm_line = True
         if names:  # which line style is which metric
             proxies = [Line2D([], [], color="0.3", ls=STYLES[j], lw=1) for j in range(len(names))]
             ax.legend(proxies, names, fontsize=7, loc="best", framealpha=0.6)
@@ -139,7 +163,7 @@ def draw(
             ax.axhline(0.0, color="k", lw=0.6)
         if log and ax.has_data():
             ax.set_yscale("log")
-        ax.set_title(title, fontsize=9)
+        ax.set_title(panel_title + (WARM_START if warm_line else ""), fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         lo, hi = ax.get_xlim()
@@ -152,7 +176,6 @@ def draw(
         if label not in {h.get_label() for h in handles}:
             handles.append(Line2D([], [], color=colours[label], label=label))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
+    fig.suptitle(title or FIGURE_TITLE, fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     return fig

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,10 +31,22 @@ def test_verdict_says_when_the_budget_cannot_separate_runs() -> None:
     assert len(lines) == 3  # an unchanged answered share is not worth a line
 
 
-def test_demo_runs_end_to_end_on_a_small_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_runs_end_to_end_on_a_small_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
-    from searchgym.cli import main
+    from searchgym.agents.grpo.runtime import read_metrics
+    from searchgym.cli import main, plot
+
+    drawn: list[dict[str, Any]] = []
+    draw = plot.draw
+
+    def recording_draw(*args: Any, **kwargs: Any) -> Any:
+        drawn.append(kwargs)
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(plot, "draw", recording_draw)
 
     args = [
         "demo",
@@ -57,6 +70,10 @@ def test_demo_runs_end_to_end_on_a_small_budget(tmp_path: Path, capsys: pytest.C
         and "docs/experiments/lld.md" in out
     )
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+    # The GRPO runs skip their step-0 evaluation: the figure gets the SFT run's EM as the warm-start line.
+    sft_em = read_metrics(tmp_path / "sft" / "metrics.jsonl")[-1]["eval/em"]
+    assert [d["warm_start_em"] for d in drawn] == [sft_em]
+    assert drawn[0]["title"].startswith("searchgym demo: GRPO vs GRPO+LLDS")
     assert (tmp_path / "grpo" / "metrics.jsonl").is_file() and (
         tmp_path / "grpo_llds" / "checkpoint.pt"
     ).is_file()

@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from searchgym.cli import main
-from searchgym.cli.plot import draw
+from searchgym.cli.plot import FIGURE_TITLE, PANELS, WARM_START, draw
 
 
 def record(step: int, **metrics: float) -> dict[str, float]:
@@ -44,15 +44,48 @@ def test_the_warm_start_evaluation_is_a_level_line() -> None:
     points = [ln for ln in ax.get_lines() if ln.get_marker() == "o" and ln.get_linestyle() == "None"]
     assert [list(p.get_xdata()) for p in points] == [[0, 2]]
     plt.close(fig)
+    assert ax.get_title() == PANELS[0][0] + WARM_START
+    plt.close(fig)
     no_start = draw([[record(1, **{"eval/em": 0.5})]], ["run"])  # evaluated only later: no level line
     assert not [ln for ln in no_start.axes[0].get_lines() if ln.get_linestyle() == "--"]
+    assert "warm-start" not in no_start.axes[0].get_title()  # and no promise of one
     plt.close(no_start)
+
+
+def dashed_levels(ax: plt.Axes) -> list[list[float]]:
+    return [list(ln.get_ydata()) for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+
+
+def test_a_known_warm_start_em_is_drawn_when_the_runs_evaluate_only_at_the_end() -> None:
+    """The demo's case: its GRPO runs skip the step-0 evaluation, the SFT run measured the same EM."""
+    runs = [
+        [record(1, **{"rollout/reward": 0.1}), record(2, **{"rollout/reward": 0.2, "eval/em": 0.5})],
+        [record(1, **{"rollout/reward": 0.3}), record(2, **{"rollout/reward": 0.1, "eval/em": 0.25})],
+    ]
+    fig = draw(runs, ["GRPO", "GRPO+LLDS"], warm_start_em=0.04)
+    first = fig.axes[0]
+    assert dashed_levels(first) == [[0.04, 0.04]]
+    assert first.get_title() == PANELS[0][0] + WARM_START
+    assert all(not dashed_levels(ax) for ax in fig.axes[1:6])  # only the EM panel gets it
+    plt.close(fig)
+
+
+def test_the_figure_title_names_the_figure_and_each_panel_its_own() -> None:
+    runs = [[record(1, **{"rollout/reward": 0.5, "rollout/searches": 1.0})]]
+    fig = draw(runs, ["run"])
+    assert fig._suptitle.get_text() == FIGURE_TITLE  # not the last panel's title ("searches per episode")
+    assert [ax.get_title() for ax in fig.axes[:6]] == [title for title, *_ in PANELS]
+    plt.close(fig)
+    fig = draw(runs, ["run"], title="searchgym demo: GRPO vs GRPO+LLDS")
+    assert fig._suptitle.get_text() == "searchgym demo: GRPO vs GRPO+LLDS"
+    assert fig.axes[5].get_title() == "searches per episode"
+    plt.close(fig)
 
 
 def test_plot_command_writes_the_png(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"step": 1, "rollout/reward": 0.5}\n')
-    assert main(["plot", str(run), "--out", str(tmp_path / "c.png")]) == 0
+    assert main(["plot", str(run), "--out", str(tmp_path / "c.png"), "--warm-start-em", "0.1"]) == 0
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert main(["plot", str(tmp_path)]) == 2  # not a run folder: a clear error, not a traceback
