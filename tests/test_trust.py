@@ -541,6 +541,56 @@ def test_faiss_ids_outside_the_corpus_are_a_typed_error(
         retriever.search([p.text for p in passages[:50]], 200)
 
 
+def test_negative_faiss_ids_other_than_minus_one_are_a_typed_error(
+    dense_dirs: tuple[dict[str, Path], list[Passage]],
+) -> None:
+    """faiss marks a missing result with -1; -2 (found by the fuzz suite) is damage, not a shorter answer."""
+    import faiss
+
+    from searchgym.retrieval.dense import DenseRetriever
+
+    dirs, passages = dense_dirs
+    retriever = DenseRetriever.load(dirs["ivf"], passages)
+    lists = faiss.extract_index_ivf(retriever.index).invlists
+    for number in range(lists.nlist):  # every id of every list: whichever the query reaches is damaged
+        faiss.rev_swig_ptr(lists.get_ids(number), lists.list_size(number))[:] = -2
+    retriever.index.nprobe = lists.nlist
+    with pytest.raises(DataFormatError, match=r"returned passage id -2, but the corpus holds 200"):
+        retriever.search(["alpha beta"], 5)
+
+
+@pytest.mark.parametrize("kind", ["flat", "bm25"])
+def test_a_npy_header_numpy_cannot_tokenize_is_a_typed_error(
+    kind: str, tmp_path: Path, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    """A damaged header made NumPy's header parser raise tokenize.TokenError (found by the fuzz suite)."""
+    import zipfile
+
+    from searchgym.retrieval.dense import DenseRetriever
+
+    if kind == "flat":
+        dirs, passages = dense_dirs
+        out = copy_dir(dirs["flat"], tmp_path / "dense")
+        data = bytearray((out / "embeddings.npy").read_bytes())
+        data[data.index(b"}")] = ord(" ")  # the header dict never closes
+        (out / "embeddings.npy").write_bytes(bytes(data))
+        with pytest.raises(DataFormatError, match="corrupt embeddings file"):
+            DenseRetriever.load(out, passages)
+        return
+    folder, passages = bm25_index(tmp_path)
+    with zipfile.ZipFile(folder / "bm25.npz") as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    damaged = bytearray(members["data.npy"])
+    damaged[damaged.index(b"}")] = ord(" ")
+    members["data.npy"] = bytes(damaged)
+    with zipfile.ZipFile(folder / "bm25.npz", "w", zipfile.ZIP_STORED) as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    reseal(folder / "bm25.json")  # crafted: the hash matches, the header check must still hold
+    with pytest.raises(DataFormatError, match="corrupt BM25 index arrays"):
+        BM25Retriever.load(folder, passages)
+
+
 def test_a_pickled_pytorch_model_bin_in_a_hf_folder_is_a_typed_error(tmp_path: Path) -> None:
     from searchgym.agents.grpo.export import load_policy
     from searchgym.agents.llm import tiny_causal_lm

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tokenize
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -359,7 +360,10 @@ def _read_arrays(path: Path, mmap: bool = False) -> tuple[np.ndarray, np.ndarray
                     if shape[0]
                     else np.zeros(0, dtype=dtype)
                 )
-    except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError, TypeError, OverflowError) as e:
+    except (
+        zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError, TypeError, OverflowError, SyntaxError,
+        tokenize.TokenError,  # NumPy parses a .npy header with tokenize and ast: damage can raise either
+    ) as e:  # fmt: skip
         raise DataFormatError(
             str(path), None, f"corrupt BM25 index arrays ({type(e).__name__}: {e})"
         ) from None

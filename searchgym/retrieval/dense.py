@@ -284,12 +284,14 @@ class DenseRetriever(Retriever):
         if self.index is None:
             return flat_top_k(vectors, self.embeddings, k)
         scores, positions = self.index.search(vectors, k)
-        if positions.size and int(positions.max()) >= n:
+        # faiss marks a missing result with -1; any other id outside [0, n) is damage.
+        bad = positions[(positions >= n) | (positions < -1)] if positions.size else positions
+        if bad.size:
             where = self.index_dir / FAISS_FILE if self.index_dir is not None else "the faiss index"
             raise DataFormatError(
                 str(where),
                 None,
-                f"returned passage id {int(positions.max())}, but the corpus holds {n} passages: the index is "
+                f"returned passage id {int(bad.flat[0])}, but the corpus holds {n} passages: the index is "
                 "corrupt or of another corpus; rebuild it",
             )
         out = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import tokenize
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -191,7 +192,7 @@ def _open_embeddings(path: Path, count: int, dim: int, mode: Literal["r", "r+"] 
         )
     try:
         array = np.load(path, mmap_mode=mode, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
+    except (ValueError, OSError, EOFError, SyntaxError, tokenize.TokenError) as e:  # a damaged .npy header
         raise DataFormatError(str(path), None, f"corrupt embeddings file ({e}); rebuild the index") from None
     if array.dtype != np.float32 or array.shape != (count, dim) or not array.flags.c_contiguous:
         raise DataFormatError(
