@@ -15,11 +15,13 @@ OUT=${OUT:-runs/lld2}
 JOBS=${JOBS:-2}
 SUMMARIES=${SUMMARIES:-$HERE/../docs/experiments/lld2}
 if [ "${SMALL:-0}" = 1 ]; then
-  STEPS=${STEPS:-4}; EVALQ=8; EVAL_EVERY=2; GATEQ=8; EPOCHS=1; DEMO_ARGS="--episodes 40"; MODEL="--tiny-layers 1 --tiny-hidden 32"
-  PROBES="--probe-size 4 --onpolicy-probe-size 4 --ledger-size 20"; WORLDS=""
+  STEPS=${STEPS:-2}; EVALQ=2; EVAL_EVERY=2; GATEQ=2; EPOCHS=1; DEMO_ARGS="--episodes 20"; MODEL="--tiny-layers 1 --tiny-hidden 32"
+  PROBES="--probe-size 2 --onpolicy-probe-size 2 --ledger-size 8"; WORLDS=""
+  SIZES="--questions-per-step 1 --group-size 2 --minibatch-size 2 --max-turn-tokens 8"
 else
   STEPS=${STEPS:-80}; EVALQ=500; EVAL_EVERY=40; GATEQ=500; EPOCHS=3; DEMO_ARGS=""; MODEL="--tiny-layers 3 --tiny-hidden 128"
   PROBES="--probe-size 64 --onpolicy-probe-size 64 --ledger-size 200"; WORLDS="1 2"
+  SIZES="--questions-per-step 10 --group-size 5 --minibatch-size 5"
 fi
 mkdir -p "$OUT"
 
@@ -36,14 +38,14 @@ grpo() {  # grpo ARM SEED [options...]
   mkdir -p "$dir"
   /usr/bin/time -f "%e" -o "$dir/wall_s" "$SG" train grpo --init "$warm" --run-dir "$dir" --overwrite \
     --seed "$seed" --steps "$STEPS" --lr 1.2e-3 --warmup-steps "$STEPS" --warmup-start-lr 1e-4 \
-    --questions-per-step 10 --group-size 5 --minibatch-size 5 --temperature 1 --kl-coef 0 --entropy-coef 0 \
+    $SIZES --temperature 1 --kl-coef 0 --entropy-coef 0 \
     --eval-questions "$EVALQ" --eval-batch 100 --eval-every "$EVAL_EVERY" --onpolicy-heldout-split validation \
     $PROBES --save-every 0 --threads 1 --no-progress --no-tensorboard "$@" > "$dir/log.txt" 2>&1
   echo "done $dir ($(cat "$dir/wall_s") s)"
   "$PY" "$HERE/lld_report.py" summarize "$OUT" --out "$SUMMARIES" --only "$arm/s$seed"
 }
 export -f grpo last_stage
-export SG PY HERE OUT STEPS EVALQ EVAL_EVERY PROBES SUMMARIES
+export SG PY HERE OUT STEPS EVALQ EVAL_EVERY PROBES SIZES SUMMARIES
 
 case "${1:-}" in
   warmstart)

@@ -1,23 +1,47 @@
-"""Every fenced ``python`` and ``bash`` block of README.md and docs/ works as written.
+"""Every fenced block of README.md and docs/ either runs here or says, next to it, why it does not.
 
-* Python blocks run in a fresh interpreter in a temporary folder.
-* Bash blocks: every ``searchgym ...`` command line must parse with the real CLI parser (so a renamed
-  command or option fails at once), and then runs. The command lines of one document run in order in one
-  scratch folder (a later command may read what an earlier one wrote, as a reader following the page
-  would); ``../shared`` is reachable from it when it exists here. ``make demo`` is run as what it runs,
-  ``searchgym demo``. Long commands get a small budget: :data:`BUDGETS` appends options to them (argparse
-  keeps the last value), in the test, never in the docs. After each command, every ``--out`` and
-  ``--run-dir`` it names must exist.
-* Not run, each reported as skipped with its reason: blocks preceded by ``<!-- snippet: skip REASON -->``
-  (a GPU, a network, hours), commands asking for ``--device cuda``, ``searchgym serve`` (it runs until
-  stopped; tests/test_server_cli.py starts one), and lines that are not ``searchgym`` commands (``source``,
-  ``pip``, scripts). Lines holding shell variables or braces are templates and are left out.
-* A python block whose first line is a comment naming a ``.py`` path (``# mypkg/agent.py``) is a file the
-  docs ask the reader to create: it is written there in every scratch folder before the commands run.
-* :func:`test_readme_first_hour` follows the README's quickstart and "what next" literally in a copy of the
-  repository: ``make demo`` (small budget through ``DEMO_ARGS``), then each next command with
-  ``.venv/bin`` first on ``PATH``, checking exit status and output files. By default ``.venv`` is the
-  virtualenv running the tests; ``pytest -m install`` builds a fresh one with the Makefile.
+What runs:
+
+* ``python`` blocks, each in a fresh interpreter in a temporary folder. A block whose first line is a
+  comment naming a ``.py`` path (``# mypkg/agent.py``) is a file the docs ask the reader to create: it is
+  also written there in every scratch folder before the commands run. A block that talks to a retrieval
+  server on ``127.0.0.1:8000`` gets one (on a free port, its address put in the code).
+* ``bash`` blocks, command by command (a line, backslash continuations joined, or a whole ``for`` loop;
+  comments dropped), in ``bash``: the commands of one document in order in one scratch folder (a later one
+  may read what an earlier one wrote, as a reader following the page would; ``../shared`` is reachable from
+  it when it exists here). ``searchgym`` on ``PATH`` (and ``.venv/bin/searchgym``) is the real command
+  with :data:`BUDGETS` appended, so loops and ``$VAR`` lines run as written too; ``python`` is the
+  virtualenv's. A ``searchgym serve`` line is started, asked ``GET /health`` and stopped. Files a page uses
+  without making them (a warm-start checkpoint, a Hugging Face folder, an SB3 model, a pre-v2 checkpoint)
+  are made once by :func:`prerequisites`. After a command, every ``--out`` and ``--run-dir`` it names must
+  exist. Every ``searchgym`` line without shell variables must also parse with the real CLI parser
+  (:func:`test_documented_command_parses`, which runs nothing).
+* README's quickstart ``make demo`` and its "what next" block run literally, with ``make`` and
+  ``source .venv/bin/activate``, in a copy of the repository: :func:`test_readme_first_hour`.
+
+What does not run, and why, is visible in the Markdown next to the block:
+
+* blocks tagged ``text``, ``json``, ``yaml`` or ``toml`` are data (printed output, formulas, synopses, a
+  protocol), not commands;
+* ``<!-- snippet: skip REASON -->`` above a block skips the block (a GPU, a network, hours);
+  ``<!-- snippet: skip `PREFIX`: REASON -->`` skips the block's commands that start with ``PREFIX``.
+
+:func:`test_every_block_runs_or_says_why` enumerates every block and command and fails on an untagged block,
+an unknown tag, a marker that matches nothing, and an unmarked command that would need a GPU, the network or
+change the environment (``pip``, ``make`` other than the first hour's ``make demo``, ``accelerate``,
+``torchrun``, ``huggingface-cli``, ``cuda``), so no new command slips through unrun and unexplained.
+
+Budgets, which keep this file to minutes of CPU: the documented commands run with :data:`BUDGETS` appended
+(argparse keeps an option's last value), a loop over seeds with fewer seeds (:data:`SHELL_BUDGETS`), and
+python blocks with :data:`PYTHON_BUDGETS` substituted. They only shrink sizes (episodes, steps, timesteps,
+questions, probes, sequence lengths, repeats, seeds; :func:`test_budgets_only_shrink_sizes` compares the
+options with their defaults), silence progress bars, and give ``serve`` a free port: what runs is the
+documented command, only smaller, so the documented figures are not reproduced. The one results table a check can
+hold to account cheaply is README's demo table: :func:`test_readme_demo_table_is_consistent` checks its
+intervals, its summary sentence and the prose quoting it against the demo's own code, and the first-hour
+run checks that the demo prints a table with the same columns and rows. Its figures themselves are not
+reproduced here: the demo takes about 8 minutes at its size (the untrained row's evaluation alone takes
+2 minutes, the rows after it need the full warm-start).
 """
 
 from __future__ import annotations
@@ -26,11 +50,17 @@ import argparse
 import contextlib
 import io
 import os
+import queue
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,13 +71,24 @@ from searchgym.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SEARCHGYM_SHARED_DATA", ROOT.parent / "shared" / "data")).parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-FENCE = re.compile(r"^\s*```\s*(\w*)\s*$")
-SKIP = re.compile(r"^\s*<!--\s*snippet:\s*skip\s+(?P<reason>.+?)\s*-->\s*$")
+FENCE = re.compile(r"^\s*```\s*(\S*)\s*$")
+SKIP = re.compile(r"^\s*<!--\s*snippet:\s*skip\s+(?:`(?P<prefix>[^`]+)`\s*:\s*)?(?P<reason>.+?)\s*-->\s*$")
 FILE_COMMENT = re.compile(r"^#\s*(?P<path>[\w./-]+\.py)\s*$")
-COMMAND_PREFIXES = ("searchgym ", ".venv/bin/searchgym ")
+SEARCHGYM = ("searchgym", ".venv/bin/searchgym")
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
+DATA_LANGUAGES = ("text", "json", "yaml", "toml")
+#: Programs an unmarked line may not start with (it would change the environment, reach the network, need
+#: GPUs or run this test suite), with the reason the audit gives; a line naming ``cuda`` needs one too.
+NEEDS_A_MARKER: dict[str, str] = {
+    "pip": "installs packages",
+    "make": "runs a Makefile target (only the first hour's `make demo` runs here)",
+    "accelerate": "launches one process per GPU",
+    "torchrun": "launches one process per GPU",
+    "huggingface-cli": "downloads from the network",
+}
 PYTHON_TIMEOUT_S = 120
 COMMAND_TIMEOUT_S = 900  # a hang guard, not a speed check: the machine may be busy
+SERVER = "127.0.0.1:8000"  # the address python blocks use for a retrieval server
 BIN = Path(sys.executable).parent
 
 #: Small-budget options appended to long commands (by command path). argparse keeps an option's last
@@ -60,31 +101,76 @@ BUDGETS: dict[tuple[str, ...], list[str]] = {
         "eval": "--episodes 8 --no-progress",
         "demos": "--episodes 16",
         "train sft": "--demo-episodes 24 --epochs 1 --eval-questions 0 --tiny-layers 1",
-        "train grpo": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0 --probe-size 0",
+        "train grpo": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0 --probe-size 0 "
+        "--onpolicy-probe-size 0",
         "train trl": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0",
         "train sb3": "--timesteps 64 --eval-episodes 1",
-        "export-trajectories": "--episodes 4 --group-size 2",
+        "export-trajectories": "--episodes 4",
+        "index dense": "--max-length 32 --no-progress",
+        "serve": "--port 0",
         "bench all": "--quick --repeats 1",
         "bench env": "--steps 200 --repeats 1",
+        "bench update": "--repeats 1 --questions 1 --group-size 2",
         "bench rollout": "--repeats 1 --questions 1 --group-size 2",
         "bench retrieval": "--sizes 2000 --repeats 1 --queries 16 --batch 8 --reference-queries 4",
     }.items()
 }
-#: Commands never run here, with the reason shown as the skip.
-NOT_RUN: dict[tuple[str, ...], str] = {
-    ("serve",): "`searchgym serve` runs until stopped (tests/test_server_cli.py starts and stops one)",
+#: Fewer repetitions of a documented loop: documented text -> what runs (each must occur in the docs).
+SHELL_BUDGETS: dict[str, str] = {
+    "for seed in 0 1 2; do": "for seed in 0; do",  # docs/sb3.md: every command of its table, seed 0 only
+}
+#: The same for python blocks.
+PYTHON_BUDGETS: dict[str, str] = {
+    "n_steps=128, batch_size=64)": "n_steps=16, batch_size=64)",  # docs/sb3.md: 4 envs x 16 steps a rollout
+    "model.learn(5_000)": "model.learn(64)",
 }
 
 
 @dataclass(frozen=True)
-class Snippet:
-    """One fenced block (or, for bash, one command line of it).
+class Marker:
+    """A ``<!-- snippet: skip ... -->`` line above a block: for the whole block, or its lines with ``prefix``."""
+
+    reason: str
+    prefix: str | None = None
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block of a Markdown file.
 
     Attributes:
         path: The Markdown file, relative to the repository root.
-        line: 1-based line of the block's first code line (for a command, of the command).
-        code: The block's text (for a command, the joined command line).
-        skip: The reason given by a preceding ``<!-- snippet: skip REASON -->``, or ``None``.
+        line: 1-based line of the block's first code line.
+        language: The fence's tag, lower case ("" when untagged).
+        code: The block's text.
+        markers: The skip markers right above the fence.
+    """
+
+    path: str
+    line: int
+    language: str
+    code: str
+    markers: tuple[Marker, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def skip(self) -> str | None:
+        """The reason the whole block is not run, or ``None``."""
+        return next((m.reason for m in self.markers if m.prefix is None), None)
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """A python block, or one line of a bash block.
+
+    Attributes:
+        path: The Markdown file, relative to the repository root.
+        line: 1-based line of the code (for a bash line, where it starts).
+        code: The block's text, or the joined line.
+        skip: Why it is not run (a marker's reason), or ``None``.
     """
 
     path: str
@@ -97,11 +183,11 @@ class Snippet:
         return f"{self.path}:{self.line}"
 
 
-def fenced_blocks(path: Path) -> list[tuple[str, Snippet]]:
-    """The ``(language, snippet)`` of every fenced block of a Markdown file, in order."""
+def fenced_blocks(path: Path, root: Path = ROOT) -> list[Block]:
+    """Every fenced block of a Markdown file, in order, with the skip markers above it."""
     lines = path.read_text(encoding="utf-8").splitlines()
-    relative = path.relative_to(ROOT).as_posix()
-    blocks: list[tuple[str, Snippet]] = []
+    relative = path.relative_to(root).as_posix()
+    blocks: list[Block] = []
     i = 0
     while i < len(lines):
         opening = FENCE.match(lines[i])
@@ -111,17 +197,22 @@ def fenced_blocks(path: Path) -> list[tuple[str, Snippet]]:
         end = i + 1
         while end < len(lines) and not FENCE.match(lines[end]):
             end += 1
-        previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-        marker = SKIP.match(previous)
-        snippet = Snippet(relative, i + 2, "\n".join(lines[i + 1 : end]), marker and marker["reason"])
-        blocks.append((opening[1].lower(), snippet))
+        markers: list[Marker] = []
+        j = i - 1
+        while j >= 0 and (not lines[j].strip() or SKIP.match(lines[j])):  # markers, blank lines between
+            if marker := SKIP.match(lines[j]):
+                markers.insert(0, Marker(marker["reason"], marker["prefix"]))
+            j -= 1
+        code = "\n".join(lines[i + 1 : end])
+        blocks.append(Block(relative, i + 2, opening[1].lower(), code, tuple(markers)))
         i = end + 1
     return blocks
 
 
-def shell_lines(block: Snippet) -> list[Snippet]:
-    """Every command line of a bash block (backslash continuations joined, blanks and comments dropped)."""
-    lines: list[Snippet] = []
+def logical_lines(block: Block) -> list[tuple[int, str]]:
+    """The block's lines with backslash continuations joined, blanks and comments dropped, and where each
+    starts."""
+    lines: list[tuple[int, str]] = []
     pending: list[str] = []
     start = block.line
     for offset, raw in enumerate(block.code.splitlines()):
@@ -133,33 +224,134 @@ def shell_lines(block: Snippet) -> list[Snippet]:
         line = " ".join([*pending, raw]).strip()
         pending = []
         if line and not line.startswith("#"):
-            lines.append(Snippet(block.path, start, line, block.skip))
+            lines.append((start, line))
     return lines
 
 
-def command_lines(block: Snippet) -> list[Snippet]:
-    """The ``searchgym`` command lines of a bash block (templates with ``$`` or braces left out)."""
+def shell_lines(block: Block) -> list[Snippet]:
+    """Every command of a bash block: a logical line, or a ``for ... do ... done`` loop over several, each
+    with the reason of the marker that covers it."""
+    statements: list[tuple[int, str]] = []
+    depth = 0  # loops open at the end of the last line
+    for start, line in logical_lines(block):
+        if depth > 0:
+            statements[-1] = (statements[-1][0], statements[-1][1] + "\n" + line)
+        else:
+            statements.append((start, line))
+        words = [w.rstrip(";") for w in words_of(line)]
+        depth += words.count("do") - words.count("done")
     return [
-        line
-        for line in shell_lines(block)
-        if line.code.startswith(COMMAND_PREFIXES) and not any(c in line.code for c in "${")
+        Snippet(
+            block.path,
+            start,
+            code,
+            block.skip
+            or next(
+                (m.reason for m in block.markers if m.prefix is not None and code.startswith(m.prefix)), None
+            ),
+        )
+        for start, code in statements
     ]
 
 
-def collect() -> tuple[list[Snippet], list[Snippet]]:
-    """Every python block, and every searchgym command line of every bash block."""
-    python: list[Snippet] = []
-    commands: list[Snippet] = []
-    for document in DOCUMENTS:
-        for language, block in fenced_blocks(document):
-            if language == "python":
-                python.append(block)
-            elif language in SHELL_LANGUAGES:
-                commands.extend(command_lines(block))
-    return python, commands
+def words_of(line: str) -> list[str]:
+    return shlex.split(line, comments=True)
 
 
-PYTHON_SNIPPETS, COMMANDS = collect()
+def searchgym_argv(line: str) -> list[str] | None:
+    """The ``searchgym`` arguments of a plain command line, or ``None`` for anything else (other programs,
+    and lines with shell variables, which run in bash but cannot be parsed alone)."""
+    if "$" in line:
+        return None
+    words = words_of(line)
+    return words[1:] if words and words[0] in SEARCHGYM else None
+
+
+def needs_a_marker(line: str) -> str | None:
+    """Why an unmarked line could not run here, or ``None``."""
+    if "cuda" in line:
+        return "asks for a GPU"
+    return NEEDS_A_MARKER.get(line.split()[0])
+
+
+# --- the inventory ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Audit:
+    """What the inventory found: problems, how many blocks or lines of each kind, and the reasons given."""
+
+    problems: list[str]
+    counts: Counter[str]
+    reasons: list[str]
+
+
+def audit(documents: Sequence[Path], first_hour: set[str], root: Path = ROOT) -> Audit:
+    """Classifies every block and line of ``documents``: run here, run by the first hour, not run with a
+    visible reason, or a problem (see the module docstring)."""
+    problems: list[str] = []
+    counts: Counter[str] = Counter()
+    reasons: list[str] = []
+    for document in documents:
+        for block in fenced_blocks(document, root):
+            lines = shell_lines(block) if block.language in SHELL_LANGUAGES else []
+            for marker in block.markers:
+                if marker.prefix is not None and not any(
+                    line.code.startswith(marker.prefix) for line in lines
+                ):
+                    problems.append(
+                        f"{block.id}: the marker for `{marker.prefix}` matches no line of the block"
+                    )
+            if not block.language:
+                problems.append(f"{block.id}: untagged fence: tag it (bash, python, text, json ...)")
+            elif block.language in DATA_LANGUAGES:
+                counts["data blocks (text, json ...)"] += 1
+            elif block.language == "python":
+                if block.skip:
+                    counts["python blocks not run, with a reason"] += 1
+                    reasons.append(f"{block.id}: {block.skip}")
+                else:
+                    counts["python blocks run"] += 1
+            elif block.language in SHELL_LANGUAGES:
+                counts["bash blocks"] += 1
+                if block.skip:
+                    reasons.append(f"{block.id} ({len(lines)} lines): {block.skip}")
+                for line in lines:
+                    if line.skip:
+                        counts["bash commands not run, with a reason"] += 1
+                        if not block.skip:
+                            reasons.append(f"{line.id}: {line.skip}")
+                    elif line.id in first_hour:
+                        counts["bash commands run by test_readme_first_hour"] += 1
+                    elif (why := needs_a_marker(line.code)) is not None:
+                        problems.append(
+                            f"{line.id}: `{line.code}` {why}: mark it <!-- snippet: skip REASON -->"
+                        )
+                    else:
+                        counts["bash commands run"] += 1
+            else:
+                problems.append(
+                    f"{block.id}: unknown tag {block.language!r} (run: python, bash; data: text, json ...)"
+                )
+    return Audit(problems, counts, reasons)
+
+
+def readme_first_hour() -> list[Snippet]:
+    """``make demo`` from the quickstart block, then every line of the block that activates ``.venv``."""
+    blocks = [b for b in fenced_blocks(ROOT / "README.md") if b.language in SHELL_LANGUAGES]
+    quickstart = next(b for b in blocks if any(line.code.startswith("make demo") for line in shell_lines(b)))
+    after = next(b for b in blocks if b.code.lstrip().startswith("source .venv/bin/activate"))
+    return [
+        *(line for line in shell_lines(quickstart) if line.code.startswith("make demo")),
+        *shell_lines(after),
+    ]
+
+
+FIRST_HOUR = {step.id for step in readme_first_hour()}
+BLOCKS = [block for document in DOCUMENTS for block in fenced_blocks(document)]
+PYTHON_SNIPPETS = [Snippet(b.path, b.line, b.code, b.skip) for b in BLOCKS if b.language == "python"]
+SHELL_LINES = [line for b in BLOCKS if b.language in SHELL_LANGUAGES for line in shell_lines(b)]
+COMMANDS = [line for line in SHELL_LINES if searchgym_argv(line.code) is not None]
 DOCUMENTED_FILES = {
     match["path"]: snippet.code + "\n"
     for snippet in PYTHON_SNIPPETS
@@ -167,40 +359,181 @@ DOCUMENTED_FILES = {
 }
 
 
+def test_every_block_runs_or_says_why() -> None:
+    """The inventory: every block and line is run (here or by the first hour) or not run with a reason
+    visible in the Markdown; anything else fails. Each python budget still finds its documented text."""
+    found = audit(DOCUMENTS, FIRST_HOUR)
+    print("\n".join(f"{n:4d} {kind}" for kind, n in sorted(found.counts.items())))
+    print("not run:\n  " + "\n  ".join(found.reasons))
+    assert not found.problems, "\n".join(found.problems)
+    python = "\n".join(s.code for s in PYTHON_SNIPPETS)
+    assert all(old in python for old in PYTHON_BUDGETS), "a PYTHON_BUDGETS key is in no python block"
+    shell = "\n".join(s.code for s in SHELL_LINES if s.skip is None)
+    assert all(old in shell for old in SHELL_BUDGETS), "a SHELL_BUDGETS key is in no bash line that runs"
+    assert found.counts["python blocks run"] >= 15 and found.counts["bash commands run"] >= 40
+
+
+def test_the_audit_catches_what_would_slip_through(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```\nsearchgym eval\n```\n\n"
+        "```bash\npip install torch\nsearchgym train grpo --device cuda\nsearchgym eval\n```\n\n"
+        "<!-- snippet: skip `searchgym serve`: runs until stopped -->\n```bash\nsearchgym eval\n```\n\n"
+        "<!-- snippet: skip downloads a model -->\n\n```bash\nhuggingface-cli download x\n```\n\n"
+        "```mermaid\ngraph\n```\n\n```text\nout\n```\n",
+        encoding="utf-8",
+    )
+    found = audit([page], set(), root=tmp_path)
+    expected = [
+        "page.md:2: untagged fence",
+        "page.md:6: `pip install torch` installs packages",
+        "page.md:7: `searchgym train grpo --device cuda` asks for a GPU",
+        "page.md:13: the marker for `searchgym serve` matches no line",
+        "page.md:23: unknown tag 'mermaid'",
+    ]
+    assert len(found.problems) == len(expected)
+    assert all(p.startswith(e) for p, e in zip(found.problems, expected, strict=True)), found.problems
+    assert found.counts["bash commands run"] == 2 and found.counts["data blocks (text, json ...)"] == 1
+    assert found.reasons == ["page.md:19 (1 lines): downloads a model"]
+
+
 @pytest.fixture(scope="module")
 def parser() -> argparse.ArgumentParser:
     return build_parser()
 
 
-def test_the_documents_hold_snippets_of_both_kinds() -> None:
-    """Guards the extraction itself: an empty parametrisation would pass silently."""
-    assert len(PYTHON_SNIPPETS) >= 5 and len(COMMANDS) >= 20
-    assert "mypkg/always_search.py" in DOCUMENTED_FILES
-
-
 @pytest.mark.parametrize("snippet", COMMANDS, ids=[c.id for c in COMMANDS])
 def test_documented_command_parses(snippet: Snippet, parser: argparse.ArgumentParser) -> None:
-    words = shlex.split(snippet.code, comments=True)
+    argv = searchgym_argv(snippet.code)
+    assert argv is not None
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            parser.parse_args(words[1:])
+            parser.parse_args(argv)
     except SystemExit as e:  # argparse reports a usage error by exiting
         pytest.fail(f"{snippet.id}: `{snippet.code}` does not parse:\n{stderr.getvalue()}", pytrace=False)
         raise AssertionError from e  # unreachable: keeps type checkers aware that the test ends here
+
+
+def subparser(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The parser of a sub-command path, e.g. ``("train", "grpo")``."""
+    for name in path:
+        choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        assert name in choices, f"no command {path}"
+        parser = choices[name]
+    return parser
+
+
+def test_budgets_only_shrink_sizes(parser: argparse.ArgumentParser) -> None:
+    """Every budget option exists (a renamed one would silently run the documented, long command), and a
+    numeric one is at most the option's default: budgets make runs smaller, never different in kind."""
+    for path, options in BUDGETS.items():
+        actions = subparser(parser, path)._option_string_actions
+        unknown = [o for o in options if o.startswith("--") and o not in actions]
+        assert not unknown, f"searchgym {' '.join(path)} has no options {unknown}"
+        for option, value in zip(options, [*options[1:], ""], strict=True):
+            default = actions[option].default if option in actions else None
+            if option.startswith("--") and isinstance(default, int | float) and not isinstance(default, bool):
+                assert float(value) <= default, (
+                    f"searchgym {' '.join(path)} {option} {value} > default {default}"
+                )
+
+
+# --- README's demo table --------------------------------------------------------------------------------------
+
+
+def readme_demo_table() -> tuple[list[str], list[dict[str, str]], str]:
+    """The header, rows and summary sentence of the README's ``make demo`` output block."""
+    block = next(b for b in BLOCKS if b.path == "README.md" and b.language == "text" and "em_95ci" in b.code)
+    header, *rest = block.code.splitlines()
+    columns = header.split()
+    rows = []
+    for line in rest[: len(rest) - 1]:
+        cells = re.fullmatch(
+            r"\s*(.+?)\s+([\d.]+)\s+(\[[\d.]+, [\d.]+\])\s+" + r"\s+".join([r"([\d.]+)"] * 4), line
+        )
+        assert cells is not None, f"README demo table: cannot read the row {line!r}"
+        rows.append(dict(zip(columns, cells.groups(), strict=True)))
+    return columns, rows, rest[-1]
+
+
+def test_readme_demo_table_is_consistent() -> None:
+    """The table is what the demo prints, and its figures agree with each other and with the prose."""
+    from searchgym.cli.demo import COLUMNS, protocol_sentence, wilson
+    from searchgym.cli.demo import add_arguments as demo_arguments
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    columns, rows, sentence = readme_demo_table()
+    assert columns == COLUMNS
+    untrained, sft, grpo, llds = rows
+    assert [r["model"] for r in rows] == [
+        "untrained tiny model",
+        "SFT warm-start",
+        "GRPO",
+        "GRPO+LLDS (action)",
+    ]
+    demo = argparse.ArgumentParser()
+    demo_arguments(demo)
+    questions = re.search(r"(\d+) test questions, greedy", readme)
+    assert questions is not None and int(questions[1]) == demo.get_default("eval_questions")
+    n = int(questions[1])
+    for row in rows:  # each interval is the Wilson interval of its EM over that many questions
+        lo, hi = wilson(float(row["test_em"]), n)
+        assert row["em_95ci"] == f"[{lo:.3f}, {hi:.3f}]", row
+    numbers = [{k: float(v) for k, v in r.items() if k not in ("model", "em_95ci")} for r in rows]
+    assert sentence == protocol_sentence(numbers[0], numbers[1])
+
+    def quoted(pattern: str) -> list[float]:
+        found = re.search(pattern, readme)
+        assert found is not None, f"README no longer says {pattern!r}"
+        return [float(x) for x in found.groups()]
+
+    # What the prose under the table quotes from it, to its rounding.
+    em, lo, hi = quoted(r"\(EM ([\d.]+), interval ([\d.]+)–([\d.]+)\)")
+    assert numbers[1]["test_em"] == pytest.approx(em, abs=0.005)
+    assert [lo, hi] == pytest.approx(list(wilson(numbers[1]["test_em"], n)), abs=0.005)
+    before, after = quoted(r"answered ([\d.]+) % → ([\d.]+) %")
+    assert [before / 100, after / 100] == pytest.approx(
+        [numbers[1]["answered"], numbers[2]["answered"]], abs=5e-4
+    )
+    before, after = quoted(r"searches ([\d.]+) → ([\d.]+)\)")
+    assert [before, after] == pytest.approx(
+        [numbers[1]["searches"], numbers[2]["searches"]], abs=0.005 + 1e-9
+    )
+
+
+# --- running the documented python blocks ------------------------------------------------------------------
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1", **extra}
 
 
+@pytest.fixture(scope="module")
+def retrieval_server() -> Iterator[str]:
+    """``host:port`` of a Search-R1 ``/retrieve`` server over the default world, for the blocks that call one."""
+    pytest.importorskip("fastapi")
+    from searchgym.data import generate_world
+    from searchgym.retrieval import make_retriever
+    from searchgym.server import ServerThread, create_app
+
+    passages = generate_world(seed=0).passages
+    with ServerThread(create_app(make_retriever("bm25", passages), passages)) as server:
+        yield server.url.removeprefix("http://")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("snippet", PYTHON_SNIPPETS, ids=[s.id for s in PYTHON_SNIPPETS])
-def test_documented_python_runs(snippet: Snippet, tmp_path: Path) -> None:
+def test_documented_python_runs(snippet: Snippet, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if snippet.skip is not None:
         pytest.skip(snippet.skip)
+    code = snippet.code
+    for old, new in PYTHON_BUDGETS.items():
+        code = code.replace(old, new)
+    if SERVER in code:
+        code = code.replace(SERVER, request.getfixturevalue("retrieval_server"))
     script = tmp_path / "snippet.py"
-    script.write_text(snippet.code + "\n", encoding="utf-8")
+    script.write_text(code + "\n", encoding="utf-8")
     try:
         done = subprocess.run(
             [sys.executable, str(script)],
@@ -214,15 +547,15 @@ def test_documented_python_runs(snippet: Snippet, tmp_path: Path) -> None:
         pytest.fail(f"{snippet.id} ran past {PYTHON_TIMEOUT_S} s", pytrace=False)
     if done.returncode != 0:
         pytest.fail(
-            f"{snippet.id} failed (exit {done.returncode}):\n{snippet.code}\n--- stderr ---\n{done.stderr[-4000:]}",
+            f"{snippet.id} failed (exit {done.returncode}):\n{code}\n--- stderr ---\n{done.stderr[-4000:]}",
             pytrace=False,
         )
 
 
-# --- running the documented commands --------------------------------------------------------------
+# --- running the documented bash lines ----------------------------------------------------------------------
 
 
-def command_path(words: list[str]) -> tuple[str, ...]:
+def command_path(words: Sequence[str]) -> tuple[str, ...]:
     """The sub-command path of ``searchgym`` argv words, e.g. ``("train", "grpo")``."""
     path: list[str] = []
     for word in words:
@@ -230,34 +563,29 @@ def command_path(words: list[str]) -> tuple[str, ...]:
             break
         path.append(word)
     # Trailing positionals (export's paths) are not part of the command: keep the longest known prefix.
-    known = {*BUDGETS, *NOT_RUN}
     for n in range(len(path), 0, -1):
-        if tuple(path[:n]) in known:
+        if tuple(path[:n]) in BUDGETS:
             return tuple(path[:n])
     return tuple(path[:2])
 
 
-def why_not_run(snippet: Snippet, words: list[str]) -> str | None:
-    """The reason a documented command is not run here, or ``None`` when it runs."""
-    if snippet.skip is not None:
-        return snippet.skip
-    for path, reason in NOT_RUN.items():
-        if tuple(words[: len(path)]) == path:
-            return reason
-    if "--device" in words and words[words.index("--device") + 1].startswith("cuda"):
-        return "asks for --device cuda (a GPU machine with a CUDA torch)"
-    if any("../shared" in w for w in words) and not (SHARED / "data").is_dir():
-        return f"reads ../shared, absent here ({SHARED})"
-    return None
+def budgeted(argv: Sequence[str]) -> list[str]:
+    """``searchgym`` arguments with their command's budget appended."""
+    return [*argv, *BUDGETS.get(command_path(argv), [])]
 
 
-def written_paths(words: list[str]) -> list[str]:
-    """The ``--out`` and ``--run-dir`` values of a command: what it promises to write."""
-    return [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--out", "--run-dir")]
+SHIM = """#!{python}
+# `searchgym` for the documented lines: the real command, with the test's budget appended.
+import os, sys
+sys.path.insert(0, {tests!r})
+from test_docs_snippets import BIN, budgeted
+os.execv(str(BIN / "searchgym"), [str(BIN / "searchgym"), *budgeted(sys.argv[1:])])
+"""
 
 
-def scratch_folder(base: Path) -> Path:
-    """A working folder with ``../shared`` beside it, holding the files the docs ask readers to create."""
+def scratch_folder(base: Path) -> tuple[Path, dict[str, str]]:
+    """A working folder with ``../shared`` beside it and the files the docs ask readers to create, and the
+    environment its lines run in (``searchgym`` budgeted, the virtualenv's ``python``)."""
     work = base / "work"
     work.mkdir(parents=True)
     if SHARED.is_dir():
@@ -265,70 +593,144 @@ def scratch_folder(base: Path) -> Path:
     for relative, text in DOCUMENTED_FILES.items():
         (work / relative).parent.mkdir(parents=True, exist_ok=True)
         (work / relative).write_text(text, encoding="utf-8")
-    return work
+    shim = SHIM.format(python=sys.executable, tests=str(Path(__file__).parent))
+    for folder in (base / "bin", work / ".venv" / "bin"):
+        folder.mkdir(parents=True)
+        (folder / "searchgym").write_text(shim, encoding="utf-8")
+        (folder / "searchgym").chmod(0o755)
+    return work, _clean_env(PATH=f"{base / 'bin'}{os.pathsep}{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
-def run_command(words: list[str], cwd: Path, where: str, env: dict[str, str] | None = None) -> str:
-    """Runs one ``searchgym`` command line (argv without the program); fails the test on a non-zero exit."""
+def run_line(line: str, cwd: Path, env: dict[str, str], where: str) -> str:
+    """Runs one documented line in bash; fails the test on a non-zero exit."""
     try:
         done = subprocess.run(
-            [str(BIN / "searchgym"), *words],
+            ["bash", "-eo", "pipefail", "-c", line],
             cwd=cwd,
-            env=env or _clean_env(),
+            env=env,
             capture_output=True,
             text=True,
             timeout=COMMAND_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail(f"{where}: `searchgym {shlex.join(words)}` ran past {COMMAND_TIMEOUT_S} s", pytrace=False)
+        pytest.fail(f"{where}: `{line}` ran past {COMMAND_TIMEOUT_S} s", pytrace=False)
     if done.returncode != 0:
         pytest.fail(
-            f"{where}: `searchgym {shlex.join(words)}` exited {done.returncode}\n--- stderr ---\n"
-            f"{done.stderr[-4000:]}",
+            f"{where}: `{line}` exited {done.returncode}\n--- stderr ---\n{done.stderr[-4000:]}",
             pytrace=False,
         )
     return done.stdout
 
 
+def serve_line(line: str, cwd: Path, env: dict[str, str], where: str) -> None:
+    """Starts a documented ``searchgym serve`` line, checks ``GET /health``, and stops it."""
+    import httpx
+
+    process = subprocess.Popen(
+        ["bash", "-c", f"exec {line}"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        for text in process.stdout or []:
+            lines.put(text)
+
+    threading.Thread(target=pump, daemon=True).start()
+    output: list[str] = []
+    deadline = time.monotonic() + COMMAND_TIMEOUT_S
+    try:
+        url = None
+        while url is None:
+            try:
+                output.append(lines.get(timeout=1))
+            except queue.Empty:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    tail = "".join(output)[-4000:]
+                    pytest.fail(
+                        f"{where}: `{line}` did not serve (exit {process.returncode}):\n{tail}", pytrace=False
+                    )
+                continue
+            if ready := re.search(r"serving .* on (http://\S+)/retrieve", output[-1]):
+                url = ready[1]
+        health = httpx.get(url + "/health", timeout=30).json()
+        assert health["status"] == "ok", f"{where}: {health}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+def written_paths(words: Sequence[str]) -> list[str]:
+    """The ``--out`` and ``--run-dir`` values of a command: what it promises to write."""
+    return [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--out", "--run-dir")]
+
+
 @pytest.fixture(scope="module")
 def prerequisites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Files some pages use without making them (a warm-start checkpoint, a Hugging Face folder).
+    """Files some pages use without making them, built once with small budgets by the commands the docs give
+    for them: a warm-start checkpoint, its Hugging Face folder, an SB3 macro model, and a checkpoint in the
+    format before v2 (the warm-start's payload tagged v1, what ``upgrade`` converts)."""
+    import torch
 
-    Built once, with small budgets, by the same commands the docs give for them.
-    """
-    work = scratch_folder(tmp_path_factory.mktemp("prerequisites"))
-    run_command(["train", "sft", "--run-dir", "runs/sft", *BUDGETS[("train", "sft")]], work, "prerequisite")
-    run_command(["export", "runs/sft/checkpoint.pt", "hf_folder"], work, "prerequisite")
-    return {"runs/sft/checkpoint.pt": work / "runs/sft/checkpoint.pt", "hf_folder": work / "hf_folder"}
+    from searchgym.agents.grpo.checkpoint import LEGACY_FORMATS, load_checkpoint
+
+    work, env = scratch_folder(tmp_path_factory.mktemp("prerequisites"))
+    for line in (
+        "searchgym train sft --run-dir runs/sft",
+        "searchgym export runs/sft/checkpoint.pt hf_folder",
+    ):
+        run_line(line, work, env, "prerequisite")
+    run_line("searchgym train sb3 --algo ppo --view macro", work, env, "prerequisite")
+    payload = {k: v for k, v in load_checkpoint(work / "runs/sft/checkpoint.pt").items() if k != "format"}
+    (work / "runs/old").mkdir()
+    torch.save({"format": LEGACY_FORMATS[0], **payload}, work / "runs/old/checkpoint.pt")
+    return {
+        name: work / name
+        for name in (
+            "runs/sft/checkpoint.pt",
+            "hf_folder",
+            "runs/sb3-ppo-macro-s0/model.zip",
+            "runs/old/checkpoint.pt",
+        )
+    }
 
 
-def provide(words: list[str], work: Path, prerequisites: dict[str, Path]) -> None:
-    """Copies in the prerequisites a command names that no earlier command of its page wrote."""
+@contextlib.contextmanager
+def provided(words: Sequence[str], work: Path, prerequisites: dict[str, Path]) -> Iterator[None]:
+    """The prerequisites a command names (``sb3:PATH`` too) that no earlier command of its page wrote, copied
+    in for that command and removed after it: they stand for files made elsewhere, so a later command of the
+    page that makes them (sb3.md trains the model its evaluation line loads) finds its place free."""
+    copied = []
     for word in words:
-        name = word.rstrip("/")
+        name = word.split(":")[-1].rstrip("/")
         if name in prerequisites and not (work / name).exists():
-            source = prerequisites[name]
             (work / name).parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir():
-                shutil.copytree(source, work / name)
+            if prerequisites[name].is_dir():
+                shutil.copytree(prerequisites[name], work / name)
             else:
-                shutil.copy2(source, work / name)
+                shutil.copy2(prerequisites[name], work / name)
+            copied.append(work / name)
+    yield
+    for path in copied:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def shell_sessions() -> dict[str, list[Snippet]]:
-    """Per document, its bash lines in order: ``searchgym`` commands and ``make demo``."""
+    """Per document, its bash lines in order, but those the first hour runs (marked ones included: they are
+    reported as skipped)."""
     sessions: dict[str, list[Snippet]] = {}
-    for document in DOCUMENTS:
-        lines = [
-            line
-            for language, block in fenced_blocks(document)
-            if language in SHELL_LANGUAGES
-            for line in shell_lines(block)
-            if line.code.startswith((*COMMAND_PREFIXES, "make demo"))
-            and not any(c in line.code for c in "${")
-        ]
-        if lines:
-            sessions[document.relative_to(ROOT).as_posix()] = lines
+    for line in SHELL_LINES:
+        if line.id not in FIRST_HOUR:
+            sessions.setdefault(line.path, []).append(line)
     return sessions
 
 
@@ -337,24 +739,27 @@ SESSIONS = shell_sessions()
 
 @pytest.mark.slow
 @pytest.mark.parametrize("document", list(SESSIONS))
-def test_documented_commands_run(
-    document: str,
-    tmp_path: Path,
-    prerequisites: dict[str, Path],
-) -> None:
-    work = scratch_folder(tmp_path)
+def test_documented_commands_run(document: str, tmp_path: Path, prerequisites: dict[str, Path]) -> None:
+    work, env = scratch_folder(tmp_path)
     ran, skipped = [], []
     for snippet in SESSIONS[document]:
-        words = shlex.split(snippet.code, comments=True)
-        words = ["demo"] if words[:2] == ["make", "demo"] else words[1:]
-        reason = why_not_run(snippet, words)
+        words = words_of(snippet.code)
+        reason = snippet.skip
+        if reason is None and any("../shared" in w for w in words) and not (SHARED / "data").is_dir():
+            reason = f"reads ../shared, absent here ({SHARED})"
         if reason is not None:
             skipped.append(f"{snippet.id}: {reason}")
             continue
-        provide(words, work, prerequisites)
-        run_command([*words, *BUDGETS.get(command_path(words), [])], work, snippet.id)
-        missing = [p for p in written_paths(words) if not (work / p).exists()]
-        assert not missing, f"{snippet.id}: `{snippet.code}` exited 0 but did not write {missing}"
+        with provided(words, work, prerequisites):
+            if words[:1] and words[0] in SEARCHGYM and words[1:2] == ["serve"]:
+                serve_line(snippet.code, work, env, snippet.id)
+            else:
+                code = snippet.code
+                for old, new in SHELL_BUDGETS.items():
+                    code = code.replace(old, new)
+                run_line(code, work, env, snippet.id)
+            missing = [p for p in written_paths(words) if not (work / p).exists()]
+            assert not missing, f"{snippet.id}: `{snippet.code}` exited 0 but did not write {missing}"
         ran.append(snippet.id)
     if not ran:
         pytest.skip("; ".join(skipped))
@@ -362,39 +767,11 @@ def test_documented_commands_run(
         print(f"{document}: not run: " + "; ".join(skipped))
 
 
-def subparser(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> argparse.ArgumentParser:
-    """The parser of a sub-command path, e.g. ``("train", "grpo")``."""
-    for name in path:
-        choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-        assert name in choices, f"no command {path}"
-        parser = choices[name]
-    return parser
-
-
-def test_every_budget_names_real_options(parser: argparse.ArgumentParser) -> None:
-    """A renamed command or budget option would silently run the documented (long) command."""
-    for path, options in BUDGETS.items():
-        known = subparser(parser, path)._option_string_actions
-        unknown = [o for o in options if o.startswith("--") and o not in known]
-        assert not unknown, f"searchgym {' '.join(path)} has no options {unknown}"
-
-
 # --- the first hour: README's quickstart and "what next", literally, in a copy of the repository ----------
 
 
-def readme_first_hour() -> list[Snippet]:
-    """``make demo`` from the quickstart block, then every line of the block that activates ``.venv``."""
-    blocks = [b for language, b in fenced_blocks(ROOT / "README.md") if language in SHELL_LANGUAGES]
-    quickstart = next(b for b in blocks if any(line.code.startswith("make demo") for line in shell_lines(b)))
-    after = next(b for b in blocks if b.code.lstrip().startswith("source .venv/bin/activate"))
-    return [
-        *(line for line in shell_lines(quickstart) if line.code.startswith("make demo")),
-        *shell_lines(after),
-    ]
-
-
 def test_the_first_hour_is_found() -> None:
-    steps = [s.code.split("#")[0].split() for s in readme_first_hour()]
+    steps = [words_of(s.code) for s in readme_first_hour()]
     assert steps[0][:2] == ["make", "demo"] and steps[1] == ["source", ".venv/bin/activate"]
     assert len(steps) >= 4 and all(words[0] == "searchgym" for words in steps[2:])
 
@@ -429,13 +806,13 @@ def _first_hour(tmp_path: Path, fresh_venv: bool) -> None:
     timeout = 3600 if fresh_venv else COMMAND_TIMEOUT_S
     outputs: list[str] = []
     for step in readme_first_hour():
-        words = shlex.split(step.code, comments=True)
+        words = words_of(step.code)
         if words[:1] == ["source"]:
             continue  # each later line runs in bash after `source .venv/bin/activate`
         if words[:2] == ["make", "demo"]:
             line = shlex.join([*make, *words[1:]])
         else:
-            line = "source .venv/bin/activate && " + shlex.join([*words, *BUDGETS.get(tuple(words[1:2]), [])])
+            line = "source .venv/bin/activate && " + shlex.join(budgeted(words))
         done = subprocess.run(
             ["bash", "-c", line], cwd=repo, env=_clean_env(), capture_output=True, text=True, timeout=timeout
         )
@@ -447,6 +824,12 @@ def _first_hour(tmp_path: Path, fresh_venv: bool) -> None:
         assert (repo / expected).stat().st_size > 0, expected
     assert (repo / "runs/demo/hf/config.json").is_file()
     assert "checkpoint:runs/demo/grpo_llds/checkpoint.pt" in "".join(outputs)  # the eval table's row
+    # The demo printed the README's table: the same columns, the same rows, the same summary sentence.
+    columns, rows, sentence = readme_demo_table()
+    printed = outputs[0]
+    assert re.search(r"^\s*" + r"\s+".join(columns) + r"\s*$", printed, re.MULTILINE), printed[-3000:]
+    assert all(re.search(rf"^\s*{re.escape(r['model'])}\s+[\d.]+\s+\[", printed, re.MULTILINE) for r in rows)
+    assert sentence.split(":")[0] + ":" in printed
 
 
 @pytest.mark.slow

@@ -1,0 +1,136 @@
+"""The experiment scripts, every stage, at the tiny size of their ``SMALL=1`` mode.
+
+``SMALL=1`` shrinks budgets only (demonstrations, model, steps, batch, turn length, probes, evaluation
+questions; lld_experiment.sh's seeds 0-2 to seed 0), so what is checked is that each stage runs with the
+options it passes today and writes what the next stage and the report read; the figures are meaningless
+at this size. The stages run in order in one temporary ``OUT`` with the ``searchgym`` and ``python`` of
+the virtualenv running the tests. Every training run is its own ``searchgym`` process, and importing torch
+and transformers is most of each one's ~10 s of CPU, so the number of runs sets the cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+STAGE_TIMEOUT_S = 600  # a hang guard: the machine may be busy
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not Path("/usr/bin/time").is_file(), reason="the scripts time runs with /usr/bin/time"
+    ),
+]
+
+
+def run_stage(script: str, args: list[str], env: dict[str, str]) -> str:
+    """Runs ``scripts/SCRIPT ARGS``; fails the test with the output's tail on a non-zero exit."""
+    if shutil.which("searchgym", path=str(BIN)) is None:
+        pytest.skip(f"no searchgym command in {BIN}")
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=STAGE_TIMEOUT_S,
+    )
+    assert done.returncode == 0, (
+        f"{script} {' '.join(args)} exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    return done.stdout
+
+
+def small_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "SMALL": "1",
+        "OUT": str(tmp_path / "runs"),
+        "SEARCHGYM": str(BIN / "searchgym"),
+        "PYTHON": sys.executable,
+        "JOBS": "2",
+        "MPLBACKEND": "Agg",
+        **extra,
+    }
+
+
+def run_files(out: Path, runs: list[str]) -> list[str]:
+    """The files a finished GRPO run of the scripts leaves, missing ones only."""
+    return [
+        f"{run}/{name}"
+        for run in runs
+        for name in ("checkpoint.pt", "metrics.jsonl", "wall_s")
+        if not (out / run / name).is_file()
+    ]
+
+
+def test_the_usage_lists_the_stages() -> None:
+    for script in ("lld_experiment.sh", "lld2_experiment.sh"):
+        done = subprocess.run(["bash", str(ROOT / "scripts" / script)], capture_output=True, text=True)
+        assert done.returncode == 2 and "warmstart" in done.stdout and "SMALL=1" in done.stdout
+
+
+def test_lld_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
+    """docs/experiments/lld.md's stages: warmstart, calibrate, main, secondary, report (with plots)."""
+    env = small_env(tmp_path, LR="7e-4", PLOTS=str(tmp_path / "plots"))
+    out = Path(env["OUT"])
+    run_stage("lld_experiment.sh", ["warmstart"], env)
+    assert (out / "demos.jsonl").stat().st_size > 0 and (out / "sft" / "checkpoint.pt").is_file()
+    run_stage("lld_experiment.sh", ["calibrate"], env)
+    assert not run_files(out, [f"grpo_lr{lr}/s0" for lr in ("5e-4", "7e-4", "1e-3")])
+    log = run_stage("lld_experiment.sh", ["main"], env)
+    assert "skip" in log  # grpo_lr7e-4/s0 is stage A's run: reused, not run again
+    assert not run_files(out, [f"{arm}_lr7e-4/s0" for arm in ("grpo", "llds", "lldsma")])
+    run_stage("lld_experiment.sh", ["secondary"], env)
+    assert not run_files(out, ["llds05_lr7e-4/s0"])
+    report = run_stage("lld_experiment.sh", ["report"], env)
+    assert "verdict at lr 7e-4" in report and "reproduced:" in report
+    # Stage A's figure; stage B's need two seeds per arm, which SMALL=1 does not run.
+    assert (tmp_path / "plots" / "lld_stage_a.png").stat().st_size > 10_000
+
+
+def test_lld2_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
+    """docs/experiments/lld2.md's stages: warmstart, gate, extend, runs (arms A-D, seed 0), summarize, and
+    the report the summaries feed (``lld_report.py lld2``)."""
+    summaries = tmp_path / "summaries"
+    env = small_env(tmp_path, SUMMARIES=str(summaries))
+    out = Path(env["OUT"])
+    run_stage("lld2_experiment.sh", ["warmstart"], env)
+    assert (out / "sft" / "checkpoint.pt").is_file()
+    run_stage("lld2_experiment.sh", ["gate"], env)
+    gate = json.loads((summaries / "gate_sft.json").read_text())
+    assert gate["questions"] == 2 and isinstance(gate["passed"], bool)
+    run_stage("lld2_experiment.sh", ["extend", "1"], env)
+    assert (out / "sft_ext1" / "checkpoint.pt").is_file()
+    run_stage("lld2_experiment.sh", ["runs", "0"], env)
+    arms = ("A", "B", "C", "D")
+    assert not run_files(out, [f"{arm}/s0" for arm in arms])
+    # GRPO started from the newest SFT stage, and each finished run was summarized as it landed.
+    for arm in arms:
+        summary = json.loads((summaries / f"{arm}_s0.json").read_text())
+        assert summary["options"]["init"] == str(out / "sft_ext1" / "checkpoint.pt") and summary["steps"] == 2
+    run_stage("lld2_experiment.sh", ["summarize"], env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "lld_report.py"),
+            "lld2",
+            str(summaries),
+            "--plots",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=STAGE_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "gate gate_sft" in done.stdout and "C1 A collapses" in done.stdout
+    assert (tmp_path / "lld2_curves.png").stat().st_size > 10_000
