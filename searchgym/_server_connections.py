@@ -13,8 +13,9 @@ as the client likes, and enough of them exhaust the descriptors so that ``/healt
   in progress; only when every connection has a request in progress is the newcomer refused (503). So idle
   or slow connections cannot lock out ``/health``, whereas uvicorn's ``limit_concurrency`` answers 503 to
   everyone once they fill it.
-* **An abort hook** in every request's ``scope["state"]`` (key :data:`searchgym.server.ABORT_KEY`): the app
-  drops a connection that does not take its answer within the write deadline.
+* **An abort hook** in every request's ``scope["state"]`` (under the key the server passes in,
+  :data:`searchgym.server.ABORT_KEY`): the app drops a connection that does not take its answer within the
+  write deadline.
 
 Imported only when a server starts (it imports uvicorn and h11).
 """
@@ -28,8 +29,6 @@ import time
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
-
-from searchgym.server import ABORT_KEY
 
 __all__ = ["ACCEPT_BURST", "descriptor_budget", "protocol_class", "uvicorn_options"]
 
@@ -96,10 +95,11 @@ class _GuardedH11Protocol(H11Protocol):
 
     registry: ClassVar[_Connections]
     read_timeout: ClassVar[float]
+    abort_key: ClassVar[str]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.app_state = {**self.app_state, ABORT_KEY: self.abort}  # copied into each request's scope
+        self.app_state = {**self.app_state, self.abort_key: self.abort}  # copied into each request's scope
         self._deadline: asyncio.TimerHandle | None = None
         # Counted as soon as asyncio has accepted the socket: connection_made comes a loop turn later.
         self._admitted = self.registry.admit(self)
@@ -158,16 +158,16 @@ class _GuardedH11Protocol(H11Protocol):
         self.registry.open.discard(self)
 
 
-def uvicorn_options(read_timeout: float, max_connections: int) -> dict[str, Any]:
+def uvicorn_options(read_timeout: float, max_connections: int, abort_key: str) -> dict[str, Any]:
     """uvicorn ``Config`` options for a guarded server: :func:`protocol_class` and the accept burst.
 
     Serve on a socket from :func:`searchgym.server.bind_socket`, whose accept queue the small ``backlog``
     does not shrink.
     """
-    return {"http": protocol_class(read_timeout, max_connections), "backlog": ACCEPT_BURST}
+    return {"http": protocol_class(read_timeout, max_connections, abort_key), "backlog": ACCEPT_BURST}
 
 
-def protocol_class(read_timeout: float, max_connections: int) -> type[H11Protocol]:
+def protocol_class(read_timeout: float, max_connections: int, abort_key: str) -> type[H11Protocol]:
     """uvicorn's ``http`` protocol for one server (its own connection count); see the module docstring.
 
     The cap is ``max_connections``, or fewer when the file-descriptor limit (``ulimit -n``) leaves less
@@ -188,5 +188,6 @@ def protocol_class(read_timeout: float, max_connections: int) -> type[H11Protoco
         pass
 
     GuardedH11Protocol.registry = connections
+    GuardedH11Protocol.abort_key = abort_key
     GuardedH11Protocol.read_timeout = read_timeout
     return GuardedH11Protocol

@@ -536,7 +536,7 @@ def _uvicorn_server(app: Any, **options: Any) -> Any:
     limits = getattr(getattr(app, "state", None), "limits", None)
     if not isinstance(limits, ServerLimits):
         limits = ServerLimits()
-    guards = uvicorn_options(limits.read_timeout, limits.max_connections)
+    guards = uvicorn_options(limits.read_timeout, limits.max_connections, ABORT_KEY)
     return uvicorn.Server(uvicorn.Config(app, **guards, **options))
 
 
