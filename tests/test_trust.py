@@ -927,7 +927,16 @@ def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resu
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "searchgym.cli", "train", "grpo", "--run-dir", str(run), *GRPO_TINY]
     cmd += ["--steps", "500", "--save-every", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    # As from a terminal: a parent started in the background without job control (a CI runner) hands its
+    # children SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     checkpoint = run / "checkpoint.pt"
     deadline = time.monotonic() + 180
     while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
