@@ -240,18 +240,13 @@ def shell_lines(block: Block) -> list[Snippet]:
             statements.append((start, line))
         words = [w.rstrip(";") for w in words_of(line)]
         depth += words.count("do") - words.count("done")
-    return [
-        Snippet(
-            block.path,
-            start,
-            code,
-            block.skip
-            or next(
-                (m.reason for m in block.markers if m.prefix is not None and code.startswith(m.prefix)), None
-            ),
-        )
-        for start, code in statements
-    ]
+    return [Snippet(block.path, start, code, why_skipped(block, code)) for start, code in statements]
+
+
+def why_skipped(block: Block, command: str) -> str | None:
+    """The reason of the marker that covers a command of ``block``, or ``None``."""
+    by_prefix = (m.reason for m in block.markers if m.prefix is not None and command.startswith(m.prefix))
+    return block.skip or next(by_prefix, None)
 
 
 def words_of(line: str) -> list[str]:
