@@ -310,7 +310,9 @@ def audit(documents: Sequence[Path], first_hour: set[str], root: Path = ROOT) ->
             elif block.language in SHELL_LANGUAGES:
                 counts["bash blocks"] += 1
                 if block.skip:
-                    reasons.append(f"{block.id} ({len(lines)} lines): {block.skip}")
+                    reasons.append(
+                        f"{block.id} ({len(lines)} command{'s' * (len(lines) != 1)}): {block.skip}"
+                    )
                 for line in lines:
                     if line.skip:
                         counts["bash commands not run, with a reason"] += 1
@@ -389,7 +391,7 @@ def test_the_audit_catches_what_would_slip_through(tmp_path: Path) -> None:
     assert len(found.problems) == len(expected)
     assert all(p.startswith(e) for p, e in zip(found.problems, expected, strict=True)), found.problems
     assert found.counts["bash commands run"] == 2 and found.counts["data blocks (text, json ...)"] == 1
-    assert found.reasons == ["page.md:19 (1 lines): downloads a model"]
+    assert found.reasons == ["page.md:19 (1 command): downloads a model"]
 
 
 @pytest.fixture(scope="module")
