@@ -738,14 +738,15 @@ SESSIONS = shell_sessions()
 @pytest.mark.parametrize("document", list(SESSIONS))
 def test_documented_commands_run(document: str, tmp_path: Path, prerequisites: dict[str, Path]) -> None:
     work, env = scratch_folder(tmp_path)
-    ran, skipped = [], []
+    ran: list[str] = []
+    skipped: dict[str, list[str]] = {}  # reason -> the commands it covers
     for snippet in SESSIONS[document]:
         words = words_of(snippet.code)
         reason = snippet.skip
         if reason is None and any("../shared" in w for w in words) and not (SHARED / "data").is_dir():
             reason = f"reads ../shared, absent here ({SHARED})"
         if reason is not None:
-            skipped.append(f"{snippet.id}: {reason}")
+            skipped.setdefault(reason, []).append(snippet.id)
             continue
         with provided(words, work, prerequisites):
             if words[:1] and words[0] in SEARCHGYM and words[1:2] == ["serve"]:
@@ -759,9 +760,9 @@ def test_documented_commands_run(document: str, tmp_path: Path, prerequisites: d
             assert not missing, f"{snippet.id}: `{snippet.code}` exited 0 but did not write {missing}"
         ran.append(snippet.id)
     if not ran:
-        pytest.skip("; ".join(skipped))
+        pytest.skip("; ".join(f"{', '.join(ids)}: {reason}" for reason, ids in skipped.items()))
     if skipped:
-        print(f"{document}: not run: " + "; ".join(skipped))
+        print(f"{document}: not run: " + "; ".join(f"{', '.join(ids)}: {r}" for r, ids in skipped.items()))
 
 
 # --- the first hour: README's quickstart and "what next", literally, in a copy of the repository ----------
