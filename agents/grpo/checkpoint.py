@@ -57,6 +57,7 @@ __all__ = [
     "get_rng_state",
     "load_checkpoint",
     "load_training_state",
+    "peek_checkpoint",
     "remove_stale_temp_files",
     "save_checkpoint",
     "set_rng_state",
@@ -224,6 +225,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if "arch" in payload:
         check_arch(payload["arch"], payload.get("model", {}), path)
     return payload
+
+
+def peek_checkpoint(path: str | Path) -> dict[str, Any] | None:
+    """A checkpoint's payload with its tensors memory-mapped, not read: for its small fields (``step``,
+    ``kind``, ``config``) before or without a full load. Nothing is checked here (:func:`check_config` checks
+    a config); ``None`` when torch cannot read the file or it is not a mapping, and :func:`load_checkpoint`
+    then says what is wrong with it.
+    """
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    return payload if isinstance(payload, dict) else None
 
 
 def _check_fields(payload: dict[str, Any], path: Path) -> None:

@@ -20,7 +20,7 @@ from ..llm import LLMPolicy
 from .config import CommonConfig
 from .runtime import build_policy
 
-__all__ = ["ENV_SIZES", "export_env_sizes", "export_pretrained", "load_policy"]
+__all__ = ["ENV_SIZES", "checkpoint_env_sizes", "export_env_sizes", "export_pretrained", "load_policy"]
 
 EXPORT_NOTE = "searchgym_export.json"
 """The provenance note :func:`export_pretrained` writes beside the model files."""
@@ -109,18 +109,26 @@ def export_pretrained(checkpoint: str | Path, out_dir: str | Path, *, overwrite:
         "exported_from": str(Path(checkpoint).resolve()),
         "sha256": digest,
         "tokenizer": policy.tokenizer.name,
-        "env": _checkpoint_env_sizes(checkpoint),
+        "env": checkpoint_env_sizes(checkpoint),
     }
     (out / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
     return out
 
 
-def _checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:
-    """The :data:`ENV_SIZES` a checkpoint's config records (already checked by :func:`load_policy`)."""
-    import torch
+def checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:
+    """The :data:`ENV_SIZES` a checkpoint file's config records, read without loading its weights (``{}``
+    when torch cannot read the file: loading it says why).
 
-    payload = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    Raises:
+        CheckpointError: the config has a field of the wrong type or out of range.
+    """
+    from .checkpoint import check_config, peek_checkpoint
+
+    payload = peek_checkpoint(checkpoint)
+    if payload is None:
+        return {}
     config = payload.get("config", {})
+    check_config(config, payload.get("kind"), checkpoint)  # types and sizes, before an env is sized by them
     return {name: int(config[name]) for name in ENV_SIZES if name in config}
 
 

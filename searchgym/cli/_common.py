@@ -78,13 +78,9 @@ def _number(text: str) -> int:
 
 def _saved_step(checkpoint: Path) -> int | None:
     """The step a checkpoint file records, read without loading its tensors (``None`` if unreadable)."""
-    import torch
+    from searchgym.agents.grpo.checkpoint import peek_checkpoint
 
-    try:
-        payload = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # a damaged file: the resume itself will say what is wrong with it
-        return None
-    step = payload.get("step") if isinstance(payload, dict) else None
+    step = (peek_checkpoint(checkpoint) or {}).get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 

@@ -72,25 +72,15 @@ def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
         return {}
     path = args.agent[len("checkpoint:") :]
     names = [n for n in ("max_turn_tokens", "max_context_tokens") if getattr(args, n, None) is None]
+    from searchgym.agents.grpo.export import checkpoint_env_sizes, export_env_sizes
+
     if os.path.isdir(path):
-        from searchgym.agents.grpo.export import export_env_sizes
-
-        return {n: v for n, v in export_env_sizes(path).items() if n in names}
-    if not os.path.isfile(path):
+        sizes = export_env_sizes(path)
+    elif os.path.isfile(path):
+        sizes = checkpoint_env_sizes(path)  # the weights stay unread: load_agent loads and checks them once
+    else:
         return {}  # a missing file errors in load_agent
-    import torch
-
-    from searchgym.agents.grpo.checkpoint import check_config
-
-    # Only the config is read here: the weights stay memory-mapped, untouched, and load_agent loads and checks
-    # the file once. A file torch cannot read gets its clear CheckpointError there.
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
-        return {}
-    config = payload.get("config", {}) if isinstance(payload, dict) else {}
-    check_config(config, payload.get("kind"), path)  # types and sizes, before the env is sized by them
-    return {n: int(config[n]) for n in names if n in config}
+    return {n: v for n, v in sizes.items() if n in names}
 
 
 def run(args: argparse.Namespace) -> int:
