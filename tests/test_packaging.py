@@ -59,3 +59,18 @@ def test_readme_names_every_extra_and_what_all_holds() -> None:
     assert set(re.findall(r"`([\w-]+)`", before)) == in_all
     named_after = {name for name in re.findall(r"`([\w-]+)`", after) if name in extras}
     assert set(extras) - {"all", "dev"} == in_all | named_after
+
+
+MAX_MODULE_LINES = 800
+
+
+def test_no_module_is_over_800_lines() -> None:
+    """A module past 800 lines usually holds two jobs (issue 24): split it by job before it grows further."""
+    sizes = {
+        path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for folder in ("searchgym", "envs", "agents")
+        for path in (ROOT / folder).rglob("*.py")
+    }
+    assert len(sizes) > 50, "the package's modules were not found"
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
