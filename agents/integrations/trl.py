@@ -624,6 +624,20 @@ def _evaluate(trainer: Any, config: TRLConfig, tokenizer: Tokenizer) -> dict[str
     return evals
 
 
+def end_processes() -> None:
+    """Wait for every process, then take down the process group that ``train_trl`` set up.
+
+    A process that exits with a gloo group still alive can abort in its interpreter's teardown
+    ("terminate called without an active exception", pytorch/pytorch#190489), failing a run that
+    finished. Call it once, at the end of the program, in every process; a no-op in one process.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     """``searchgym train trl``: GRPO (+LLDS) on SearchQA with TRL's ``GRPOTrainer``.
 

@@ -28,6 +28,7 @@ from searchgym.agents.integrations.trl import (  # noqa: E402
     SearchQARollout,
     SearchQAToolEnv,
     check_trl_overrides,
+    end_processes,
     episode_reward,
     question_dataset,
     tool_env_dataset,
@@ -527,6 +528,21 @@ def _torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     return out
+
+
+def test_end_processes_takes_the_process_group_down(tmp_path: Path) -> None:
+    """The CLI's last act under torchrun: without it a gloo process can abort in its teardown."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert dist.is_initialized()
+        end_processes()
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    end_processes()  # no group: nothing to do
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from typing import Any
 from accelerate import Accelerator
 from trl.generation.vllm_generation import VLLMGeneration
 
-from searchgym.agents.integrations.trl import SearchQARollout
+from searchgym.agents.integrations.trl import SearchQARollout, end_processes
 from searchgym.tokenization import load_tokenizer
 
 ENV = {"max_turn_tokens": 16, "max_context_tokens": 320, "topk": 1, "max_turns": 3}
@@ -80,6 +80,7 @@ def main(out_dir: str) -> None:
         "prompt_lengths": [len(p) for p in out["prompt_ids"]],
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
+    end_processes()
 
 
 if __name__ == "__main__":
