@@ -106,6 +106,33 @@ def corpus_hash(passages: Sequence[Passage]) -> str:
     return digest.hexdigest()
 
 
+def check_same_corpus(
+    meta: dict[str, Any], passages: Sequence[Passage], *, kind: str, root: Path, count_key: str, fix: str
+) -> list[Passage]:
+    """The passages as a list, once checked to be the corpus the index in ``root`` was built from.
+
+    Args:
+        meta: The index's manifest; ``meta["corpus_hash"]`` is the :func:`corpus_hash` it was built from.
+        passages: The corpus given now.
+        kind: The index's kind, for the message ("BM25", "dense").
+        root: The index's folder, for the message.
+        count_key: The manifest's field holding the index's number of passages.
+        fix: What the user should do, the message's last words.
+
+    Raises:
+        ConfigError: a stale index: the corpora differ (both are named by size and hash).
+    """
+    given = list(passages)
+    expected = corpus_hash(given)
+    if meta.get("corpus_hash") != expected:
+        raise ConfigError(
+            f"stale {kind} index in {root}: it was built from a different corpus ({meta.get(count_key)!s:.20} "
+            f"passages, hash {str(meta.get('corpus_hash'))[:12]}…) than the one given ({len(given)} passages, "
+            f"hash {expected[:12]}…); {fix}"
+        )
+    return given
+
+
 def count_terms(
     passages: Sequence[Passage], analyzer: Analyzer, progress: bool
 ) -> tuple[sp.csr_matrix, dict[str, int]]:
@@ -258,14 +285,14 @@ def read_index(folder: str | Path, passages: Sequence[Passage], mmap: bool = Fal
             f"{root} holds a BM25 index of format {found!r:.20}, this version reads {INDEX_FORMAT}; rebuild it"
         )
     check_seal(meta, meta_path)
-    given = list(passages)
-    expected = corpus_hash(given)
-    if meta.get("corpus_hash") != expected:
-        raise ConfigError(
-            f"stale BM25 index in {root}: it was built from a different corpus "
-            f"({meta.get('passages')} passages, hash {str(meta.get('corpus_hash'))[:12]}…) than the one given "
-            f"({len(given)} passages, hash {expected[:12]}…); delete the folder or rebuild the index"
-        )
+    given = check_same_corpus(
+        meta,
+        passages,
+        kind="BM25",
+        root=root,
+        count_key="passages",
+        fix="delete the folder or rebuild the index",
+    )
     try:
         shape = tuple(int(s) for s in meta["shape"])
         vocab_list = meta["vocab"]
@@ -291,7 +318,7 @@ def read_index(folder: str | Path, passages: Sequence[Passage], mmap: bool = Fal
     _check_csr(arrays_path, data, indices, indptr, shape)
     weights = sp.csr_matrix((data, indices, indptr), shape=shape)
     weights.has_sorted_indices = True  # checked above
-    return SavedIndex(params, analyzer, vocab, weights, expected, given)
+    return SavedIndex(params, analyzer, vocab, weights, meta["corpus_hash"], given)
 
 
 #: The dtypes :func:`write_index` writes (any byte order is accepted).

@@ -19,7 +19,7 @@ from searchgym.data.types import Passage, Question
 from searchgym.errors import ConfigError, DataFormatError
 from searchgym.integrity import check_sealed_file
 from searchgym.retrieval.base import Hit, Retriever
-from searchgym.retrieval.bm25_index import corpus_hash
+from searchgym.retrieval.bm25_index import check_same_corpus
 from searchgym.retrieval.dense_index import (
     EMBEDDINGS,
     FAISS_FILE,
@@ -198,15 +198,8 @@ class DenseRetriever(Retriever):
         """
         root = Path(index_dir)
         meta = read_manifest(root)
-        passages = list(passages)
-        expected = corpus_hash(passages)
-        if meta.get("corpus_hash") != expected:
-            raise ConfigError(
-                f"stale dense index in {root}: it was built from a different corpus ({meta.get('count')} "
-                f"passages, hash {str(meta.get('corpus_hash'))[:12]}…) than the one given ({len(passages)} "
-                f"passages, hash {expected[:12]}…); rebuild it with `searchgym index dense ... --out {root}"
-                " --overwrite`"
-            )
+        fix = f"rebuild it with `searchgym index dense ... --out {root} --overwrite`"
+        passages = check_same_corpus(meta, passages, kind="dense", root=root, count_key="count", fix=fix)
         try:
             count, dim, index_type = meta["count"], meta["dim"], meta["index_type"]
             for name, value in (("count", count), ("dim", dim)):
