@@ -900,6 +900,23 @@ def test_more_episodes_than_questions_says_so_and_reports_distinct_questions(
     assert json.loads(captured.out)["questions"] == 20 and "note:" not in captured.err
 
 
+def test_demos_beyond_the_split_say_that_questions_repeat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.agents.demonstrations import read_demonstrations
+    from searchgym.cli import main
+
+    out = tmp_path / "d.jsonl"
+    argv = ["demos", "--split", "validation", "--out", str(out)]
+    assert main([*argv, "--episodes", "502"]) == 0
+    err = capsys.readouterr().err
+    assert "502 episodes over the 500 questions of split 'validation'" in err and "1 or 2 times" in err
+    demos = read_demonstrations(out)
+    assert len(demos) == 502 and demos[500].question_id == demos[0].question_id
+    assert main([*argv, "--episodes", "500"]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_eval_help_lists_every_agent_form(capsys: pytest.CaptureFixture[str]) -> None:
     from searchgym.cli import main
 

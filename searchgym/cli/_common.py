@@ -40,6 +40,28 @@ def positive_int(text: str) -> int:
     return value
 
 
+def repeats_note(episodes: int, questions: int, split: str, what: str) -> str | None:
+    """The stderr note for more episodes than the split has questions (episode i plays question i mod N).
+
+    Args:
+        episodes: Episodes asked for.
+        questions: Questions in the split.
+        split: The split's name.
+        what: What the repeats mean for this command's output, the note's last words.
+
+    Returns:
+        The note, or None when every episode plays another question.
+    """
+    if episodes <= questions:
+        return None
+    low, high = episodes // questions, -(-episodes // questions)
+    times = f"{low}" if low == high else f"{low} or {high}"
+    return (
+        f"note: {episodes} episodes over the {questions} questions of split {split!r}: each question is played "
+        f"{times} times (episode i plays question i mod {questions}, seeded seed+i); {what}"
+    )
+
+
 def interrupted_message(args: argparse.Namespace) -> str:
     """The one line printed when a command is stopped with Ctrl-C.
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from searchgym.cli._common import add_env_arguments, make_env, positive_int
+from searchgym.cli._common import add_env_arguments, make_env, positive_int, repeats_note
 
 COMMAND = ("demos",)
 HELP = "write token-level oracle demonstrations to JSONL (for supervised warm-start)"
@@ -30,7 +31,13 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.agents.demonstrations import generate_demonstrations, write_demonstrations
 
     env = make_env(args)
-    episodes = args.episodes or len(env.unwrapped.questions)
+    questions = len(env.unwrapped.questions)
+    episodes = args.episodes or questions
+    note = repeats_note(
+        episodes, questions, args.split, "a repeated question's demonstration weighs more in SFT"
+    )
+    if note is not None:
+        print(note, file=sys.stderr)
     demos = tqdm(generate_demonstrations(env, episodes, args.seed), total=episodes, desc="demos")
     n = write_demonstrations(demos, args.out)
     print(f"wrote {n} demonstrations to {args.out}")

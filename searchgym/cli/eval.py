@@ -17,6 +17,7 @@ from searchgym.cli._common import (
     load_agent,
     make_env,
     positive_int,
+    repeats_note,
 )
 
 COMMAND = ("eval",)
@@ -98,15 +99,11 @@ def run(args: argparse.Namespace) -> int:
     env = make_env(args, **overrides)
     agent = load_agent(args.agent, env, seed=args.seed)
     questions = min(args.episodes, len(env.unwrapped.questions))  # distinct questions played
-    if args.episodes > questions:
-        low, high = args.episodes // questions, -(-args.episodes // questions)
-        times = f"{low}" if low == high else f"{low} or {high}"
-        print(
-            f"note: {args.episodes} episodes over the {questions} questions of split {args.split!r}: each "
-            f"question is played {times} times (episode i plays question i mod {questions}, seeded seed+i); "
-            "the figures average over episodes",
-            file=sys.stderr,
-        )
+    note = repeats_note(
+        args.episodes, len(env.unwrapped.questions), args.split, "the figures average over episodes"
+    )
+    if note is not None:
+        print(note, file=sys.stderr)
     if args.out is None:
         summary = evaluate(env, agent, args.episodes, seed=args.seed, progress=not args.no_progress)
     else:
