@@ -11,6 +11,7 @@
   verify them on load (a flipped bit, an edited field, or files of two different builds are refused).
 * :func:`temp_path` names a temporary file ``.NAME.PID.RANDOM.tmp`` beside its destination, and
   :func:`remove_stale_temp_files` deletes those (and the older ``.NAME.PID`` forms) that dead processes left.
+* :func:`sigint_held` holds Ctrl-C back while a write that must finish once started runs.
 
 Nothing here imports torch.
 """
@@ -21,8 +22,10 @@ import hashlib
 import json
 import os
 import re
+import signal
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ __all__ = [
     "file_sha256",
     "remove_stale_temp_files",
     "seal",
+    "sigint_held",
     "temp_path",
 ]
 
@@ -222,6 +226,32 @@ def temp_path(path: str | Path) -> Path:
     """A fresh temporary name beside ``path``: ``.NAME.PID.RANDOM.tmp`` (see :func:`remove_stale_temp_files`)."""
     path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+
+
+@contextmanager
+def sigint_held() -> Iterator[None]:
+    """Holds Ctrl-C (SIGINT) back until the block ends, then delivers it as it would have been.
+
+    For writes that must finish once started: a KeyboardInterrupt raised inside ``torch.save``'s zip writer
+    comes out as ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos`` (a traceback instead
+    of the interruption, and no saved checkpoint named). The block's own errors pass through unchanged. In
+    a thread other than the main one (which cannot set signal handlers) the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[Any] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, received[0])  # Python's own: raises KeyboardInterrupt here
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
+            # SIG_IGN, or a handler not set from Python (None): dropped, as it would have been
 
 
 def remove_stale_temp_files(folder: str | Path, names: Iterable[str] | None = None) -> list[Path]:

@@ -942,8 +942,18 @@ def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resu
     import time
 
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "searchgym.cli", "train", "grpo", "--run-dir", str(run), *GRPO_TINY]
-    cmd += ["--steps", "500", "--save-every", "1"]
+    cmd = [
+        sys.executable,
+        "-X",
+        "faulthandler",
+        "-m",
+        "searchgym.cli",
+        "train",
+        "grpo",
+        "--run-dir",
+        str(run),
+    ]
+    cmd += [*GRPO_TINY, "--steps", "500", "--save-every", "1"]
     # As from a terminal: a parent started in the background without job control (a CI runner) hands its
     # children SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
     proc = subprocess.Popen(
@@ -960,7 +970,12 @@ def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resu
         time.sleep(0.05)
     assert checkpoint.exists() and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # seen once in CI, not reproduced: keep what it was doing
+        proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+        _, err = proc.communicate(timeout=60)
+        pytest.fail(f"train grpo still running 120 s after Ctrl-C; its threads:\n{err[-8000:]}")
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -969,6 +984,72 @@ def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resu
     saved = load_checkpoint(checkpoint)["step"]
     assert f"holds step {saved};" in last
     assert last.endswith(f"continue with: searchgym train grpo --run-dir {run} --resume")
+
+
+@pytest.fixture
+def python_sigint() -> Any:
+    """SIGINT raises KeyboardInterrupt in this test, as in a terminal (a background CI start ignores it)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_inside_a_checkpoint_write_arrives_once_the_checkpoint_is_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, python_sigint: Any
+) -> None:
+    """Ctrl-C at a write of torch.save's zip writer used to come out as ``RuntimeError: ... unexpected pos``
+    (a traceback and exit 1 instead of the one-line interruption; seen once in 10 interrupted runs)."""
+    import signal
+
+    real_save = torch.save
+
+    def save_hit_by_ctrl_c(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        writes = 0
+
+        class Interrupted:  # the file torch.save writes through: Ctrl-C arrives at its third write
+            def write(self, data: bytes) -> int:
+                nonlocal writes
+                writes += 1
+                if writes == 3:
+                    signal.raise_signal(signal.SIGINT)
+                return int(f.write(data))
+
+            def flush(self) -> None:
+                f.flush()
+
+        real_save(obj, Interrupted(), *args, **kwargs)
+        assert writes > 3
+
+    monkeypatch.setattr(torch, "save", save_hit_by_ctrl_c)
+    path = tmp_path / "checkpoint.pt"
+    payload = {"step": 7, "weights": torch.ones(64)}
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, payload)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # in place, no temporary left
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["step"] == 7 and torch.equal(loaded["weights"], payload["weights"])
+
+
+def test_sigint_held_delivers_drops_or_passes_through_as_the_handler_says(python_sigint: Any) -> None:
+    import signal
+
+    from searchgym.integrity import sigint_held
+
+    finished = []
+    with pytest.raises(KeyboardInterrupt), sigint_held():
+        signal.raise_signal(signal.SIGINT)
+        finished.append("block")  # the block runs to its end first
+    assert finished == ["block"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with sigint_held():  # nothing received: nothing raised
+        pass
+    with pytest.raises(ValueError, match="own error"), sigint_held():
+        raise ValueError("the block's own error")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an ignored Ctrl-C stays ignored
+    with sigint_held():
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
 def test_ctrl_c_messages_of_each_training_command(tmp_path: Path) -> None:

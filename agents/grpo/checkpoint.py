@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from searchgym.errors import CheckpointError
-from searchgym.integrity import remove_stale_temp_files, temp_path
+from searchgym.integrity import remove_stale_temp_files, sigint_held, temp_path
 
 __all__ = [
     "FORMAT",
@@ -124,18 +124,20 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     # Named .NAME.PID.RANDOM.tmp so that the next start can tell a dead run's leftover from a live save.
     tmp = temp_path(path)
     crc = torch.serialization.get_crc32_options()
-    try:
-        torch.serialization.set_crc32_options(True)  # the CRCs are the integrity check on load
-        with tmp.open("xb") as f:
-            torch.save({"format": FORMAT, **payload}, f)
-            f.flush()
-            os.fsync(f.fileno())  # the data must be on disk before the rename makes it the checkpoint
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        torch.serialization.set_crc32_options(crc)
+    # Ctrl-C during the write is delivered once the checkpoint is in place (see sigint_held).
+    with sigint_held():
+        try:
+            torch.serialization.set_crc32_options(True)  # the CRCs are the integrity check on load
+            with tmp.open("xb") as f:
+                torch.save({"format": FORMAT, **payload}, f)
+                f.flush()
+                os.fsync(f.fileno())  # the data must be on disk before the rename makes it the checkpoint
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        finally:
+            torch.serialization.set_crc32_options(crc)
     return path
 
 
