@@ -1106,3 +1106,17 @@ def test_a_bad_export_note_is_a_checkpoint_error(tmp_path: Path, env: Any) -> No
     (tmp_path / "searchgym_export.json").write_text('{"env": {"max_turn_tokens": 1' + "0" * 5000 + "}}")
     with pytest.raises(CheckpointError, match="not a readable export note"):
         export_env_sizes(tmp_path)
+
+
+def test_every_test_docs_security_names_exists() -> None:
+    """docs/security.md keeps each promise with the test that keeps it: a renamed or deleted test is caught."""
+    import re
+
+    named = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "security.md").read_text(encoding="utf-8")))
+    defined = {
+        m
+        for path in (ROOT / "tests").rglob("*.py")
+        for m in re.findall(r"^def (test_\w+)", path.read_text(), re.M)
+    }
+    assert len(named) >= 30
+    assert sorted(named - defined) == []
