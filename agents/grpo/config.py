@@ -13,14 +13,16 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, ClassVar, Literal, TypeVar, get_args, get_origin
 
 from searchgym.errors import ConfigError
 
 __all__ = [
+    "ADVANTAGE_CHOICES",
     "LLDS_CHOICES",
     "MA_SCHEDULES",
     "MINIBATCH_PLANS",
+    "REWARDS",
     "CommonConfig",
     "GRPOConfig",
     "GroupedLLDS",
@@ -33,6 +35,8 @@ __all__ = [
 LLDS_CHOICES: tuple[str, ...] = ("none", "token", "response", "action")
 MINIBATCH_PLANS: tuple[str, ...] = ("groups", "shuffle")
 MA_SCHEDULES: tuple[str, ...] = ("paper", "code")
+REWARDS: tuple[str, ...] = ("em", "subem", "f1")
+ADVANTAGE_CHOICES: tuple[str, ...] = ("group", "mean", "sign")
 """``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
 
 
@@ -73,6 +77,9 @@ class CommonConfig:
         48, "token cap per turn (the tiny model's turns are < 20 tokens; Search-R1 uses 500 for a real LM)"
     )
     max_context_tokens: int = option(1024, "context size (transcript cap; ~4096 for a real LM)")
+    reward: Literal["em", "subem", "f1"] = option(
+        "em", "episode reward, in training and in evaluations: exact match, substring EM or token F1"
+    )
     lr: float = option(3e-4, "learning rate (use ~1e-6 for a 3B model)")
     warmup_steps: int = option(0, "linear learning-rate warm-up, in optimizer updates")
     warmup_start_lr: float | None = option(
@@ -92,14 +99,20 @@ class CommonConfig:
     progress: bool = option(True, "show a tqdm progress bar")
     tensorboard: bool = option(True, "also write TensorBoard events when tensorboard is installed")
 
+    FROZEN_CONTROL: ClassVar[bool] = False
+    """Whether ``lr == 0`` is allowed (GRPO's frozen control); every other entry point needs a rate."""
+
     def __post_init__(self) -> None:
         for name in ("tiny_layers", "tiny_hidden", "topk", "max_turns", "max_turn_tokens", "eval_batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_context_tokens < 16:
             raise ConfigError(f"max_context_tokens must be >= 16, got {self.max_context_tokens}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not (self.lr > 0 or (self.lr == 0 and self.FROZEN_CONTROL)):
+            hint = " (--lr 0, the frozen control, is a GRPO option)" if self.lr == 0 else ""
+            raise ConfigError(f"lr must be > 0, got {self.lr}{hint}")
+        if self.reward not in REWARDS:
+            raise ConfigError(f"unknown reward {self.reward!r}; choose one of {list(REWARDS)}")
         if self.lr_schedule not in ("constant", "linear"):
             raise ConfigError(f"lr_schedule must be 'constant' or 'linear', got {self.lr_schedule!r}")
         for name in ("warmup_steps", "eval_questions"):
@@ -131,6 +144,7 @@ class CommonConfig:
             "max_turns": self.max_turns,
             "max_turn_tokens": self.max_turn_tokens,
             "max_context_tokens": self.max_context_tokens,
+            "reward": self.reward,
         }
 
 
@@ -221,7 +235,7 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "from the init checkpoint the run recorded",
     )
     steps: int = option(100, "rollout batches to train on")
-    questions_per_step: int = option(10, "questions per rollout batch")
+    questions_per_step: int = option(10, "questions per rollout batch (groups per step)")
     group_size: int = option(5, "responses per question (G)")
     temperature: float = option(1.0, "sampling temperature of the rollouts")
     epochs: int = option(1, "passes over each rollout batch (reference: 1, each trajectory used once)")
@@ -249,6 +263,25 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "from that forward by more than 1e-3 (a bf16 model), when the rest are re-scored before the first "
         "optimizer step. --rescore-pi-old: a separate no-grad pass re-scores all of them (exact lld/ zeros on a "
         "step that changes nothing, one forward pass more); --no-rescore-pi-old: the sampler's log-probs for all",
+    )
+    advantage: Literal["group", "mean", "sign"] = option(
+        "group",
+        "group: (r - mean) / (std + eps) within the group (GRPO); mean: r - mean (Dr. GRPO); sign: 2r - 1, a "
+        "fixed reference with no group statistics",
+    )
+    filter_groups: bool = option(
+        False,
+        "DAPO's dynamic sampling: draw further question batches until the step holds questions_per_step groups "
+        "whose rewards are not all equal (at most --max-gen-batches batches; short steps are topped up with "
+        "uninformative groups, rollout/informative_frac says how many were informative)",
+    )
+    max_gen_batches: int = option(4, "the most question batches --filter-groups samples per step")
+    adam_betas: str = option("0.9,0.999", "AdamW's beta1,beta2")
+    adam_eps: float = option(1e-8, "AdamW's epsilon")
+    log_gns: bool = option(
+        False,
+        "log train/gns_groups every step: the gradient noise scale in groups, from micro-batch and mini-batch "
+        "gradient norms (McCandlish et al. 2018); needs micro-batches smaller than the mini-batch",
     )
     clip_eps: float = option(0.2, "PPO clip range")
     ratio_cap: float = option(
@@ -318,16 +351,21 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
     warning_window: int = option(
         3, "early-warning rule: lld/warning is 1 after this many consecutive steps with delta_adv_pos <= 0"
     )
+    probe_every: int = option(
+        1, "score the probe sets every N steps (and at the first and last); lld/probe_* are absent in between"
+    )
     eval_at_start: bool = option(
         True, "evaluate the initial policy as step 0 (the warm-start line in plots; needs eval_questions)"
     )
     eval_every: int = option(0, "evaluate greedily on eval_questions every N steps (0: only at the end)")
     save_every: int = option(10, "write RUN_DIR/checkpoint.pt every N steps (0: only at the end)")
 
+    FROZEN_CONTROL: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_groups_and_llds()
-        for name in ("steps", "epochs", "warning_window"):
+        for name in ("steps", "epochs", "warning_window", "max_gen_batches", "probe_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.minibatch_plan not in MINIBATCH_PLANS:
@@ -365,6 +403,38 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
             raise ConfigError("llds_ledger needs a ledger: --ledger-size must be >= 1")
         if self.eval_every < 0 or self.save_every < 0:
             raise ConfigError("eval_every and save_every must be >= 0 (0: only at the end)")
+        if self.advantage not in ADVANTAGE_CHOICES:
+            raise ConfigError(
+                f"unknown advantage {self.advantage!r}; choose one of {list(ADVANTAGE_CHOICES)}"
+            )
+        b1, b2 = self.betas
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ConfigError(f"adam_betas must both be in [0, 1), got {self.adam_betas!r}")
+        if not self.adam_eps > 0:
+            raise ConfigError(f"adam_eps must be > 0, got {self.adam_eps}")
+        if self.log_gns and (
+            self.micro_batch_size is None or self.micro_batch_size >= self.minibatch_responses
+        ):
+            raise ConfigError(
+                "log_gns compares micro-batch and mini-batch gradients: set --micro-batch-size below "
+                f"minibatch_size={self.minibatch_responses} (e.g. one group, {self.group_size})"
+            )
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        """``adam_betas`` as two floats."""
+        try:
+            b1, b2 = (float(x) for x in self.adam_betas.split(","))
+        except ValueError:
+            raise ConfigError(
+                f"adam_betas must be two numbers, 'B1,B2' (e.g. 0.9,0.99), got {self.adam_betas!r}"
+            ) from None
+        return b1, b2
+
+    @property
+    def frozen(self) -> bool:
+        """The frozen control (``lr == 0``): everything a training arm does except the optimizer step."""
+        return self.lr == 0
 
     @property
     def ledger_responses(self) -> int:

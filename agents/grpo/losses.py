@@ -15,8 +15,6 @@ under its own namespace (``train/clip_frac`` …). The maths, in the paper's not
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Sequence
 from typing import Literal, get_args
 
 try:
@@ -27,24 +25,22 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError("torch", "train", "GRPO training") from e
 
-from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
-from searchgym.protocol import ACTION_PATTERN
 
 from .config import MA_SCHEDULES
 
 __all__ = [
+    "ADVANTAGES",
     "GATES",
     "KL_VALUE_CAP",
     "MA_SCHEDULES",
-    "PROBE_ACTIONS",
     "RATIO_CAP",
     "Gate",
     "action_ids",
     "adaptive_answer_weight",
-    "answer_span_mask",
     "answer_weights",
     "broadcast_advantages",
+    "compute_advantages",
     "displacement_by_advantage",
     "entropy_bonus",
     "entropy_from_logits",
@@ -57,18 +53,16 @@ __all__ = [
     "likelihood_metrics",
     "llds_loss",
     "masked_mean",
+    "mean_advantages",
     "policy_loss",
-    "probe_masks",
     "probe_metrics",
+    "sign_advantages",
 ]
 
 Gate = Literal["action", "response", "token"]
 """Where LLDS decides whether to regularise: per action (default), per response, or per token (no gate)."""
 
 GATES: tuple[str, ...] = get_args(Gate)
-
-# Same pattern as the environment's parser, on bytes so that offsets map to tokens exactly.
-_ACTION_PATTERN_BYTES = re.compile(ACTION_PATTERN.pattern.encode(), re.DOTALL)
 
 # A floor/ceiling on every log-ratio before exp(): far inside float32's range (e^88 overflows), far outside
 # anything the caps below let through. Purely numerical; the caps are the modelling choice.
@@ -122,6 +116,27 @@ def _float(x: Tensor | float) -> float:
 # -- advantages ----------------------------------------------------------------------------------------
 
 
+def _groups(rewards: Tensor, group_ids: Tensor | int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(r, inverse, count, mean)``: float rewards, each response's group index, and per-group size and
+    mean reward (see :func:`group_advantages` for ``group_ids``)."""
+    r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
+    if r.dim() != 1:
+        raise ConfigError(f"rewards must have shape (B,), got {tuple(r.shape)}")
+    n = r.shape[0]
+    if isinstance(group_ids, int):
+        if group_ids < 1 or n % group_ids:
+            raise ConfigError(f"group size {group_ids} must be >= 1 and divide the batch size {n}")
+        inverse = torch.arange(n, device=r.device) // group_ids
+    else:
+        if group_ids.shape != r.shape:
+            raise ConfigError(f"group_ids must have shape {tuple(r.shape)}, got {tuple(group_ids.shape)}")
+        inverse = torch.unique(group_ids, return_inverse=True)[1].to(r.device)
+    groups = int(inverse.max()) + 1 if n else 0
+    count = torch.zeros(groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, torch.ones_like(r))
+    mean = torch.zeros_like(count).index_add_(0, inverse, r) / count
+    return r, inverse, count, mean
+
+
 def group_advantages(rewards: Tensor, group_ids: Tensor | int, eps: float = 1e-6) -> Tensor:
     """GRPO's group-normalised advantages ``A_i = (r_i - mean_g(r)) / (std_g(r) + eps)``.
 
@@ -139,21 +154,7 @@ def group_advantages(rewards: Tensor, group_ids: Tensor | int, eps: float = 1e-6
     Returns:
         ``(B,)`` float advantages.
     """
-    r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
-    if r.dim() != 1:
-        raise ConfigError(f"rewards must have shape (B,), got {tuple(r.shape)}")
-    n = r.shape[0]
-    if isinstance(group_ids, int):
-        if group_ids < 1 or n % group_ids:
-            raise ConfigError(f"group size {group_ids} must be >= 1 and divide the batch size {n}")
-        inverse = torch.arange(n, device=r.device) // group_ids
-    else:
-        if group_ids.shape != r.shape:
-            raise ConfigError(f"group_ids must have shape {tuple(r.shape)}, got {tuple(group_ids.shape)}")
-        inverse = torch.unique(group_ids, return_inverse=True)[1].to(r.device)
-    groups = int(inverse.max()) + 1 if n else 0
-    count = torch.zeros(groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, torch.ones_like(r))
-    mean = torch.zeros_like(count).index_add_(0, inverse, r) / count
+    r, inverse, count, mean = _groups(rewards, group_ids)
     centred = r - mean[inverse]
     sq = torch.zeros_like(count).index_add_(0, inverse, centred**2)
     std = (sq / (count - 1).clamp(min=1)).sqrt()
@@ -161,6 +162,46 @@ def group_advantages(rewards: Tensor, group_ids: Tensor | int, eps: float = 1e-6
     informative = (count > 1) & (std > 0)
     adv = centred / torch.where(informative, std + eps, 1.0)[inverse]
     return torch.where(informative[inverse], adv, torch.zeros_like(adv))
+
+
+def mean_advantages(rewards: Tensor, group_ids: Tensor | int) -> Tensor:
+    """Dr. GRPO's unscaled advantages ``A_i = r_i - mean_g(r)``: the group baseline without dividing by the
+    group's standard deviation, so a nearly-solved (or nearly-failed) question weighs less, not the same.
+
+    A singleton group gets 0. Arguments as :func:`group_advantages`.
+    """
+    r, inverse, count, mean = _groups(rewards, group_ids)
+    return torch.where(count[inverse] > 1, r - mean[inverse], torch.zeros_like(r))
+
+
+def sign_advantages(rewards: Tensor) -> Tensor:
+    """A fixed-reference advantage ``A_i = 2 r_i - 1``: +1 for a correct response, -1 for a wrong one
+    (rewards in ``[0, 1]``; an F1 reward maps linearly onto ``[-1, 1]``). No group statistics: a group whose
+    responses all fail still pushes them down, so zero-variance groups are not silent.
+    """
+    r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
+    if r.dim() != 1:
+        raise ConfigError(f"rewards must have shape (B,), got {tuple(r.shape)}")
+    return 2.0 * r - 1.0
+
+
+ADVANTAGES: tuple[str, ...] = ("group", "mean", "sign")
+"""``--advantage`` values: :func:`group_advantages`, :func:`mean_advantages`, :func:`sign_advantages`."""
+
+
+def compute_advantages(rewards: Tensor, group_ids: Tensor | int, kind: str = "group") -> Tensor:
+    """The advantages of ``kind`` (one of :data:`ADVANTAGES`) for ``rewards`` in groups ``group_ids``.
+
+    Raises:
+        ConfigError: an unknown ``kind``.
+    """
+    if kind == "group":
+        return group_advantages(rewards, group_ids)
+    if kind == "mean":
+        return mean_advantages(rewards, group_ids)
+    if kind == "sign":
+        return sign_advantages(rewards)
+    raise ConfigError(f"unknown advantage {kind!r}; choose one of {list(ADVANTAGES)}")
 
 
 def broadcast_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
@@ -371,44 +412,6 @@ def _segment_sums(values: Tensor, segments: Tensor) -> tuple[Tensor, Tensor]:
         return torch.zeros_like(values), sums
     sums.index_add_(0, flat, torch.where(inside, values, 0.0).reshape(-1))
     return torch.where(inside, sums[flat].reshape(values.shape), 0.0), sums
-
-
-def answer_span_mask(tokens: Tensor, sources: Tensor, token_bytes: Sequence[bytes]) -> Tensor:
-    """Marks the tokens of the final ``<answer> … </answer>`` span of each response, tags included.
-
-    The span is looked for in the last action (the last run of policy tokens) only, with the
-    environment's own rule: the first ``<search>…</search>`` or ``<answer>…</answer>`` pair of the turn
-    decides, on its bytes. A response whose last action is not an answer (turn budget or context limit
-    reached) gets no span. A token is in the span when any of its bytes is.
-
-    Args:
-        tokens: ``(B, T)`` token ids of the transcripts.
-        sources: ``(B, T)`` who wrote each token (``Source``: 2 = policy).
-        token_bytes: The tokenizer's bytes of every id (``Tokenizer.token_bytes``).
-
-    Returns:
-        ``(B, T)`` bool mask.
-    """
-    policy = sources == int(Source.POLICY)
-    ids = action_ids(policy)
-    out = torch.zeros(tokens.shape, dtype=torch.bool)
-    tok = tokens.cpu().tolist()
-    for b, row in enumerate(ids.cpu()):
-        last = int(row.max())
-        if last < 0:
-            continue
-        positions = (row == last).nonzero().flatten().tolist()
-        pieces = [token_bytes[tok[b][t]] for t in positions]
-        match = _ACTION_PATTERN_BYTES.search(b"".join(pieces))
-        if match is None or match.group(1) != b"answer":
-            continue
-        lo, hi = match.span()
-        at = 0
-        for t, piece in zip(positions, pieces, strict=True):
-            if at < hi and at + len(piece) > lo:
-                out[b, t] = True
-            at += len(piece)
-    return out.to(tokens.device)
 
 
 def adaptive_answer_weight(mean_valid_searches: float, schedule: str = "code") -> float:
@@ -663,46 +666,6 @@ def ledger_displacement(
             "ledger_frac_displaced": float((per_resp < -tol).float().mean()),
             "ledger_size": float(n),
         }
-
-
-PROBE_ACTIONS: tuple[str, ...] = ("first", "search", "answer")
-"""The action kinds the probe set is scored by: the first action, search actions, the final answer span."""
-
-
-def probe_masks(tokens: Tensor, sources: Tensor, token_bytes: Sequence[bytes]) -> dict[str, Tensor]:
-    """Per-token masks of the probe set's action kinds (see :data:`PROBE_ACTIONS`), policy tokens only.
-
-    * ``first``: the tokens of each response's first action (its first run of policy tokens);
-    * ``search``: the tokens of every action that is a search (``<search>…</search>`` decides the turn);
-    * ``answer``: the final ``<answer>…</answer>`` span, tags included (:func:`answer_span_mask`).
-
-    Args:
-        tokens: ``(B, T)`` token ids of the transcripts.
-        sources: ``(B, T)`` who wrote each token (``Source``).
-        token_bytes: The tokenizer's bytes of every id.
-
-    Returns:
-        ``{"all": policy mask, "first": …, "search": …, "answer": …}``, each ``(B, T)`` bool.
-    """
-    policy = sources == int(Source.POLICY)
-    ids = action_ids(policy)
-    search = torch.zeros_like(policy)
-    tok = tokens.cpu().tolist()
-    for b, row in enumerate(ids.cpu().tolist()):
-        actions: dict[int, list[int]] = {}
-        for t, k in enumerate(row):
-            if k >= 0:
-                actions.setdefault(k, []).append(t)
-        for positions in actions.values():
-            match = _ACTION_PATTERN_BYTES.search(b"".join(token_bytes[tok[b][t]] for t in positions))
-            if match is not None and match.group(1) == b"search":
-                search[b, positions] = True
-    return {
-        "all": policy,
-        "first": ids == 0,
-        "search": search.to(policy.device),
-        "answer": answer_span_mask(tokens, sources, token_bytes),
-    }
 
 
 def probe_metrics(logp: Tensor, masks: dict[str, Tensor]) -> dict[str, float]:

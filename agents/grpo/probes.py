@@ -18,9 +18,9 @@ from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import ConfigError
 
 from .config import GRPOConfig
-from .rollout import RolloutBatch, collect_rollouts, pad_transcripts, summarize_episodes
+from .rollout import RolloutBatch, collect_rollouts, concat_batches, pad_transcripts, summarize_episodes
 
-__all__ = ["concat_batches", "onpolicy_probes", "oracle_probe"]
+__all__ = ["onpolicy_probes", "oracle_probe"]
 
 
 def oracle_probe(cfg: GRPOConfig, tokenizer: Any) -> RolloutBatch | None:
@@ -117,19 +117,3 @@ def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatc
             }
         summary[f"probe_onpolicy_{name}_size"] = float(found)
     return probes, summary
-
-
-def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
-    """The rows of several batches in one, re-padded to the longest transcript (empty without rows)."""
-    lengths = [int(n) for b in batches for n in b.attention_mask.sum(dim=1).tolist()]
-    rows = [(b, i) for b in batches for i in range(len(b))]
-    tokens, mask, sources = pad_transcripts(
-        [b.tokens[i, :n].numpy() for (b, i), n in zip(rows, lengths, strict=True)],
-        [b.sources[i, :n].numpy() for (b, i), n in zip(rows, lengths, strict=True)],
-        pad_id,
-    )
-    logp = torch.zeros(tokens.shape, dtype=torch.float32)
-    for j, ((b, i), n) in enumerate(zip(rows, lengths, strict=True)):
-        logp[j, :n] = b.logp_old[i, :n]
-    rewards = torch.tensor([float(b.rewards[i]) for b, i in rows], dtype=torch.float32)
-    return RolloutBatch(tokens, mask, sources, logp, rewards, [b.infos[i] for b, i in rows])

@@ -21,7 +21,14 @@ from searchgym.envs.vector import SearchQAVectorEnv
 
 from ..llm import LLMPolicy
 
-__all__ = ["RolloutBatch", "collect_rollouts", "evaluate_policy", "pad_transcripts", "summarize_episodes"]
+__all__ = [
+    "RolloutBatch",
+    "collect_rollouts",
+    "concat_batches",
+    "evaluate_policy",
+    "pad_transcripts",
+    "summarize_episodes",
+]
 
 
 @dataclass
@@ -174,12 +181,31 @@ def collect_rollouts(
     return RolloutBatch(tokens, mask, sources, logp_old, rewards, env.episode_infos())
 
 
+def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """The rows of several batches in one, re-padded to the longest transcript (empty without rows)."""
+    lengths = [int(n) for b in batches for n in b.attention_mask.sum(dim=1).tolist()]
+    rows = [(b, i) for b in batches for i in range(len(b))]
+    tokens, mask, sources = pad_transcripts(
+        [b.tokens[i, :n].numpy() for (b, i), n in zip(rows, lengths, strict=True)],
+        [b.sources[i, :n].numpy() for (b, i), n in zip(rows, lengths, strict=True)],
+        pad_id,
+    )
+    logp = torch.zeros(tokens.shape, dtype=torch.float32)
+    for j, ((b, i), n) in enumerate(zip(rows, lengths, strict=True)):
+        logp[j, :n] = b.logp_old[i, :n]
+    rewards = torch.tensor([float(b.rewards[i]) for b, i in rows], dtype=torch.float32)
+    return RolloutBatch(tokens, mask, sources, logp, rewards, [b.infos[i] for b, i in rows])
+
+
 @torch.no_grad()
-def evaluate_policy(policy: LLMPolicy, env: SearchQAVectorEnv, questions: int) -> dict[str, float]:
+def evaluate_policy(
+    policy: LLMPolicy, env: SearchQAVectorEnv, questions: int, episodes: list[dict[str, Any]] | None = None
+) -> dict[str, float]:
     """Greedy (or however ``policy`` is set) play on the first ``questions`` questions of ``env``'s split.
 
     Episodes run ``env.num_envs`` at a time through the vector env; the last, partial batch repeats its
-    final question and ignores the extra episodes.
+    final question and ignores the extra episodes. ``episodes``, when given, receives each episode's info
+    dict, in question order (for paired comparisons of two policies question by question).
 
     Returns:
         ``em``, ``f1``, ``searches`` (per episode), ``answered`` (share ending with an answer),
@@ -193,6 +219,8 @@ def evaluate_policy(policy: LLMPolicy, env: SearchQAVectorEnv, questions: int) -
         observations, _ = env.reset(seed=0, options={"group_size": 1, "question_ids": padded})
         _play(env, policy, observations)
         infos.extend(env.episode_infos()[: len(chunk)])
+    if episodes is not None:
+        episodes.extend(infos)
     return summarize_episodes(infos)
 
 

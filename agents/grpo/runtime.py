@@ -45,7 +45,11 @@ _Config = TypeVar("_Config", bound=CommonConfig)
 CHECKPOINT = "checkpoint.pt"
 """A run's checkpoint, in its folder."""
 
-RUN_FILES = (CHECKPOINT, "metrics.jsonl", "tb")
+EVAL_EPISODES = "eval_episodes.jsonl"
+"""Per-question outcomes of a GRPO run's evaluations, one JSON line each (``GRPOTrainer.evaluate``); a resumed
+run appends, so the last line of a (step, question) pair is the one that counts."""
+
+RUN_FILES = (CHECKPOINT, "metrics.jsonl", "tb", EVAL_EPISODES)
 """What a training run writes into its folder: a folder holding any of them holds a run."""
 
 RESUMABLE_OPTIONS = frozenset(
@@ -192,14 +196,18 @@ def read_model_config(spec: str) -> dict[str, Any]:
 def make_optimizer(
     model: Any, config: CommonConfig, total_updates: int | None = None
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable parameters with a linear warm-up to ``config.lr`` (from
+    """AdamW (``betas`` and ``adam_eps`` from the config when it has them) over the trainable parameters with a linear warm-up to ``config.lr`` (from
     ``config.warmup_start_lr`` when set, else from ``lr / warmup_steps``).
 
     After the warm-up the rate stays constant (``config.lr_schedule == "constant"``) or decays linearly to
     zero at ``total_updates`` (``"linear"``; needs ``total_updates``).
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    betas = getattr(config, "betas", (0.9, 0.999))  # GRPO's --adam-betas; torch's defaults elsewhere
+    eps = getattr(config, "adam_eps", 1e-8)
+    optimizer = torch.optim.AdamW(
+        params, lr=config.lr, betas=betas, eps=eps, weight_decay=config.weight_decay
+    )
     warmup = config.warmup_steps
     decay = config.lr_schedule == "linear" and total_updates is not None
 

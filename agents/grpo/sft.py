@@ -58,8 +58,11 @@ def load_sft_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Any]:
     return [d for d in demos if d.reward > 0]
 
 
-def evaluate_checkpoint_policy(policy: LLMPolicy, config: Any, questions: int) -> dict[str, float]:
-    """Greedy evaluation of ``policy``'s model on ``config.eval_split`` (first ``questions`` questions)."""
+def evaluate_checkpoint_policy(
+    policy: LLMPolicy, config: Any, questions: int, episodes: list[dict[str, Any]] | None = None
+) -> dict[str, float]:
+    """Greedy evaluation of ``policy``'s model on ``config.eval_split`` (first ``questions`` questions);
+    ``episodes`` receives the episodes' info dicts (:func:`evaluate_policy`)."""
     greedy = LLMPolicy(policy.model, policy.tokenizer, greedy=True, max_turn_tokens=config.max_turn_tokens)
     env = SearchQAVectorEnv(
         config.eval_batch,
@@ -67,7 +70,7 @@ def evaluate_checkpoint_policy(policy: LLMPolicy, config: Any, questions: int) -
         **{**config.env_kwargs(config.eval_split), "tokenizer": policy.tokenizer},
     )
     try:
-        return evaluate_policy(greedy, env, questions)
+        return evaluate_policy(greedy, env, questions, episodes)
     finally:
         env.close()
 

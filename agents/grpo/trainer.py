@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import time
 from collections import defaultdict
@@ -48,23 +49,23 @@ from .diagnostics import lld_warning
 from .ledger import Ledger
 from .losses import (
     adaptive_answer_weight,
-    answer_span_mask,
     answer_weights,
+    compute_advantages,
     displacement_by_advantage,
-    group_advantages,
     grpo_llds_loss,
     ledger_displacement,
     ledger_llds_loss,
     likelihood_metrics,
     llds_loss,
     masked_mean,
-    probe_masks,
     probe_metrics,
 )
+from .noise import MicroGradients, noise_scale_two_batch
 from .probes import onpolicy_probes, oracle_probe
-from .rollout import RolloutBatch, collect_rollouts, summarize_episodes
+from .rollout import RolloutBatch, collect_rollouts, concat_batches, summarize_episodes
 from .runtime import (
     CHECKPOINT,
+    EVAL_EPISODES,
     MetricLogger,
     build_policy,
     check_resume_config,
@@ -75,6 +76,7 @@ from .runtime import (
     write_run_record,
 )
 from .sft import evaluate_checkpoint_policy
+from .spans import answer_span_mask, probe_masks
 
 __all__ = ["GRPOTrainer", "length_buckets", "minibatch_plan", "train_grpo"]
 
@@ -162,13 +164,14 @@ class GRPOTrainer:
             while self.step < cfg.steps:
                 self.step += 1
                 t0 = time.perf_counter()
-                batch = self.rollout()  # rollout (and reward: the env scores each finished episode)
+                batch, draws = self.rollout()  # rollout (and reward: the env scores each finished episode)
                 t1 = time.perf_counter()
-                advantages = group_advantages(batch.rewards, cfg.group_size)  # advantage
-                metrics = self.rollout_metrics(batch, advantages)
+                advantages = compute_advantages(batch.rewards, cfg.group_size, cfg.advantage)  # advantage
+                metrics = self.rollout_metrics(batch, advantages) | draws
                 metrics |= self.update(batch, advantages)  # loss, optimizer updates, displacement
                 t2 = time.perf_counter()
-                metrics |= self.probe_metrics()
+                if self.step in (1, cfg.steps) or self.step % cfg.probe_every == 0:
+                    metrics |= self.probe_metrics()
                 t3 = time.perf_counter()
                 metrics |= self.ledger_metrics(batch)  # cross-step displacement, then this step's successes
                 t4 = time.perf_counter()
@@ -205,12 +208,50 @@ class GRPOTrainer:
 
     # -- rollout ---------------------------------------------------------------------------------------
 
-    def rollout(self) -> RolloutBatch:
+    def _draw(self, draw: int = 0) -> RolloutBatch:
         """One batch of groups, sampled by the current policy; the questions and the sampling are seeded by
-        ``(seed, step)``, so a resumed run draws what the uninterrupted run would have drawn."""
+        ``(seed, step, draw)``, so a resumed run draws what the uninterrupted run would have drawn, and the
+        first draw of a step is the same in every arm of a seed (the frozen control's included)."""
         seed = self.config.seed * 1_000_003 + self.step
+        if draw:
+            seed = seed * 1_009 + draw + 500
         self.policy.reset({}, seed=seed)
         return collect_rollouts(self.env, self.policy, seed=seed, group_size=self.config.group_size)
+
+    def rollout(self) -> tuple[RolloutBatch, dict[str, float]]:
+        """The step's rollout batch and its sampling metrics.
+
+        ``rollout/sampled_reward`` is the first draw's mean reward: the same questions and seeds in every
+        arm of a seed. With ``filter_groups`` (DAPO's dynamic sampling), further draws follow until
+        ``questions_per_step`` groups have unequal rewards, at most ``max_gen_batches`` draws; a step still
+        short is topped up with the first draw's uninformative groups (the batch keeps its shape, so the
+        mini-batch plan holds). ``rollout/informative_frac`` is the share of the trained groups that are
+        informative, ``rollout/gen_batches`` the draws made.
+        """
+        cfg = self.config
+        first = self._draw()
+        metrics = {"rollout/sampled_reward": float(first.rewards.mean())}
+        informative = _informative_groups(first.rewards, cfg.group_size)
+        batch, draws = first, 1
+        if cfg.filter_groups:
+            kept = [(first, informative)]
+            count = len(informative)
+            while count < cfg.questions_per_step and draws < cfg.max_gen_batches:
+                more = self._draw(draws)
+                draws += 1
+                found = _informative_groups(more.rewards, cfg.group_size)[: cfg.questions_per_step - count]
+                kept.append((more, found))
+                count += len(found)
+            spare = [g for g in range(cfg.questions_per_step) if g not in set(informative)]
+            kept.append((first, spare[: max(cfg.questions_per_step - count, 0)]))
+            batch = concat_batches(
+                [b.select(_rows(groups, cfg.group_size)) for b, groups in kept if groups],
+                self.policy.tokenizer.pad_token_id,
+            )
+            informative = _informative_groups(batch.rewards, cfg.group_size)
+        metrics["rollout/informative_frac"] = len(informative) / cfg.questions_per_step
+        metrics["rollout/gen_batches"] = float(draws)
+        return batch, metrics
 
     def rollout_metrics(self, batch: RolloutBatch, advantages: Tensor) -> dict[str, float]:
         """Reward, EM, searches, lengths, and the rollout policy's likelihood of correct/incorrect responses."""
@@ -328,6 +369,7 @@ class GRPOTrainer:
             )
         if own_first:
             mismatch = _pi_old_gap(batch, logp_old, first)
+        rate = float(self.scheduler.get_last_lr()[0])  # the rate this step's updates ran at
         self.scheduler.step()
         per_update: dict[str, list[float]] = defaultdict(list)
         for m in self.update_metrics:
@@ -336,7 +378,12 @@ class GRPOTrainer:
         metrics = {f"train/{k}": _mean(v) for k, v in per_update.items()}
         metrics["train/grad_norm_max"] = max(per_update["grad_norm"], default=float("nan"))
         metrics["train/max_abs_log_ratio"] = max(per_update["max_abs_log_ratio"], default=float("nan"))
-        metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["train/lr"] = rate
+        if cfg.log_gns and "train/gns_small_sq" in metrics:
+            sizes = [metrics[f"train/gns_{k}"] for k in ("small_sq", "big_sq", "small_groups", "big_groups")]
+            gns = noise_scale_two_batch(*sizes)
+            metrics |= {"train/gns_groups": gns["noise_scale"], "train/gns_grad_sq": gns["grad_sq"]}
+            metrics["train/gns_trace_cov"] = gns["trace_cov"]
         metrics["train/updates"] = float(len(plan))
         metrics["train/skipped_updates"] = float(sum(per_update["skipped"]))
         metrics["train/zero_signal_frac"] = _mean(per_update["zero_signal"])
@@ -392,24 +439,31 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
         finite = True
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        noise = MicroGradients(params, cfg.group_size) if cfg.log_gns and not cfg.frozen else None
         for idx in micro_batches:
             mb = batch.select(idx).to(cfg.device)
             width = mb.tokens.shape[1]
             own = torch.empty(mb.tokens.shape, dtype=torch.float32, device=cfg.device)
-            loss, m = self.loss(
-                mb,
-                advantages[idx].to(cfg.device),
-                None if before_step is not None else logp_old[idx, :width].to(cfg.device),
-                None if ref_logp is None else ref_logp[idx, :width].to(cfg.device),
-                None if weights is None else weights[idx, :width].to(cfg.device),
-                num_tokens,
-                **({"pi_old_out": own} if before_step is not None else {}),
-            )
+            with torch.set_grad_enabled(
+                not cfg.frozen
+            ):  # the frozen control needs the loss, not its gradient
+                loss, m = self.loss(
+                    mb,
+                    advantages[idx].to(cfg.device),
+                    None if before_step is not None else logp_old[idx, :width].to(cfg.device),
+                    None if ref_logp is None else ref_logp[idx, :width].to(cfg.device),
+                    None if weights is None else weights[idx, :width].to(cfg.device),
+                    num_tokens,
+                    **({"pi_old_out": own} if before_step is not None else {}),
+                )
             if before_step is not None:
                 logp_old[idx, :width] = own.cpu()
             finite = finite and bool(torch.isfinite(loss))
-            if finite:
+            if finite and not cfg.frozen:
                 loss.backward()
+                if noise is not None:
+                    noise.add(len(idx), float(mb.loss_mask.sum()) / num_tokens)
             share = float(mb.loss_mask.sum()) / num_tokens  # token-weighted, like the loss itself
             for k, v in m.items():
                 # Terms already divided by num_tokens add up; ratios (fractions, means) are token-weighted.
@@ -417,22 +471,26 @@ class GRPOTrainer:
                     sums[k] = max(sums[k], v)
                 else:
                     sums[k] += v if k in ("loss", "pg_loss", "llds_loss", "kl", "entropy") else v * share
-        if ledger_rows is not None and finite:
+        if ledger_rows is not None and finite and not cfg.frozen:
             ledger_loss, m = self._ledger_term(ledger_rows)
             finite = bool(torch.isfinite(ledger_loss))
             sums.update(m)
         if before_step is not None:
             before_step()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
+        if cfg.frozen:  # no gradient and no optimizer step: the weights and Adam's state never change
+            grad_norm = torch.zeros(())
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
         finite = finite and bool(torch.isfinite(grad_norm))
         zero = finite and float(grad_norm) == 0.0  # no term of the loss moves any weight
-        if finite and not (zero and cfg.skip_zero_signal):
+        if finite and not cfg.frozen and not (zero and cfg.skip_zero_signal):
             self.optimizer.step()
         else:  # a NaN/Inf loss or gradient, or a skipped zero-signal update: the weights and moments stay
             self.optimizer.zero_grad(set_to_none=True)
+        gns = noise.sizes() if noise is not None else {}
         return {
             **sums,
+            **gns,
             "grad_norm": float(grad_norm),
             "skipped": float(not finite),
             "zero_signal": float(zero),
@@ -591,8 +649,21 @@ class GRPOTrainer:
         return onpolicy_probes(self.config, self.policy)
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy play on the first ``eval_questions`` questions of the eval split, as ``eval/`` metrics."""
-        result = evaluate_checkpoint_policy(self.policy, self.config, self.config.eval_questions)
+        """Greedy play on the first ``eval_questions`` questions of the eval split, as ``eval/`` metrics; each
+        question's outcome is appended to ``RUN_DIR/eval_episodes.jsonl`` (step, question id, EM, F1, the
+        reward, searches, answered), so two evaluations can be compared question by question."""
+        episodes: list[dict[str, Any]] = []
+        result = evaluate_checkpoint_policy(self.policy, self.config, self.config.eval_questions, episodes)
+        with open(self.run_dir / EVAL_EPISODES, "a", encoding="utf-8") as f:
+            for info in episodes:
+                record = {
+                    "step": self.step,
+                    "question_id": info["question_id"],
+                    "em": info["em"],
+                    "f1": info["f1"],
+                }
+                record |= {"reward": info[self.config.reward], "searches": info["searches"]}
+                f.write(json.dumps(record | {"answered": info["answer"] is not None}) + "\n")
         return {f"eval/{k}": v for k, v in result.items()}
 
     # -- checkpoints -------------------------------------------------------------------------------------
@@ -634,6 +705,17 @@ class GRPOTrainer:
                 self.ledger.load_state_dict(payload["ledger"])
         except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
             raise CheckpointError(f"cannot resume from {path}: {e}") from None
+
+
+def _informative_groups(rewards: Tensor, group_size: int) -> list[int]:
+    """The indices of the groups (consecutive runs of ``group_size``) whose rewards are not all equal."""
+    groups = rewards.view(-1, group_size)
+    return [int(g) for g in torch.nonzero(groups.max(dim=1).values > groups.min(dim=1).values).flatten()]
+
+
+def _rows(groups: list[int], group_size: int) -> list[int]:
+    """The response rows of ``groups``, in order."""
+    return [g * group_size + j for g in groups for j in range(group_size)]
 
 
 def _pi_old_gap(batch: RolloutBatch, logp_old: Tensor, first: Tensor) -> Tensor:

@@ -81,9 +81,6 @@ class TRLConfig(GroupedLLDS, CommonConfig):
     max_obs_tokens: int | None = option(
         None, "cut each tool observation to N tokens (Search-R1's max_obs_length)"
     )
-    reward: Literal["em", "subem", "f1"] = option(
-        "em", "episode reward: exact match, substring EM or token F1"
-    )
     prompt_style: Literal["base", "chat"] = option(
         "base", "Search-R1's base prompt, or the prompt as a user turn of the tokenizer's chat template"
     )
@@ -110,8 +107,6 @@ class TRLConfig(GroupedLLDS, CommonConfig):
             raise ConfigError("--resume continues the run in run_dir and --overwrite replaces it: choose one")
         if self.max_obs_tokens is not None and self.max_obs_tokens < 1:
             raise ConfigError(f"max_obs_tokens must be >= 1, got {self.max_obs_tokens}")
-        if self.reward not in ("em", "subem", "f1"):
-            raise ConfigError(f"unknown reward {self.reward!r}; choose one of ['em', 'subem', 'f1']")
         if self.prompt_style not in ("base", "chat"):
             raise ConfigError(f"prompt_style must be 'base' or 'chat', got {self.prompt_style!r}")
 
@@ -121,11 +116,10 @@ class TRLConfig(GroupedLLDS, CommonConfig):
         return self.num_iterations * (self.batch_size // self.minibatch_responses)
 
     def env_kwargs(self, split: str | None = None) -> dict[str, Any]:
-        """The shared env options plus the observation cut, the reward and the prompt style."""
+        """The shared env options (the reward among them) plus the observation cut and the prompt style."""
         return {
             **super().env_kwargs(split),
             "max_obs_tokens": self.max_obs_tokens,
-            "reward": self.reward,
             "prompt_style": self.prompt_style,
         }
 

@@ -59,12 +59,12 @@ from searchgym.agents.grpo.diagnostics import lld_warning
 from searchgym.agents.grpo.losses import (
     Gate,
     adaptive_answer_weight,
-    answer_span_mask,
     answer_weights,
     displacement_by_advantage,
     llds_loss,
 )
 from searchgym.agents.grpo.rollout import evaluate_policy
+from searchgym.agents.grpo.spans import answer_span_mask
 from searchgym.agents.llm import LLMPolicy
 from searchgym.envs.episode import Source
 from searchgym.envs.vector import SearchQAVectorEnv

@@ -9,10 +9,8 @@ import torch
 
 from searchgym.agents.grpo.losses import (
     GATES,
-    PROBE_ACTIONS,
     action_ids,
     adaptive_answer_weight,
-    answer_span_mask,
     answer_weights,
     broadcast_advantages,
     displacement_by_advantage,
@@ -26,9 +24,9 @@ from searchgym.agents.grpo.losses import (
     llds_loss,
     masked_mean,
     policy_loss,
-    probe_masks,
     probe_metrics,
 )
+from searchgym.agents.grpo.spans import PROBE_ACTIONS, answer_span_mask, probe_masks
 from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
 from searchgym.tokenization import builtin_tokenizer

@@ -24,13 +24,13 @@ import searchgym.agents.grpo.trainer as trainer_module  # noqa: E402
 from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
 from searchgym.agents.grpo.losses import (  # noqa: E402
     adaptive_answer_weight,
-    answer_span_mask,
     answer_weights,
     displacement_by_advantage,
     group_advantages,
     masked_mean,
 )
 from searchgym.agents.grpo.rollout import RolloutBatch, pad_transcripts  # noqa: E402
+from searchgym.agents.grpo.spans import answer_span_mask  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer  # noqa: E402
 from searchgym.agents.llm import token_logprobs  # noqa: E402
 

@@ -215,7 +215,8 @@ def test_llds_ma_weights_the_answer_span(tok: Any, tmp_path: Path) -> None:
     trainer = _trainer(tok, tmp_path, gate="token", coef=0.2, ma=True, ma_beta=0.0)
     trainer.model.train()
     inputs, _ = _oracle_inputs(tok, trainer)
-    from searchgym.agents.grpo.losses import answer_span_mask, answer_weights
+    from searchgym.agents.grpo.losses import answer_weights
+    from searchgym.agents.grpo.spans import answer_span_mask
 
     sources = torch.where(inputs["tool_mask"].bool(), int(Source.POLICY), int(Source.TOOL))
     weights = answer_weights(answer_span_mask(inputs["completion_ids"], sources, tok.token_bytes), 0.0)

@@ -1,0 +1,100 @@
+"""Where each kind of action sits in a transcript: masks found on the transcript's bytes with the
+environment's own action rule (the first ``<search>…</search>`` or ``<answer>…</answer>`` pair of a turn
+decides what the turn is). LLDS-MA weights the final answer span; the probe set is scored per action kind.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from searchgym.envs.episode import Source
+from searchgym.protocol import ACTION_PATTERN
+
+from .losses import action_ids
+
+__all__ = ["PROBE_ACTIONS", "answer_span_mask", "probe_masks"]
+
+# Same pattern as the environment's parser, on bytes so that offsets map to tokens exactly.
+_ACTION_PATTERN_BYTES = re.compile(ACTION_PATTERN.pattern.encode(), re.DOTALL)
+
+
+def answer_span_mask(tokens: Tensor, sources: Tensor, token_bytes: Sequence[bytes]) -> Tensor:
+    """Marks the tokens of the final ``<answer> … </answer>`` span of each response, tags included.
+
+    The span is looked for in the last action (the last run of policy tokens) only, with the
+    environment's own rule: the first ``<search>…</search>`` or ``<answer>…</answer>`` pair of the turn
+    decides, on its bytes. A response whose last action is not an answer (turn budget or context limit
+    reached) gets no span. A token is in the span when any of its bytes is.
+
+    Args:
+        tokens: ``(B, T)`` token ids of the transcripts.
+        sources: ``(B, T)`` who wrote each token (``Source``: 2 = policy).
+        token_bytes: The tokenizer's bytes of every id (``Tokenizer.token_bytes``).
+
+    Returns:
+        ``(B, T)`` bool mask.
+    """
+    policy = sources == int(Source.POLICY)
+    ids = action_ids(policy)
+    out = torch.zeros(tokens.shape, dtype=torch.bool)
+    tok = tokens.cpu().tolist()
+    for b, row in enumerate(ids.cpu()):
+        last = int(row.max())
+        if last < 0:
+            continue
+        positions = (row == last).nonzero().flatten().tolist()
+        pieces = [token_bytes[tok[b][t]] for t in positions]
+        match = _ACTION_PATTERN_BYTES.search(b"".join(pieces))
+        if match is None or match.group(1) != b"answer":
+            continue
+        lo, hi = match.span()
+        at = 0
+        for t, piece in zip(positions, pieces, strict=True):
+            if at < hi and at + len(piece) > lo:
+                out[b, t] = True
+            at += len(piece)
+    return out.to(tokens.device)
+
+
+PROBE_ACTIONS: tuple[str, ...] = ("first", "search", "answer")
+"""The action kinds the probe set is scored by: the first action, search actions, the final answer span."""
+
+
+def probe_masks(tokens: Tensor, sources: Tensor, token_bytes: Sequence[bytes]) -> dict[str, Tensor]:
+    """Per-token masks of the probe set's action kinds (see :data:`PROBE_ACTIONS`), policy tokens only.
+
+    * ``first``: the tokens of each response's first action (its first run of policy tokens);
+    * ``search``: the tokens of every action that is a search (``<search>…</search>`` decides the turn);
+    * ``answer``: the final ``<answer>…</answer>`` span, tags included (:func:`answer_span_mask`).
+
+    Args:
+        tokens: ``(B, T)`` token ids of the transcripts.
+        sources: ``(B, T)`` who wrote each token (``Source``).
+        token_bytes: The tokenizer's bytes of every id.
+
+    Returns:
+        ``{"all": policy mask, "first": …, "search": …, "answer": …}``, each ``(B, T)`` bool.
+    """
+    policy = sources == int(Source.POLICY)
+    ids = action_ids(policy)
+    search = torch.zeros_like(policy)
+    tok = tokens.cpu().tolist()
+    for b, row in enumerate(ids.cpu().tolist()):
+        actions: dict[int, list[int]] = {}
+        for t, k in enumerate(row):
+            if k >= 0:
+                actions.setdefault(k, []).append(t)
+        for positions in actions.values():
+            match = _ACTION_PATTERN_BYTES.search(b"".join(token_bytes[tok[b][t]] for t in positions))
+            if match is not None and match.group(1) == b"search":
+                search[b, positions] = True
+    return {
+        "all": policy,
+        "first": ids == 0,
+        "search": search.to(policy.device),
+        "answer": answer_span_mask(tokens, sources, token_bytes),
+    }
