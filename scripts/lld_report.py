@@ -213,7 +213,8 @@ def cmd_lld(args: argparse.Namespace) -> None:
 
 
 def cmd_gate(args: argparse.Namespace) -> None:
-    """Greedy EM and sampled (temperature 1) reward of a checkpoint on the first N validation questions."""
+    """Greedy EM and sampled (temperature 1) reward of a checkpoint on the first N questions of a split
+    (validation by default: LLD-2's gate)."""
     import torch
 
     from searchgym.agents.grpo.config import SFTConfig
@@ -228,7 +229,7 @@ def cmd_gate(args: argparse.Namespace) -> None:
         init=str(args.checkpoint),
         max_turn_tokens=48,
         max_context_tokens=1024,
-        eval_split="validation",
+        eval_split=args.split,
         eval_batch=100,
         progress=False,
         tensorboard=False,
@@ -238,7 +239,7 @@ def cmd_gate(args: argparse.Namespace) -> None:
     greedy = evaluate_checkpoint_policy(policy, cfg, args.questions)
     sampler = LLMPolicy(policy.model, policy.tokenizer, temperature=1.0, max_turn_tokens=48, seed=0)
     env = SearchQAVectorEnv(
-        100, autoreset_mode="Disabled", **{**cfg.env_kwargs("validation"), "tokenizer": policy.tokenizer}
+        100, autoreset_mode="Disabled", **{**cfg.env_kwargs(args.split), "tokenizer": policy.tokenizer}
     )
     try:
         sampled = evaluate_policy(sampler, env, args.questions)
@@ -247,6 +248,7 @@ def cmd_gate(args: argparse.Namespace) -> None:
     result = {
         "checkpoint": str(args.checkpoint),
         "questions": args.questions,
+        "split": args.split,
         "greedy_em": greedy["em"],
         "greedy_searches": greedy["searches"],
         "greedy_answered": greedy["answered"],
@@ -548,6 +550,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.set_defaults(func=cmd_lld)
     p = sub.add_parser("gate", help="LLD-2's warm-start gate of a checkpoint")
     p.add_argument("checkpoint", type=Path)
+    p.add_argument("--split", default="validation", help="question split (the gate's: validation)")
     p.add_argument("--questions", type=int, default=500)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=None)
