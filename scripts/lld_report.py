@@ -5,6 +5,8 @@ Usage:
     python scripts/lld_report.py gate CHECKPOINT [--questions N] [--out FILE]   # LLD-2's warm-start gate
     python scripts/lld_report.py summarize RUNS_DIR --out DIR [--only ARM/sSEED] # LLD-2: one JSON per run
     python scripts/lld_report.py lld2 SUMMARIES_DIR [--plots DIR]  # LLD-2's tables, verdict and figures
+    python scripts/lld_report.py learn-summarize RUNS_DIR --out DIR [--only ARM/sSEED]  # the learning study
+    python scripts/lld_report.py learn SUMMARIES_DIR [--plots DIR] # its tables, criteria L1-L3 and figure
 
 LLD-2's run folders are not kept: ``summarize`` writes a small JSON per finished run (its per-step curves
 included), committed as each run lands, and ``lld2`` recomputes every table, criterion and figure from those
@@ -541,6 +543,20 @@ def plot_lld2(by_arm: dict[str, dict[int, dict[str, Any]]], folder: Path) -> Non
     print(f"wrote {folder / 'lld2_curves.png'}")
 
 
+def cmd_learn_summarize(args: argparse.Namespace) -> None:
+    import learn_report
+
+    learn_report.summarize(args.runs_dir, args.out, args.only, _commit())
+
+
+def cmd_learn(args: argparse.Namespace) -> None:
+    import learn_report
+
+    if not learn_report.load(args.summaries):
+        raise SystemExit(f"no learning-study summaries under {args.summaries}")
+    print(learn_report.report(args.summaries, args.plots))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -555,6 +571,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=None)
     p.set_defaults(func=cmd_gate)
+    p = sub.add_parser("learn-summarize", help="one small JSON per finished run of the learning study")
+    p.add_argument("runs_dir", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--only", nargs="*", default=None, help="ARM/sSEED of the runs to summarize")
+    p.set_defaults(func=cmd_learn_summarize)
+    p = sub.add_parser(
+        "learn", help="the learning study's tables, criteria L1-L3 and figure, from the summaries"
+    )
+    p.add_argument("summaries", type=Path)
+    p.add_argument("--plots", type=Path, default=None)
+    p.set_defaults(func=cmd_learn)
     p = sub.add_parser("summarize", help="one small JSON per finished LLD-2 run")
     p.add_argument("runs_dir", type=Path)
     p.add_argument("--out", type=Path, required=True)
