@@ -37,7 +37,7 @@ grpo() {  # grpo ARM SEED LR [options...]
     --seed "$seed" --steps "$STEPS" --lr "$lr" --warmup-steps 0 --lr-schedule constant $SIZES \
     --temperature 1 --advantage group --reward em --llds none --kl-coef 0 --entropy-coef 0 --weight-decay 0 \
     --adam-betas 0.9,0.999 $PROBES --ledger-size 0 --eval-split test $EVAL --save-every 0 --threads 1 \
-    --no-progress --no-tensorboard "$@" > "$dir/log.txt" 2>&1
+    --no-progress --no-tensorboard "$@" > "$dir/log.txt" 2>&1 || { echo "FAILED $dir (see $dir/log.txt)"; return 1; }
   "$PY" "$HERE/lld_report.py" gate "$dir/checkpoint.pt" --split test --questions "$TESTQ" --threads 1 \
     --out "$dir/sampled_test.json" > /dev/null
   echo "done $dir ($(cat "$dir/wall_s") s)"
