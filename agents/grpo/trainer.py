@@ -164,7 +164,9 @@ class GRPOTrainer:
             while self.step < cfg.steps:
                 self.step += 1
                 t0 = time.perf_counter()
-                batch, draws = self.rollout()  # rollout (and reward: the env scores each finished episode)
+                batch, draws = (
+                    self.sample_step()
+                )  # rollout (and reward: the env scores each finished episode)
                 t1 = time.perf_counter()
                 advantages = compute_advantages(batch.rewards, cfg.group_size, cfg.advantage)  # advantage
                 metrics = self.rollout_metrics(batch, advantages) | draws
@@ -218,7 +220,11 @@ class GRPOTrainer:
         self.policy.reset({}, seed=seed)
         return collect_rollouts(self.env, self.policy, seed=seed, group_size=self.config.group_size)
 
-    def rollout(self) -> tuple[RolloutBatch, dict[str, float]]:
+    def rollout(self) -> RolloutBatch:
+        """The step's rollout batch (:meth:`sample_step` without its metrics)."""
+        return self.sample_step()[0]
+
+    def sample_step(self) -> tuple[RolloutBatch, dict[str, float]]:
         """The step's rollout batch and its sampling metrics.
 
         ``rollout/sampled_reward`` is the first draw's mean reward: the same questions and seeds in every
@@ -370,7 +376,8 @@ class GRPOTrainer:
         if own_first:
             mismatch = _pi_old_gap(batch, logp_old, first)
         rate = float(self.scheduler.get_last_lr()[0])  # the rate this step's updates ran at
-        self.scheduler.step()
+        if not cfg.frozen:  # the frozen control's rate is 0 throughout, and it never steps the optimizer
+            self.scheduler.step()
         per_update: dict[str, list[float]] = defaultdict(list)
         for m in self.update_metrics:
             for k, v in m.items():

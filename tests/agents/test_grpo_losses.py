@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from searchgym.agents.grpo.losses import (
+    ADVANTAGES,
     GATES,
     action_ids,
     adaptive_answer_weight,
     answer_weights,
     broadcast_advantages,
+    compute_advantages,
     displacement_by_advantage,
     entropy_bonus,
     entropy_from_logits,
@@ -23,8 +25,10 @@ from searchgym.agents.grpo.losses import (
     likelihood_metrics,
     llds_loss,
     masked_mean,
+    mean_advantages,
     policy_loss,
     probe_metrics,
+    sign_advantages,
 )
 from searchgym.agents.grpo.spans import PROBE_ACTIONS, answer_span_mask, probe_masks
 from searchgym.envs.episode import Source
@@ -66,6 +70,32 @@ def test_group_advantages_eps_and_errors() -> None:
         group_advantages(torch.zeros(5), 2)
     with pytest.raises(ConfigError, match="shape"):
         group_advantages(torch.zeros(4), torch.zeros(3))
+
+
+def test_mean_advantages_are_unscaled_group_baselines() -> None:
+    # group 0: mean 0.4 -> 0.6, -0.4 (no division by the std); group 1: equal rewards; group 2: a singleton.
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.8])
+    adv = mean_advantages(rewards, torch.tensor([0, 0, 0, 0, 0, 1, 1, 2]))
+    assert torch.allclose(adv, torch.tensor([0.6, -0.4, -0.4, 0.6, -0.4, 0.0, 0.0, 0.0]), atol=1e-6)
+    # F1-like rewards: the same centring, scale kept (group_advantages would divide by std 0.1).
+    assert torch.allclose(mean_advantages(torch.tensor([0.9, 0.7]), 2), torch.tensor([0.1, -0.1]), atol=1e-6)
+
+
+def test_sign_advantages_ignore_the_group() -> None:
+    adv = sign_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 0.25]))
+    assert torch.equal(adv, torch.tensor([1.0, -1.0, -1.0, -1.0, -0.5]))  # an all-wrong group still pushes
+    with pytest.raises(ConfigError, match="shape"):
+        sign_advantages(torch.zeros(2, 2))
+
+
+def test_compute_advantages_dispatches_by_name() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert torch.equal(compute_advantages(rewards, 2, "group"), group_advantages(rewards, 2))
+    assert torch.equal(compute_advantages(rewards, 2, "mean"), torch.tensor([0.5, -0.5, 0.0, 0.0]))
+    assert torch.equal(compute_advantages(rewards, 2, "sign"), torch.tensor([1.0, -1.0, -1.0, -1.0]))
+    assert set(ADVANTAGES) == {"group", "mean", "sign"}
+    with pytest.raises(ConfigError, match="unknown advantage 'rank'"):
+        compute_advantages(rewards, 2, "rank")
 
 
 def test_broadcast_advantages_only_on_policy_tokens() -> None:
