@@ -14,12 +14,12 @@ OUT=${OUT:-runs/learn}
 JOBS=${JOBS:-2}
 SUMMARIES=${SUMMARIES:-$HERE/../docs/experiments/learn}
 if [ "${SMALL:-0}" = 1 ]; then
-  WARM=${WARM:-}; STEPS=${STEPS:-2}; GROUPS=4; MODEL="--tiny-layers 1 --tiny-hidden 32 --max-turn-tokens 8"
+  WARM=${WARM:-}; STEPS=${STEPS:-2}; NGROUPS=4; MODEL="--tiny-layers 1 --tiny-hidden 32 --max-turn-tokens 8"
   SIZES="--questions-per-step 2 --group-size 2 --minibatch-size 2"
   EVAL="--eval-questions 2 --eval-batch 2 --eval-every 1"; PROBES="--probe-size 2 --onpolicy-probe-size 2 --probe-every 1"
   TESTQ=2
 else
-  WARM=${WARM:-$HERE/../../shared/cache/lld2_warmstart/sft_ext2/checkpoint.pt}; STEPS=${STEPS:-100}; GROUPS=512
+  WARM=${WARM:-$HERE/../../shared/cache/lld2_warmstart/sft_ext2/checkpoint.pt}; STEPS=${STEPS:-100}; NGROUPS=512
   MODEL=""; SIZES="--questions-per-step 48 --group-size 5 --minibatch-size 120"
   EVAL="--eval-questions 500 --eval-batch 100 --eval-every 50"
   PROBES="--probe-size 64 --onpolicy-probe-size 64 --probe-every 5"; TESTQ=500
@@ -49,7 +49,7 @@ export SG PY HERE OUT STEPS INIT MODEL SIZES EVAL PROBES TESTQ SUMMARIES
 case "${1:-}" in
   gns)
     # shellcheck disable=SC2086
-    "$SG" bench gns $INIT $MODEL --seed 0 --groups "$GROUPS" $SIZES --temperature 1 --kl-coef 0 \
+    "$SG" bench gns $INIT $MODEL --seed 0 --groups "$NGROUPS" $SIZES --temperature 1 --kl-coef 0 \
       --entropy-coef 0 --threads 1 --json > "$OUT/gns.json"
     cp "$OUT/gns.json" "$SUMMARIES/gns_warmstart.json" 2>/dev/null || { mkdir -p "$SUMMARIES"; cp "$OUT/gns.json" "$SUMMARIES/gns_warmstart.json"; }
     cat "$OUT/gns.json"

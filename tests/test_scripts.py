@@ -72,9 +72,50 @@ def run_files(out: Path, runs: list[str]) -> list[str]:
 
 
 def test_the_usage_lists_the_stages() -> None:
-    for script in ("lld_experiment.sh", "lld2_experiment.sh"):
+    for script, stage in (
+        ("lld_experiment.sh", "warmstart"),
+        ("lld2_experiment.sh", "warmstart"),
+        ("learn_experiment.sh", "gns"),
+    ):
         done = subprocess.run(["bash", str(ROOT / "scripts" / script)], capture_output=True, text=True)
-        assert done.returncode == 2 and "warmstart" in done.stdout and "SMALL=1" in done.stdout
+        assert done.returncode == 2 and stage in done.stdout and "SMALL=1" in done.stdout
+
+
+def test_learn_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
+    """docs/experiments/learn.md's stages: gns, runs (control and two rates, seed 0), summarize, and the
+    report with its criteria and figure (``lld_report.py learn``)."""
+    summaries = tmp_path / "summaries"
+    env = small_env(tmp_path, SUMMARIES=str(summaries))
+    out = Path(env["OUT"])
+    run_stage("learn_experiment.sh", ["gns"], env)
+    gns = json.loads((summaries / "gns_warmstart.json").read_text())
+    assert gns["groups"] == 4 and "noise_scale_groups" in gns
+    run_stage("learn_experiment.sh", ["runs", "0"], env)
+    arms = ("control", "lr1e-4", "lr3e-4")
+    assert not run_files(out, [f"{arm}/s0" for arm in arms])
+    for arm in arms:  # summarised as each landed, with the test split's sampled reward
+        summary = json.loads((summaries / f"{arm}_s0.json").read_text())
+        assert summary["steps"] == 2 and summary["sampled_test"]["split"] == "test"
+        assert summary["config"]["lr"] == {"control": 0.0, "lr1e-4": 1e-4, "lr3e-4": 3e-4}[arm]
+    control = json.loads((summaries / "control_s0.json").read_text())
+    assert len({e["em_by_question"] for e in control["eval"].values()}) == 1, "frozen weights, same answers"
+    run_stage("learn_experiment.sh", ["summarize"], env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "lld_report.py"),
+            "learn",
+            str(summaries),
+            "--plots",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "lr1e-4: L1" in done.stdout and "L2" in done.stdout and "L3" in done.stdout
+    assert (tmp_path / "learn_curves.png").stat().st_size > 10_000
 
 
 def test_lld_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:

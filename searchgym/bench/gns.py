@@ -35,9 +35,10 @@ def run_gns_benchmark(
     from searchgym.agents.grpo.losses import compute_advantages
     from searchgym.agents.grpo.noise import GradientMoments
     from searchgym.agents.grpo.trainer import GRPOTrainer
+    from searchgym.errors import ConfigError
 
     if groups < 2:
-        raise ValueError(f"groups must be >= 2, got {groups}")
+        raise ConfigError(f"--groups must be >= 2 (a covariance needs two gradients), got {groups}")
     say = log or (lambda _line: None)
     with tempfile.TemporaryDirectory(prefix="searchgym-gns-") as tmp:
         cfg = dataclasses.replace(
