@@ -213,6 +213,11 @@ def fmt(value: Any, digits: int = 3) -> str:
     return f"{value:+.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def level(value: Any, digits: int = 3) -> str:
+    """A level (EM, reward, minutes): no sign."""
+    return "–" if value is None else f"{float(value):.{digits}f}"
+
+
 def report(folder: Path, plots: Path | None = None, seeds: int = 3) -> str:
     """Every table and verdict of learn.md's part 2, from the summaries in ``folder``."""
     by_arm = load(folder)
@@ -254,9 +259,9 @@ def report(folder: Path, plots: Path | None = None, seeds: int = 3) -> str:
             cst = (c or {}).get("sampled_test") or {}
             lines.append(
                 f"| {arm} | {seed} | {fmt(l1['mean'])} [{fmt(l1['lo'])}, {fmt(l1['hi'])}] {'✓' if l1['met'] else '✗'} "
-                f"| {' '.join(fmt(b, 3) for b in blocks)} | {fmt(ws and float(ws))} → {fmt(end and float(end))} "
-                f"| {fmt(cst.get('sampled_reward'))} → {fmt(st.get('sampled_reward'))} "
-                f"| {fmt(probes[PROBES[0]])} / {fmt(probes[PROBES[1]])} | {fmt((s['wall_s'] or 0) / 60, 1)} |"
+                f"| {' '.join(fmt(b, 3) for b in blocks)} | {level(ws)} → {level(end)} "
+                f"| {level(cst.get('sampled_reward'))} → {level(st.get('sampled_reward'))} "
+                f"| {fmt(probes[PROBES[0]])} / {fmt(probes[PROBES[1]])} | {level((s['wall_s'] or 0) / 60, 1)} |"
             )
         means = [x["mean"] for x in l1s if x["mean"] is not None]
         if means and (best is None or statistics.fmean(means) > best[0]):
@@ -274,9 +279,10 @@ def report(folder: Path, plots: Path | None = None, seeds: int = 3) -> str:
             if warm
             else {"mean": None, "lo": None, "hi": None, "met": None, "seeds": 0}
         )
-        l2_word = ("MET" if l2["met"] else "NOT MET") if l2["mean"] is not None else "undecided"
-        if l2["seeds"] and l2["seeds"] < seeds and l2_word == "NOT MET":
-            l2_word += f" on {l2['seeds']} of {seeds} seeds"
+        if l2["mean"] is None or l2["seeds"] < seeds:
+            l2_word = "undecided (seeds missing)"
+        else:
+            l2_word = "MET" if l2["met"] else "NOT MET"
         l3_word = "MET" if all(l3s) and done else "NOT MET" if l3s else "undecided"
         verdicts.append(
             f"{arm}: L1 {l1_word} ({met} of {done} seeds run); L2 {l2_word} (EM gain {fmt(l2['mean'])} "
