@@ -112,6 +112,7 @@ BUDGETS: dict[tuple[str, ...], list[str]] = {
         "bench env": "--steps 200 --repeats 1",
         "bench update": "--repeats 1 --questions 1 --group-size 2",
         "bench rollout": "--repeats 1 --questions 1 --group-size 2",
+        "bench gns": "--groups 2 --questions-per-step 1 --group-size 2 --threads 1",
         "bench retrieval": "--sizes 2000 --repeats 1 --queries 16 --batch 8 --reference-queries 4",
     }.items()
 }

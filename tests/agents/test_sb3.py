@@ -98,7 +98,7 @@ def _smoke_model(algo: str, view: str, steps: int = 256) -> Any:
 
 @pytest.mark.parametrize("view", sorted(VIEWS))
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_each_algorithm_learns_a_few_hundred_steps(algo: str, view: str, tmp_path: Path) -> None:
+def test_each_algorithm_trains_then_reloads_as_the_same_policy(algo: str, view: str, tmp_path: Path) -> None:
     model = _smoke_model(algo, view)
     assert model.num_timesteps >= 256
     model.save(tmp_path / "model.zip")

@@ -102,10 +102,19 @@ def test_llds_is_zero_on_the_first_update_and_acts_on_later_ones(
 def test_vanilla_grpo_reports_llds_without_training_on_it(
     tmp_path: Path, tiny: Callable[..., GRPOConfig]
 ) -> None:
-    trainer = GRPOTrainer(tiny(tmp_path, llds="none", minibatch_size=2, epochs=2, kl_coef=0.0))
-    batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
-    metrics = trainer.update(batch, adv)
-    assert "train/llds_loss" in metrics and trainer.update_metrics[0]["llds_loss"] == 0.0
+    """Vanilla GRPO measures the LLDS term (action gate) on every update, and its weights end where an
+    update with the term at weight 0 ends, not where training on it (lambda 0.2) ends."""
+    final: dict[str, list[Any]] = {}
+    for name, llds in (("vanilla", {"llds": "none"}), ("zero", {"llds_coef": 0.0}), ("llds", {})):
+        trainer = GRPOTrainer(tiny(tmp_path / name, minibatch_size=2, epochs=2, kl_coef=0.0, **llds))
+        batch, adv = rollout_with_rewards(trainer, [1.0, 0.0, 0.0, 1.0])
+        metrics = trainer.update(batch, adv)
+        final[name] = [p.detach().clone() for p in trainer.model.parameters()]
+        if name == "vanilla":
+            reported = [u["llds_loss"] for u in trainer.update_metrics]
+            assert "train/llds_loss" in metrics and reported[0] == 0.0 and max(reported) > 0.0
+    assert all(torch.equal(a, b) for a, b in zip(final["vanilla"], final["zero"], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(final["vanilla"], final["llds"], strict=True))
 
 
 def test_nan_loss_skips_the_update(
