@@ -69,6 +69,8 @@ RESUMABLE_OPTIONS = frozenset(
         "eval_batch",
         "eval_every",
         "save_every",
+        "probe_every",
+        "log_gns",
     }
 )
 """Options that may differ on ``--resume``: they are applied (and reported). Every other option is part of

@@ -214,9 +214,7 @@ class GRPOTrainer:
         """One batch of groups, sampled by the current policy; the questions and the sampling are seeded by
         ``(seed, step, draw)``, so a resumed run draws what the uninterrupted run would have drawn, and the
         first draw of a step is the same in every arm of a seed (the frozen control's included)."""
-        seed = self.config.seed * 1_000_003 + self.step
-        if draw:
-            seed = seed * 1_009 + draw + 500
+        seed = step_seed(self.config.seed, self.step, 500 + draw if draw else None)
         self.policy.reset({}, seed=seed)
         return collect_rollouts(self.env, self.policy, seed=seed, group_size=self.config.group_size)
 
@@ -340,7 +338,7 @@ class GRPOTrainer:
         length-sorted micro-batches over the whole batch.
         """
         cfg = self.config
-        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
+        generator = torch.Generator().manual_seed(step_seed(cfg.seed, self.step))
         lengths = batch.attention_mask.sum(dim=1)
         plan = self._micro(
             minibatch_plan(
@@ -407,7 +405,7 @@ class GRPOTrainer:
         cfg = self.config
         if not (cfg.llds_ledger and cfg.ledger_lambda and self.ledger is not None and len(self.ledger)):
             return None
-        generator = torch.Generator().manual_seed((cfg.seed * 1_000_003 + self.step) * 1_009 + update)
+        generator = torch.Generator().manual_seed(step_seed(cfg.seed, self.step, update))
         return torch.randperm(len(self.ledger), generator=generator)[: cfg.ledger_responses]
 
     def _check_pi_old(self, batch: RolloutBatch, logp_old: Tensor, first: Tensor, rest: list[Tensor]) -> None:
@@ -712,6 +710,15 @@ class GRPOTrainer:
                 self.ledger.load_state_dict(payload["ledger"])
         except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
             raise CheckpointError(f"cannot resume from {path}: {e}") from None
+
+
+def step_seed(seed: int, step: int, stream: int | None = None) -> int:
+    """The seed of one random stream of a run's step: ``(seed, step)`` for the step's questions, sampling
+    and mini-batch plan; ``stream`` for a sub-stream of the step (an update's ledger rows are ``update``;
+    the further draws of ``--filter-groups`` are ``500 + draw``). A resumed run and every arm of a seed
+    so draw the same values."""
+    base = seed * 1_000_003 + step
+    return base if stream is None else base * 1_009 + stream
 
 
 def _informative_groups(rewards: Tensor, group_size: int) -> list[int]:

@@ -601,7 +601,7 @@ def _evaluate(trainer: Any, config: TRLConfig, tokenizer: Tokenizer) -> dict[str
     if state.num_processes > 1 and (backend.is_fsdp or backend.is_zero3):
         warnings.warn(
             "skipping the final evaluation: the model is sharded over the processes; evaluate the saved "
-            "model instead (searchgym eval --policy RUN_DIR/model)",
+            "model instead (searchgym eval --agent checkpoint:RUN_DIR/model)",
             RuntimeWarning,
             stacklevel=2,
         )
