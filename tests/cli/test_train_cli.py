@@ -45,6 +45,17 @@ def test_help_is_generated_from_the_config(capsys: pytest.CaptureFixture[str]) -
     assert "responses per question (G)" in out
 
 
+@pytest.mark.parametrize("command", ["grpo", "trl", "sft"])
+def test_help_reads_in_sections(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", command, "--help"])
+    titles = [
+        line[:-1] for line in capsys.readouterr().out.splitlines() if line.endswith(":") and line[0].isalpha()
+    ]
+    assert titles[:4] == ["options", "run", "model", "environment"] and "other options" not in titles
+    assert ("LLDS" in titles) == (command != "sft")
+
+
 def test_bad_option_is_a_config_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["train", "grpo", "--group-size", "1", "--run-dir", str(tmp_path)]) == 2
     assert "group_size must be >= 2" in capsys.readouterr().err
