@@ -175,3 +175,27 @@ def test_lld2_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "gate gate_sft" in done.stdout and "C1 A collapses" in done.stdout
     assert (tmp_path / "lld2_curves.png").stat().st_size > 10_000
+
+
+def test_learn_md_quotes_the_report_of_the_committed_summaries() -> None:
+    """docs/experiments/learn.md's table and verdict are what ``lld_report.py learn`` prints from the
+    summaries committed beside it: no figure in the page that the runs did not give."""
+    doc = (ROOT / "docs" / "experiments" / "learn.md").read_text()
+    start, end = (
+        "<!-- report: python scripts/lld_report.py learn docs/experiments/learn -->",
+        "<!-- /report -->",
+    )
+    assert start in doc and end in doc
+    quoted = doc.split(start)[1].split(end)[0].strip().removeprefix("```text").removesuffix("```").strip()
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "lld_report.py"),
+            "learn",
+            str(ROOT / "docs" / "experiments" / "learn"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert quoted == done.stdout.strip()
