@@ -164,12 +164,11 @@ class GRPOTrainer:
             while self.step < cfg.steps:
                 self.step += 1
                 t0 = time.perf_counter()
-                batch, draws = (
-                    self.sample_step()
-                )  # rollout (and reward: the env scores each finished episode)
+                # rollout (and reward: the env scores each finished episode)
+                batch, sampling = self.sample_step()
                 t1 = time.perf_counter()
                 advantages = compute_advantages(batch.rewards, cfg.group_size, cfg.advantage)  # advantage
-                metrics = self.rollout_metrics(batch, advantages) | draws
+                metrics = self.rollout_metrics(batch, advantages) | sampling
                 metrics |= self.update(batch, advantages)  # loss, optimizer updates, displacement
                 t2 = time.perf_counter()
                 if self.step in (1, cfg.steps) or self.step % cfg.probe_every == 0:
@@ -450,9 +449,8 @@ class GRPOTrainer:
             mb = batch.select(idx).to(cfg.device)
             width = mb.tokens.shape[1]
             own = torch.empty(mb.tokens.shape, dtype=torch.float32, device=cfg.device)
-            with torch.set_grad_enabled(
-                not cfg.frozen
-            ):  # the frozen control needs the loss, not its gradient
+            # The frozen control computes the loss (its metrics) but no gradient.
+            with torch.set_grad_enabled(not cfg.frozen):
                 loss, m = self.loss(
                     mb,
                     advantages[idx].to(cfg.device),
