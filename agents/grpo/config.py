@@ -13,7 +13,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar, get_args, get_origin
+from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, get_args, get_origin
 
 from searchgym.errors import ConfigError
 
@@ -35,8 +35,12 @@ __all__ = [
 LLDS_CHOICES: tuple[str, ...] = ("none", "token", "response", "action")
 MINIBATCH_PLANS: tuple[str, ...] = ("groups", "shuffle")
 MA_SCHEDULES: tuple[str, ...] = ("paper", "code")
-REWARDS: tuple[str, ...] = ("em", "subem", "f1")
-ADVANTAGE_CHOICES: tuple[str, ...] = ("group", "mean", "sign")
+Reward: TypeAlias = Literal["em", "subem", "f1"]
+REWARDS: tuple[str, ...] = get_args(Reward)
+"""``--reward`` values: the env's answer metrics (exact match, substring EM, token F1)."""
+Advantage: TypeAlias = Literal["group", "mean", "sign"]
+ADVANTAGE_CHOICES: tuple[str, ...] = get_args(Advantage)
+"""``--advantage`` values (see :func:`searchgym.agents.grpo.losses.compute_advantages`)."""
 """``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
 
 
@@ -77,7 +81,7 @@ class CommonConfig:
         48, "token cap per turn (the tiny model's turns are < 20 tokens; Search-R1 uses 500 for a real LM)"
     )
     max_context_tokens: int = option(1024, "context size (transcript cap; ~4096 for a real LM)")
-    reward: Literal["em", "subem", "f1"] = option(
+    reward: Reward = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "em", "episode reward, in training and in evaluations: exact match, substring EM or token F1"
     )
     lr: float = option(3e-4, "learning rate (use ~1e-6 for a 3B model)")
@@ -264,7 +268,7 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "optimizer step. --rescore-pi-old: a separate no-grad pass re-scores all of them (exact lld/ zeros on a "
         "step that changes nothing, one forward pass more); --no-rescore-pi-old: the sampler's log-probs for all",
     )
-    advantage: Literal["group", "mean", "sign"] = option(
+    advantage: Advantage = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "group",
         "group: (r - mean) / (std + eps) within the group (GRPO); mean: r - mean (Dr. GRPO); sign: 2r - 1, a "
         "fixed reference with no group statistics",

@@ -27,7 +27,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
 from searchgym.errors import ConfigError
 
-from .config import MA_SCHEDULES
+from .config import ADVANTAGE_CHOICES, MA_SCHEDULES
 
 __all__ = [
     "ADVANTAGES",
@@ -185,7 +185,7 @@ def sign_advantages(rewards: Tensor) -> Tensor:
     return 2.0 * r - 1.0
 
 
-ADVANTAGES: tuple[str, ...] = ("group", "mean", "sign")
+ADVANTAGES = ADVANTAGE_CHOICES
 """``--advantage`` values: :func:`group_advantages`, :func:`mean_advantages`, :func:`sign_advantages`."""
 
 
