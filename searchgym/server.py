@@ -6,6 +6,9 @@ Wire format, as Search-R1's ``retrieval_server.py`` (so Search-R1, verl and sear
     200             {"result": [[{"document": {"id": "12", "contents": "\\"Title\\"\\ntext"}, "score": 7.1}, ...], ...]}
 
 * ``queries`` may be empty: the answer is ``{"result": []}``.
+* ``{"query": "q1", ...}`` (one string, as SkyRL-Gym's and verl's search tools send) is answered as the
+  one-query batch ``{"queries": ["q1"], ...}``, in the same ``result`` shape; a body with both fields, or
+  neither, is a 422 naming them.
 * ``topk`` may be omitted or ``null`` (the server's ``default_topk``); otherwise an integer in
   ``[1, topk_max]``.
 * ``return_scores`` defaults to false, as in Search-R1; then each result list holds the bare documents
@@ -190,7 +193,16 @@ def parse_request(body: bytes, limits: ServerLimits) -> RetrieveRequest:
     data = loads_bounded(body, limits.max_body_values)
     if not isinstance(data, dict):
         raise RequestError(400, f"request body must be a JSON object, got {type(data).__name__}")
-    queries = data.get("queries")
+    if "queries" in data and "query" in data:
+        raise RequestError(422, "send 'queries' (a list of strings) or 'query' (one string), not both")
+    if "query" in data:  # the single-query form of SkyRL's and verl's search tools: a one-query batch
+        if not isinstance(data["query"], str):
+            raise RequestError(422, f"'query' must be a string, got {type(data['query']).__name__}")
+        queries = [data["query"]]
+    elif "queries" in data:
+        queries = data["queries"]
+    else:
+        raise RequestError(422, "missing 'queries' (a list of strings) or 'query' (one string)")
     if not isinstance(queries, list):
         raise RequestError(422, "'queries' must be a list of strings")
     if len(queries) > limits.max_queries:

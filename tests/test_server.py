@@ -81,10 +81,24 @@ def test_topk_defaults_when_missing_or_null(client: httpx.Client) -> None:
         assert len(client.post("/retrieve", json=body).json()["result"][0]) == LIMITS.default_topk
 
 
+def test_a_single_query_is_answered_as_a_one_query_batch(client: httpx.Client) -> None:
+    """SkyRL-Gym's and verl's search tools post ``{"query": "<one string>", ...}``."""
+    for extra in ({}, {"topk": 2, "return_scores": True}):
+        single = client.post("/retrieve", json={"query": "a city", **extra})
+        batched = client.post("/retrieve", json={"queries": ["a city"], **extra})
+        assert single.status_code == 200 and single.json() == batched.json()
+        assert len(single.json()["result"]) == 1
+    for body, field in (({"topk": 3}, "'query' (one string)"), ({"query": "q", "queries": []}, "not both")):
+        r = client.post("/retrieve", json=body)
+        assert r.status_code == 422 and field in r.json()["detail"]
+
+
 MALFORMED: list[tuple[str, Any, int]] = [
     ("queries missing", {"topk": 3}, 422),
+    ("both query and queries", {"queries": ["q"], "query": "q"}, 422),
+    ("query not a string", {"query": ["q"]}, 422),
     ("queries not a list", {"queries": "who?"}, 422),
-    ("query not a string", {"queries": ["ok", 3]}, 422),
+    ("a query in queries not a string", {"queries": ["ok", 3]}, 422),
     ("too many queries", {"queries": ["q"] * 17}, 413),
     ("topk zero", {"queries": ["q"], "topk": 0}, 422),
     ("topk over the maximum", {"queries": ["q"], "topk": 11}, 422),
