@@ -338,7 +338,7 @@ def plot(by_arm: dict[str, dict[int, dict[str, Any]]], folder: Path) -> None:
     axes[2].set_title("held-out on-policy probe − step 0 (nat/token)")
     for ax in axes:
         ax.set_xlabel("step")
-    axes[0].legend()
+    axes[1].legend()  # every arm, the control included
     fig.suptitle("LEARN: GRPO against a frozen control, paired seeds")
     fig.tight_layout()
     fig.savefig(folder / "learn_curves.png", dpi=110)
