@@ -48,6 +48,19 @@ def run_stage(script: str, args: list[str], env: dict[str, str]) -> str:
     return done.stdout
 
 
+def report(args: list[str], env: dict[str, str] | None = None) -> str:
+    """Runs ``scripts/lld_report.py ARGS``; fails the test with the stderr's tail on a non-zero exit."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "lld_report.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=STAGE_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def small_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {
         **os.environ,
@@ -100,21 +113,8 @@ def test_learn_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
     control = json.loads((summaries / "control_s0.json").read_text())
     assert len({e["em_by_question"] for e in control["eval"].values()}) == 1, "frozen weights, same answers"
     run_stage("learn_experiment.sh", ["summarize"], env)
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "lld_report.py"),
-            "learn",
-            str(summaries),
-            "--plots",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "lr1e-4: L1" in done.stdout and "L2" in done.stdout and "L3" in done.stdout
+    stdout = report(["learn", str(summaries), "--plots", str(tmp_path)], env)
+    assert "lr1e-4: L1" in stdout and "L2" in stdout and "L3" in stdout
     assert (tmp_path / "learn_curves.png").stat().st_size > 10_000
 
 
@@ -158,22 +158,8 @@ def test_lld2_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
         summary = json.loads((summaries / f"{arm}_s0.json").read_text())
         assert summary["options"]["init"] == str(out / "sft_ext1" / "checkpoint.pt") and summary["steps"] == 2
     run_stage("lld2_experiment.sh", ["summarize"], env)
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "lld_report.py"),
-            "lld2",
-            str(summaries),
-            "--plots",
-            str(tmp_path),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=STAGE_TIMEOUT_S,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "gate gate_sft" in done.stdout and "C1 A collapses" in done.stdout
+    stdout = report(["lld2", str(summaries), "--plots", str(tmp_path)], env)
+    assert "gate gate_sft" in stdout and "C1 A collapses" in stdout
     assert (tmp_path / "lld2_curves.png").stat().st_size > 10_000
 
 
@@ -187,15 +173,4 @@ def test_learn_md_quotes_the_report_of_the_committed_summaries() -> None:
     )
     assert start in doc and end in doc
     quoted = doc.split(start)[1].split(end)[0].strip().removeprefix("```text").removesuffix("```").strip()
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "lld_report.py"),
-            "learn",
-            str(ROOT / "docs" / "experiments" / "learn"),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert quoted == done.stdout.strip()
+    assert quoted == report(["learn", str(ROOT / "docs" / "experiments" / "learn")]).strip()
