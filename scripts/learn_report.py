@@ -145,7 +145,7 @@ def paired_gain(
 ) -> dict[str, Any]:
     """L1 for one seed: the per-step difference arm − control of ``key`` over the last half of the run
     (steps > steps / 2), its mean and normal 95 % interval (mean ± 1.96 · sd / √n)."""
-    a, c = _series(arm, key), _series(control, "rollout/em" if key == "rollout/em" else key)
+    a, c = _series(arm, key), _series(control, key)
     if arm["config"].get("reward") == "f1" and key == "rollout/sampled_reward":
         c = _series(control, "rollout/f1")  # the control's F1 of the same samples
     last = arm["steps"]

@@ -22,7 +22,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["GradientMoments", "MicroGradients", "noise_scale_from_samples", "noise_scale_two_batch"]
+__all__ = [
+    "GradientMoments",
+    "MicroGradients",
+    "flat_grad",
+    "noise_scale_from_samples",
+    "noise_scale_two_batch",
+]
 
 
 def _ratio(trace_cov: float, grad_sq: float) -> float:
@@ -80,6 +86,16 @@ def noise_scale_two_batch(small_sq: float, big_sq: float, b_small: float, b_big:
     return {"grad_sq": grad_sq, "trace_cov": trace_cov, "noise_scale": _ratio(trace_cov, grad_sq)}
 
 
+def flat_grad(params: Sequence[Tensor]) -> Tensor:
+    """The gradients of ``params`` as one float64 vector (zeros for a parameter without a gradient)."""
+    return torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).double()
+            for p in params
+        ]
+    )
+
+
 class MicroGradients:
     """Collects, during one gradient-accumulated update, each micro-batch's own gradient norm.
 
@@ -97,17 +113,9 @@ class MicroGradients:
         self.inverse_sizes: list[float] = []
         self.responses = 0
 
-    def _flat(self) -> Tensor:
-        return torch.cat(
-            [
-                (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).double()
-                for p in self.params
-            ]
-        )
-
     def add(self, responses: int, token_share: float) -> None:
         """Records the micro-batch of ``responses`` responses holding ``token_share`` of the update's tokens."""
-        now = self._flat()
+        now = flat_grad(self.params)
         own = now if self.total is None else now - self.total
         self.total = now
         self.responses += responses

@@ -245,7 +245,8 @@ class GRPOTrainer:
                 found = _informative_groups(more.rewards, cfg.group_size)[: cfg.questions_per_step - count]
                 kept.append((more, found))
                 count += len(found)
-            spare = [g for g in range(cfg.questions_per_step) if g not in set(informative)]
+            taken = set(informative)
+            spare = [g for g in range(cfg.questions_per_step) if g not in taken]
             kept.append((first, spare[: max(cfg.questions_per_step - count, 0)]))
             batch = concat_batches(
                 [b.select(_rows(groups, cfg.group_size)) for b, groups in kept if groups],

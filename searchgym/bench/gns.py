@@ -33,7 +33,7 @@ def run_gns_benchmark(
     import torch
 
     from searchgym.agents.grpo.losses import compute_advantages
-    from searchgym.agents.grpo.noise import GradientMoments
+    from searchgym.agents.grpo.noise import GradientMoments, flat_grad
     from searchgym.agents.grpo.trainer import GRPOTrainer
     from searchgym.errors import ConfigError
 
@@ -67,7 +67,7 @@ def run_gns_benchmark(
         trainer = GRPOTrainer(cfg)
         trainer.step = 1
         t0 = time.perf_counter()
-        batch = trainer._draw()
+        batch = trainer.rollout()  # one draw: filter_groups is off
         t1 = time.perf_counter()
         say(
             f"sampled {groups} groups x {cfg.group_size} in {t1 - t0:.1f} s; computing one gradient per group"
@@ -83,11 +83,7 @@ def run_gns_benchmark(
             trainer.model.zero_grad(set_to_none=True)
             loss, _ = trainer.loss(mb, advantages[rows].to(cfg.device), None, None, None, tokens)
             loss.backward()
-            moments.add(
-                torch.cat(
-                    [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-                )
-            )
+            moments.add(flat_grad(params))
         trainer.env.close()
         t2 = time.perf_counter()
     est = moments.noise_scale()
