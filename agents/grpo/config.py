@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeAlias, TypeVar, get_args, get_origin
 
@@ -23,6 +24,7 @@ __all__ = [
     "MA_SCHEDULES",
     "MINIBATCH_PLANS",
     "REWARDS",
+    "SAPO_THRESHOLD",
     "CommonConfig",
     "GRPOConfig",
     "GroupedLLDS",
@@ -33,6 +35,7 @@ __all__ = [
 ]
 
 LLDS_CHOICES: tuple[str, ...] = ("none", "token", "response", "action")
+"""``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
 MINIBATCH_PLANS: tuple[str, ...] = ("groups", "shuffle")
 MA_SCHEDULES: tuple[str, ...] = ("paper", "code")
 Reward: TypeAlias = Literal["em", "subem", "f1"]
@@ -41,7 +44,9 @@ REWARDS: tuple[str, ...] = get_args(Reward)
 Advantage: TypeAlias = Literal["group", "mean", "sign"]
 ADVANTAGE_CHOICES: tuple[str, ...] = get_args(Advantage)
 """``--advantage`` values (see :func:`searchgym.agents.grpo.losses.compute_advantages`)."""
-"""``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
+
+SAPO_THRESHOLD = 0.8
+"""Default ratio threshold of SAPO's conditional KL: the lower edge of the default PPO clip range."""
 
 
 def option(default: Any, help: str, *flags: str) -> Any:
@@ -295,7 +300,9 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         10.0, "clamp of each token's k3 KL value to [-cap, cap], zero gradient beyond (reference: 10)"
     )
     llds: Literal["none", "token", "response", "action"] = option(
-        "action", "LLDS gate, or none for vanilla GRPO"
+        "action",
+        "LLDS gate, or none for vanilla GRPO; LLDS acts from a step's second update (a --minibatch-size "
+        "below the rollout batch, or --epochs > 1)",
     )
     llds_coef: float = option(0.2, "LLDS weight lambda", "--lambda")
     llds_ma: bool = option(False, "LLDS-MA: down-weight the final answer span in LLDS")
@@ -306,6 +313,15 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "code",
         "LLDS-MA's adaptive beta from the mean valid searches V: code = clip(V-1, 0, 1) (the authors' "
         "released code), paper = min(V/2, 1)",
+    )
+    sapo_coef: float = option(
+        0.0,
+        "weight of SAPO's conditional KL to the rollout policy (Li et al. 2026): on tokens of A>=0 responses "
+        "whose ratio pi/pi_old fell to --sapo-threshold or below; like LLDS it acts from a step's second "
+        "update (0: off)",
+    )
+    sapo_threshold: float = option(
+        SAPO_THRESHOLD, "SAPO's ratio threshold t in (0, 1]: a token is penalised once pi/pi_old <= t"
     )
     kl_coef: float = option(0.001, "weight of the k3 KL to the frozen initial policy (0: no reference model)")
     entropy_coef: float = option(
@@ -401,6 +417,21 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
             )
         if self.ledger_lambda < 0:
             raise ConfigError(f"ledger_lambda must be >= 0, got {self.ledger_lambda}")
+        if (
+            (self.llds_enabled or self.sapo_coef)
+            and self.minibatch_responses == self.batch_size
+            and self.epochs == 1
+        ):
+            warnings.warn(
+                "one optimizer update per step: LLDS and SAPO compare with the rollout policy, which the first "
+                "update equals, so they never act; pass a --minibatch-size below questions_per_step * "
+                f"group_size = {self.batch_size} (or --epochs 2)",
+                stacklevel=2,
+            )
+        if self.sapo_coef < 0:
+            raise ConfigError(f"sapo_coef must be >= 0, got {self.sapo_coef}")
+        if not 0 < self.sapo_threshold <= 1:
+            raise ConfigError(f"sapo_threshold must be in (0, 1], got {self.sapo_threshold}")
         if self.ledger_batch is not None and self.ledger_batch < 1:
             raise ConfigError(f"ledger_batch must be >= 1, got {self.ledger_batch}")
         if self.llds_ledger and not self.ledger_size:
@@ -554,6 +585,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "kl_value_cap",
         "kl_coef",
         "entropy_coef",
+        "sapo_coef",
+        "sapo_threshold",
         "rescore_pi_old",
     ),
     "LLDS": (

@@ -27,7 +27,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
 from searchgym.errors import ConfigError
 
-from .config import ADVANTAGE_CHOICES, MA_SCHEDULES
+from .config import ADVANTAGE_CHOICES, MA_SCHEDULES, SAPO_THRESHOLD
 
 __all__ = [
     "ADVANTAGES",
@@ -56,6 +56,7 @@ __all__ = [
     "mean_advantages",
     "policy_loss",
     "probe_metrics",
+    "sapo_loss",
     "sign_advantages",
 ]
 
@@ -566,6 +567,61 @@ def ledger_llds_loss(
     return loss, {"ledger_llds_loss": m["llds_loss"], "ledger_gate_open": m["llds_gate_open"]}
 
 
+# -- SAPO ----------------------------------------------------------------------------------------------
+
+
+def sapo_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    threshold: float = SAPO_THRESHOLD,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """SAPO's conditional KL to the rollout policy (Li et al., 2026, arXiv 2603.10069), unscaled.
+
+    Per token ``d = logp_old - logp = -log r`` (the single-sample k1 estimate of ``KL(pi_old || pi)``).
+    Only tokens of responses with ``A >= 0`` whose ratio ``r = pi / pi_old`` has fallen to ``threshold`` or
+    below are penalised::
+
+        L = sum_{i,t} d_{i,t} * [r_{i,t} <= threshold] * mask_{i,t} * [A_i >= 0] / N_+
+
+    with ``N_+`` the policy tokens of the ``A >= 0`` responses (penalised or not). Its gradient raises the
+    likelihood of those tokens with weight 1 whatever ``r`` is, where the clipped surrogate's weight ``r``
+    vanishes as ``r -> 0``. Against :func:`llds_loss`: no gate over actions or responses (each token is
+    judged alone), a ratio threshold below 1 instead of "any loss", and a mean over the preserving set
+    instead of over the whole batch. With ``threshold = 1`` it is LLDS's token gate up to that denominator.
+
+    Args:
+        logp: ``(B, T)`` log-probabilities of the taken tokens under the policy being trained.
+        logp_old: ``(B, T)`` the same under the rollout policy (a constant).
+        advantages: ``(B,)`` per-response advantages.
+        loss_mask: ``(B, T)`` 1 on policy tokens.
+        threshold: ``t`` in ``(0, 1]``: a token is penalised once ``r <= t``.
+        num_tokens: Denominator override (default: the policy tokens of the ``A >= 0`` responses; a
+            mini-batch split into micro-batches passes the whole mini-batch's count).
+
+    Returns:
+        ``(loss, metrics)`` with ``sapo_loss`` and ``sapo_frac`` (tokens at or below the threshold, over
+        ``N_+``).
+
+    Raises:
+        ConfigError: ``threshold`` is outside ``(0, 1]`` or ``advantages`` is not ``(B,)``.
+    """
+    if not 0 < threshold <= 1:
+        raise ConfigError(f"SAPO threshold must be in (0, 1], got {threshold}")
+    if advantages.dim() != 1:
+        raise ConfigError(
+            f"sapo_loss needs per-response advantages of shape (B,), got {tuple(advantages.shape)}"
+        )
+    positive = (advantages >= 0)[:, None] & _as_bool(loss_mask)
+    d = torch.where(positive, logp_old.detach() - logp, 0.0)
+    low = positive & (d.detach() >= -math.log(threshold))
+    denominator = _count(positive, num_tokens)
+    loss = masked_mean(d, low, num_tokens=_float(denominator))
+    return loss, {"sapo_loss": _float(loss), "sapo_frac": float(low.sum()) / _float(denominator)}
+
+
 # -- diagnostics ---------------------------------------------------------------------------------------
 
 
@@ -707,8 +763,11 @@ def grpo_llds_loss(
     num_tokens: float | None = None,
     ratio_cap: float = RATIO_CAP,
     kl_value_cap: float = KL_VALUE_CAP,
+    sapo_coef: float = 0.0,
+    sapo_threshold: float = SAPO_THRESHOLD,
+    sapo_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """``L = L_GRPO + llds_coef * L_LLDS + kl_coef * KL(pi || ref) - entropy_coef * H``.
+    """``L = L_GRPO + llds_coef * L_LLDS + sapo_coef * L_SAPO + kl_coef * KL(pi || ref) - entropy_coef * H``.
 
     Defaults are the paper's values (clip 0.2, lambda 0.2, KL 0.001) and the reference code's caps (ratio
     100, k3 value 10). A term whose coefficient is 0, or whose input (``ref_logp``, ``entropy``) is
@@ -730,6 +789,9 @@ def grpo_llds_loss(
         num_tokens: Token-mean denominator override for every term.
         ratio_cap: Cap on the importance ratio (:func:`policy_loss`).
         kl_value_cap: Cap on each token's k3 value (:func:`k3_kl`).
+        sapo_coef: Weight of SAPO's conditional KL (:func:`sapo_loss`; 0: off).
+        sapo_threshold: SAPO's ratio threshold ``t``.
+        sapo_tokens: SAPO's denominator override (the ``A >= 0`` policy tokens of the whole mini-batch).
 
     Returns:
         ``(loss, metrics)``: the metrics of every active term, plus ``loss`` and ``cap_frac`` (fraction of
@@ -741,6 +803,10 @@ def grpo_llds_loss(
     if llds_coef:
         llds, m = llds_loss(logp, logp_old, advantages, loss_mask, gate, llds_weights, num_tokens)
         loss = loss + llds_coef * llds
+        metrics.update(m)
+    if sapo_coef:
+        sapo, m = sapo_loss(logp, logp_old, advantages, loss_mask, sapo_threshold, sapo_tokens)
+        loss = loss + sapo_coef * sapo
         metrics.update(m)
     if kl_coef and ref_logp is not None:
         kl, m = kl_penalty(logp, ref_logp, loss_mask, num_tokens, kl_value_cap)

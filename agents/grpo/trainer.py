@@ -440,7 +440,11 @@ class GRPOTrainer:
         last backward, while the weights are still ``pi_old``.
         """
         cfg = self.config
-        num_tokens = float(batch.loss_mask[torch.cat(micro_batches)].sum().clamp(min=1))
+        rows = torch.cat(micro_batches)
+        num_tokens = float(batch.loss_mask[rows].sum().clamp(min=1))
+        # SAPO's token mean runs over the mini-batch's A >= 0 responses
+        positive = (advantages[rows] >= 0)[:, None] & batch.loss_mask[rows].bool()
+        sapo_tokens = float(positive.sum().clamp(min=1))
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
         finite = True
@@ -459,6 +463,7 @@ class GRPOTrainer:
                     None if ref_logp is None else ref_logp[idx, :width].to(cfg.device),
                     None if weights is None else weights[idx, :width].to(cfg.device),
                     num_tokens,
+                    sapo_tokens=sapo_tokens,
                     **({"pi_old_out": own} if before_step is not None else {}),
                 )
             if before_step is not None:
@@ -474,7 +479,8 @@ class GRPOTrainer:
                 if k == "max_abs_log_ratio":
                     sums[k] = max(sums[k], v)
                 else:
-                    sums[k] += v if k in ("loss", "pg_loss", "llds_loss", "kl", "entropy") else v * share
+                    direct = ("loss", "pg_loss", "llds_loss", "sapo_loss", "sapo_frac", "kl", "entropy")
+                    sums[k] += v if k in direct else v * share
         if ledger_rows is not None and finite and not cfg.frozen:
             ledger_loss, m = self._ledger_term(ledger_rows)
             finite = bool(torch.isfinite(ledger_loss))
@@ -536,13 +542,16 @@ class GRPOTrainer:
         weights: Tensor | None,
         num_tokens: float | None = None,
         *,
+        sapo_tokens: float | None = None,
         pi_old_out: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         """The GRPO(+LLDS) loss of one micro-batch; the policy's output layer runs on policy tokens only, so
         prompt and tool positions get no gradient at all.
 
         ``logp_old=None`` takes this forward's own log-probs as ``pi_old`` (valid while the weights are
-        still those that sampled the batch), copied into ``pi_old_out`` when given.
+        still those that sampled the batch), copied into ``pi_old_out`` when given. ``num_tokens`` and
+        ``sapo_tokens`` are the whole mini-batch's token counts (all policy tokens; those of ``A >= 0``
+        responses) when a mini-batch is split into micro-batches.
         """
         cfg = self.config
         mask = mb.loss_mask
@@ -568,6 +577,9 @@ class GRPOTrainer:
             num_tokens=num_tokens,
             ratio_cap=cfg.ratio_cap,
             kl_value_cap=cfg.kl_value_cap,
+            sapo_coef=cfg.sapo_coef,
+            sapo_threshold=cfg.sapo_threshold,
+            sapo_tokens=sapo_tokens,
         )
         with torch.no_grad():
             if not cfg.llds_enabled:  # vanilla GRPO still reports what LLDS (action gate) would measure

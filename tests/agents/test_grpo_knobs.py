@@ -1,5 +1,5 @@
 """The learning study's knobs of ``train grpo``: each changes what it names (frozen control, reward,
-advantage, filtered groups, Adam's betas, the noise-scale log, the logged rate, the probe cadence)."""
+advantage, filtered groups, Adam's betas, the noise-scale log, the logged rate, the probe cadence, SAPO)."""
 
 from __future__ import annotations
 
@@ -174,3 +174,48 @@ def test_probe_every_skips_the_probes_between(tmp_path: Path, tiny: Callable[...
     GRPOTrainer(cfg).train()
     probed = [r["step"] for r in read_metrics(cfg.run_dir) if "lld/probe_logp" in r]
     assert probed == [0, 1, 2, 4, 5]
+
+
+def test_sapo_acts_from_the_second_update_and_splits_into_micro_batches(
+    tmp_path: Path, tiny: Callable[..., GRPOConfig]
+) -> None:
+    sapo = {"lr": 5e-2, "questions_per_step": 2, "minibatch_size": 2, "sapo_coef": 1.0, "sapo_threshold": 1.0}
+    whole = GRPOTrainer(tiny(tmp_path / "whole", steps=1, **sapo))
+    whole.train()
+    first, second = whole.update_metrics
+    assert first["sapo_loss"] == 0.0  # pi_old is the first update's own forward: every ratio is 1
+    assert second["sapo_loss"] > 0.0 and 0.0 < second["sapo_frac"] <= 1.0
+    assert read_metrics(whole.run_dir)[-1]["train/sapo_loss"] == pytest.approx(second["sapo_loss"] / 2)
+
+    split = GRPOTrainer(tiny(tmp_path / "split", steps=1, micro_batch_size=1, length_buckets=False, **sapo))
+    split.train()  # one token mean over the mini-batch's A >= 0 responses, whatever the micro-batches
+    for key in ("sapo_loss", "sapo_frac", "grad_norm"):
+        assert split.update_metrics[1][key] == pytest.approx(second[key], rel=1e-3), key
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"sapo_coef": -0.1}, "sapo_coef must be >= 0"),
+        ({"sapo_threshold": 0.0}, r"sapo_threshold must be in \(0, 1\]"),
+        ({"sapo_threshold": 1.2}, r"sapo_threshold must be in \(0, 1\]"),
+    ],
+)
+def test_sapo_options_are_validated(
+    tmp_path: Path, tiny: Callable[..., GRPOConfig], options: dict[str, float], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tiny(tmp_path, **options)
+
+
+def test_llds_or_sapo_with_one_update_per_step_warns(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
+    with pytest.warns(UserWarning, match="one optimizer update per step"):
+        tiny(tmp_path, questions_per_step=1, minibatch_size=2, llds="action")
+    with pytest.warns(UserWarning, match="one optimizer update per step"):
+        tiny(tmp_path, questions_per_step=1, minibatch_size=2, llds="none", sapo_coef=0.2)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny(tmp_path, questions_per_step=2, minibatch_size=2, llds="action")  # two updates: no warning
+        tiny(tmp_path, questions_per_step=1, minibatch_size=2, llds="action", epochs=2)

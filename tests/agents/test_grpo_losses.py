@@ -28,6 +28,7 @@ from searchgym.agents.grpo.losses import (
     mean_advantages,
     policy_loss,
     probe_metrics,
+    sapo_loss,
     sign_advantages,
 )
 from searchgym.agents.grpo.spans import PROBE_ACTIONS, answer_span_mask, probe_masks
@@ -469,3 +470,62 @@ def test_grpo_llds_loss_combines_terms() -> None:
     } <= set(metrics)
     plain, metrics = grpo_llds_loss(logp, logp_old, ADV, MASK, llds_coef=0.0)
     assert close(plain, float(pg)) and "llds_loss" not in metrics and "kl_ref" not in metrics
+
+
+# -- SAPO ----------------------------------------------------------------------------------------------
+
+
+def _sapo(threshold: float = 0.8, advantages: tuple[float, ...] = (1.0, -1.0), **kw: float):
+    # Row 0 (A >= 0): d = 0, 0.5, 0.1 -> ratios 1, e^-0.5 = 0.61, e^-0.1 = 0.90; row 1 (A < 0) loses more.
+    logp_old = torch.full((2, 3), -1.0)
+    logp = torch.tensor([[-1.0, -1.5, -1.1], [-3.0, -3.0, -1.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    loss, metrics = sapo_loss(logp, logp_old, torch.tensor(advantages), mask, threshold, **kw)
+    (grad,) = torch.autograd.grad(loss, logp)
+    return loss, metrics, grad
+
+
+def test_sapo_penalises_low_ratio_tokens_of_non_negative_responses_only() -> None:
+    loss, metrics, grad = _sapo()
+    assert close(loss, 0.5 / 3)  # only (0, 1) has r <= 0.8; N+ = row 0's three policy tokens
+    assert close(metrics["sapo_loss"], 0.5 / 3) and close(metrics["sapo_frac"], 1 / 3)
+    expected = torch.zeros(2, 3)
+    expected[0, 1] = -1 / 3  # raises the token's likelihood; the A < 0 row gets nothing
+    assert torch.allclose(grad, expected)
+
+
+def test_sapo_threshold_one_penalises_every_lost_token_and_zero_advantage_counts() -> None:
+    loss, metrics, _ = _sapo(threshold=1.0, advantages=(0.0, -1.0))
+    assert close(loss, (0.5 + 0.1) / 3)
+    assert close(metrics["sapo_frac"], 1.0)  # r <= t: the unchanged token (r = 1) is in, with d = 0
+    loss, _, _ = _sapo(threshold=1.0, advantages=(0.0, 0.0))  # row 1: d = 2, 2 on its two policy tokens
+    assert close(loss, (0.5 + 0.1 + 4.0) / 5)
+
+
+def test_sapo_is_zero_when_the_policy_is_unchanged_and_takes_a_denominator() -> None:
+    logp = torch.randn(3, 5)
+    loss, metrics = sapo_loss(logp, logp.clone(), ADV, MASK)
+    assert float(loss) == 0.0 and metrics["sapo_frac"] == 0.0
+    loss, metrics, _ = _sapo(num_tokens=10)
+    assert close(loss, 0.5 / 10) and close(metrics["sapo_frac"], 1 / 10)
+
+
+@pytest.mark.parametrize("threshold", [0.0, -0.5, 1.5])
+def test_sapo_threshold_outside_zero_one_is_refused(threshold: float) -> None:
+    with pytest.raises(ConfigError, match=r"SAPO threshold must be in \(0, 1\]"):
+        _sapo(threshold=threshold)
+
+
+def test_grpo_llds_loss_adds_sapo_with_its_own_denominator() -> None:
+    torch.manual_seed(1)
+    logp_old = -torch.rand(3, 5)
+    logp = logp_old + 0.5 * torch.randn(3, 5)
+    loss, metrics = grpo_llds_loss(
+        logp, logp_old, ADV, MASK, llds_coef=0.0, kl_coef=0.0, sapo_coef=0.5, sapo_tokens=7
+    )
+    pg, _ = policy_loss(logp, logp_old, ADV, MASK, 0.2)
+    sapo, _ = sapo_loss(logp, logp_old, ADV, MASK, num_tokens=7)
+    assert float(sapo) > 0 and close(loss, float(pg + 0.5 * sapo))
+    assert {"sapo_loss", "sapo_frac"} <= set(metrics)
+    _, metrics = grpo_llds_loss(logp, logp_old, ADV, MASK, llds_coef=0.0, kl_coef=0.0)
+    assert "sapo_loss" not in metrics
