@@ -55,8 +55,32 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def run_summary(run: Path, commit: str | None) -> dict[str, Any]:
-    """The small JSON that stands for one run of the study once its folder is gone."""
+CONFIG_KEYS = (
+    "init",
+    "lr",
+    "steps",
+    "questions_per_step",
+    "group_size",
+    "minibatch_size",
+    "temperature",
+    "advantage",
+    "reward",
+    "filter_groups",
+    "llds",
+    "kl_coef",
+    "entropy_coef",
+    "weight_decay",
+    "adam_betas",
+    "probe_every",
+    "threads",
+)
+
+
+def run_summary(
+    run: Path, commit: str | None, curves: Sequence[str] = CURVES, keys: Sequence[str] = CONFIG_KEYS
+) -> dict[str, Any]:
+    """The small JSON that stands for one run of a study once its folder is gone: the run's per-step
+    ``curves``, the config's ``keys``, each evaluation's per-question EM, the sampled test reward."""
     history = read_metrics(run)
     config = json.loads((run / "manifest.json").read_text()).get("config", {})
     steps = [r for r in history if r["step"] > 0]
@@ -81,45 +105,31 @@ def run_summary(run: Path, commit: str | None) -> dict[str, Any]:
         "arm": run.parent.name,
         "seed": int(run.name.removeprefix("s")),
         "commit": commit,
-        "config": {
-            k: config.get(k)
-            for k in (
-                "init",
-                "lr",
-                "steps",
-                "questions_per_step",
-                "group_size",
-                "minibatch_size",
-                "temperature",
-                "advantage",
-                "reward",
-                "filter_groups",
-                "llds",
-                "kl_coef",
-                "entropy_coef",
-                "weight_decay",
-                "adam_betas",
-                "probe_every",
-                "threads",
-            )
-        },
+        "config": {k: config.get(k) for k in keys},
         "steps": max((int(r["step"]) for r in steps), default=0),
         "wall_s": _num(float(wall.read_text())) if wall.is_file() and wall.read_text().strip() else None,
         "curves": {"step": [int(r["step"]) for r in steps]}
-        | {k: [_num(r.get(k)) for r in steps] for k in CURVES},
+        | {k: [_num(r.get(k)) for r in steps] for k in curves},
         "probe_step0": {k: _num(start.get(k)) for k in ("lld/probe_logp", *PROBES)},
         "eval": evals,
         "sampled_test": json.loads(sampled.read_text()) if sampled.is_file() else None,
     }
 
 
-def summarize(runs_dir: Path, out: Path, only: Sequence[str] | None, commit: str | None) -> None:
+def summarize(
+    runs_dir: Path,
+    out: Path,
+    only: Sequence[str] | None,
+    commit: str | None,
+    curves: Sequence[str] = CURVES,
+    keys: Sequence[str] = CONFIG_KEYS,
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     runs = sorted(p.parent for p in runs_dir.glob("*/s*/checkpoint.pt"))
     if only:
         runs = [r for r in runs if f"{r.parent.name}/{r.name}" in only]
     for run in runs:
-        summary = run_summary(run, commit)
+        summary = run_summary(run, commit, curves, keys)
         path = out / f"{run.parent.name}_{run.name}.json"
         path.write_text(json.dumps(summary, separators=(",", ":")) + "\n")
         final = summary["eval"].get(str(summary["steps"]), {}).get("em")

@@ -557,6 +557,12 @@ def cmd_learn(args: argparse.Namespace) -> None:
     print(learn_report.report(args.summaries, args.plots))
 
 
+def cmd_lld3_summarize(args: argparse.Namespace) -> None:
+    import lld3_report
+
+    lld3_report.summarize(args.runs_dir, args.out, args.only, _commit())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -582,6 +588,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("summaries", type=Path)
     p.add_argument("--plots", type=Path, default=None)
     p.set_defaults(func=cmd_learn)
+    p = sub.add_parser("lld3-summarize", help="one small JSON per finished LLD-3 run")
+    p.add_argument("runs_dir", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--only", nargs="*", default=None, help="ARM/sSEED of the runs to summarize")
+    p.set_defaults(func=cmd_lld3_summarize)
     p = sub.add_parser("summarize", help="one small JSON per finished LLD-2 run")
     p.add_argument("runs_dir", type=Path)
     p.add_argument("--out", type=Path, required=True)
