@@ -563,6 +563,15 @@ def cmd_lld3_summarize(args: argparse.Namespace) -> None:
     lld3_report.summarize(args.runs_dir, args.out, args.only, _commit())
 
 
+def cmd_lld3(args: argparse.Namespace) -> None:
+    import learn_report
+    import lld3_report
+
+    if not learn_report.load(args.summaries):
+        raise SystemExit(f"no LLD-3 summaries under {args.summaries}")
+    print(lld3_report.report(args.summaries, args.plots))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -593,6 +602,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--only", nargs="*", default=None, help="ARM/sSEED of the runs to summarize")
     p.set_defaults(func=cmd_lld3_summarize)
+    p = sub.add_parser("lld3", help="LLD-3's tables, criteria C1-C4 and figure, from the summaries")
+    p.add_argument("summaries", type=Path)
+    p.add_argument("--plots", type=Path, default=None)
+    p.set_defaults(func=cmd_lld3)
     p = sub.add_parser("summarize", help="one small JSON per finished LLD-2 run")
     p.add_argument("runs_dir", type=Path)
     p.add_argument("--out", type=Path, required=True)

@@ -89,6 +89,7 @@ def test_the_usage_lists_the_stages() -> None:
         ("lld_experiment.sh", "warmstart"),
         ("lld2_experiment.sh", "warmstart"),
         ("learn_experiment.sh", "gns"),
+        ("lld3_experiment.sh", "runs"),
     ):
         done = subprocess.run(["bash", str(ROOT / "scripts" / script)], capture_output=True, text=True)
         assert done.returncode == 2 and stage in done.stdout and "SMALL=1" in done.stdout
@@ -161,6 +162,28 @@ def test_lld2_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
     stdout = report(["lld2", str(summaries), "--plots", str(tmp_path)], env)
     assert "gate gate_sft" in stdout and "C1 A collapses" in stdout
     assert (tmp_path / "lld2_curves.png").stat().st_size > 10_000
+
+
+def test_lld3_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
+    """docs/experiments/lld3.md's stages: the five arms of seed 0, summarised as each lands, and the report
+    with its criteria and figure (``lld_report.py lld3``)."""
+    summaries = tmp_path / "summaries"
+    env = small_env(tmp_path, SUMMARIES=str(summaries))
+    run_stage("lld3_experiment.sh", ["runs", "0"], env)
+    arms = ("control", "grpo", "llds", "ledger", "sapo")
+    assert not run_files(Path(env["OUT"]), [f"{arm}/s0" for arm in arms])
+    options = {arm: json.loads((summaries / f"{arm}_s0.json").read_text())["config"] for arm in arms}
+    assert options["control"]["lr"] == 0.0 and options["grpo"]["warmup_start_lr"] == 1e-4
+    assert (options["grpo"]["llds"], options["llds"]["llds"], options["ledger"]["llds_ledger"]) == (
+        "none",
+        "action",
+        True,
+    )
+    assert options["sapo"]["sapo_coef"] == 0.2 and options["grpo"]["sapo_coef"] == 0.0
+    assert all(o["ledger_size"] == 4 for o in options.values()), "every arm measures the ledger"
+    stdout = report(["lld3", str(summaries), "--plots", str(tmp_path)], env)
+    assert "C1 learn, then collapse" in stdout and "C3 sapo" in stdout and "C4 the phases" in stdout
+    assert (tmp_path / "lld3_curves.png").stat().st_size > 10_000
 
 
 def test_learn_md_quotes_the_report_of_the_committed_summaries() -> None:
