@@ -14,9 +14,9 @@ from torch import Tensor
 from searchgym.envs.episode import Source
 from searchgym.protocol import ACTION_PATTERN
 
-from .losses import action_ids
+from .losses import action_ids, adaptive_answer_weight, answer_weights
 
-__all__ = ["PROBE_ACTIONS", "answer_span_mask", "probe_masks"]
+__all__ = ["PROBE_ACTIONS", "answer_span_mask", "llds_ma_weights", "probe_masks"]
 
 # Same pattern as the environment's parser, on bytes so that offsets map to tokens exactly.
 _ACTION_PATTERN_BYTES = re.compile(ACTION_PATTERN.pattern.encode(), re.DOTALL)
@@ -62,6 +62,25 @@ def answer_span_mask(tokens: Tensor, sources: Tensor, token_bytes: Sequence[byte
 
 PROBE_ACTIONS: tuple[str, ...] = ("first", "search", "answer")
 """The action kinds the probe set is scored by: the first action, search actions, the final answer span."""
+
+
+def llds_ma_weights(
+    tokens: Tensor,
+    sources: Tensor,
+    token_bytes: Sequence[bytes],
+    mean_searches: float,
+    beta: float | None = None,
+    schedule: str = "code",
+) -> tuple[Tensor, float]:
+    """LLDS-MA's per-token weights of a batch and the answer weight ``beta`` they use.
+
+    The final answer span (:func:`answer_span_mask`) gets ``beta``, every other token 1; ``beta`` is the
+    given one, or the adaptive one from the batch's mean valid searches per episode
+    (:func:`~searchgym.agents.grpo.losses.adaptive_answer_weight` with ``schedule``).
+    """
+    if beta is None:
+        beta = adaptive_answer_weight(mean_searches, schedule)
+    return answer_weights(answer_span_mask(tokens, sources, token_bytes), beta), beta
 
 
 def probe_masks(tokens: Tensor, sources: Tensor, token_bytes: Sequence[bytes]) -> dict[str, Tensor]:

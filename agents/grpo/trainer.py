@@ -46,19 +46,14 @@ from .checkpoint import (
 )
 from .config import GRPOConfig
 from .diagnostics import lld_warning
+from .displacement import displacement_by_advantage, ledger_displacement, likelihood_metrics, probe_metrics
 from .ledger import Ledger
 from .losses import (
-    adaptive_answer_weight,
-    answer_weights,
     compute_advantages,
-    displacement_by_advantage,
     grpo_llds_loss,
-    ledger_displacement,
     ledger_llds_loss,
-    likelihood_metrics,
     llds_loss,
     masked_mean,
-    probe_metrics,
 )
 from .noise import MicroGradients, noise_scale_two_batch
 from .probes import onpolicy_probes, oracle_probe
@@ -76,7 +71,7 @@ from .runtime import (
     write_run_record,
 )
 from .sft import evaluate_checkpoint_policy
-from .spans import answer_span_mask, probe_masks
+from .spans import llds_ma_weights, probe_masks
 
 __all__ = ["GRPOTrainer", "length_buckets", "minibatch_plan", "train_grpo"]
 
@@ -284,13 +279,14 @@ class GRPOTrainer:
         if not cfg.llds_ma:
             return None, None
         searches = float(np.mean([i["searches"] for i in batch.infos]))
-        beta = (
-            cfg.llds_ma_beta
-            if cfg.llds_ma_beta is not None
-            else adaptive_answer_weight(searches, cfg.llds_ma_schedule)
+        return llds_ma_weights(
+            batch.tokens,
+            batch.sources,
+            self.policy.tokenizer.token_bytes,
+            searches,
+            cfg.llds_ma_beta,
+            cfg.llds_ma_schedule,
         )
-        span = answer_span_mask(batch.tokens, batch.sources, self.policy.tokenizer.token_bytes)
-        return answer_weights(span, beta), beta
 
     def _micro(self, minibatches: list[Tensor], lengths: Tensor | None = None) -> list[list[Tensor]]:
         """Each mini-batch split into micro-batches (gradient accumulation).

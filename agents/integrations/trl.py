@@ -56,15 +56,13 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     raise MissingDependencyError(getattr(e, "name", None) or "trl", "trl", "The TRL integration") from e
 
 from searchgym.agents.grpo.diagnostics import lld_warning
+from searchgym.agents.grpo.displacement import displacement_by_advantage
 from searchgym.agents.grpo.losses import (
     Gate,
-    adaptive_answer_weight,
-    answer_weights,
-    displacement_by_advantage,
     llds_loss,
 )
 from searchgym.agents.grpo.rollout import evaluate_policy
-from searchgym.agents.grpo.spans import answer_span_mask
+from searchgym.agents.grpo.spans import llds_ma_weights
 from searchgym.agents.llm import LLMPolicy
 from searchgym.envs.episode import Source
 from searchgym.envs.vector import SearchQAVectorEnv
@@ -119,7 +117,7 @@ class LLDSOptions:
         coef: lambda.
         ma: LLDS-MA: weight the final answer span by ``beta``.
         ma_beta: Constant ``beta``; ``None``: adaptive from the rollout batch's mean valid searches.
-        ma_schedule: The adaptive schedule (``"code"`` or ``"paper"``, :func:`adaptive_answer_weight`).
+        ma_schedule: The adaptive schedule (``"code"`` or ``"paper"``, :func:`~searchgym.agents.grpo.losses.adaptive_answer_weight`).
     """
 
     gate: Gate | None = "action"
@@ -281,15 +279,18 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
         if total[1]:
             self._metrics[mode]["rollout/episodes"].append(total[1])
         if self.llds.ma:
-            beta = self.llds.ma_beta
-            if beta is None:
-                # The batch's mean over every process, so that all processes weight the answer alike.
-                beta = adaptive_answer_weight(means.get("searches", 0.0), self.llds.ma_schedule)
             mask = self._loss_mask(output)
             sources = torch.where(mask.bool(), _POLICY, _TOOL)
             assert self.sg_tokenizer is not None
-            answer = answer_span_mask(output["completion_ids"], sources, self.sg_tokenizer.token_bytes)
-            output["llds_weights"] = answer_weights(answer, beta)
+            # The batch's mean searches over every process, so that all processes weight the answer alike.
+            output["llds_weights"], beta = llds_ma_weights(
+                output["completion_ids"],
+                sources,
+                self.sg_tokenizer.token_bytes,
+                means.get("searches", 0.0),
+                self.llds.ma_beta,
+                self.llds.ma_schedule,
+            )
             self._metrics[mode]["train/llds_ma_beta"].append(beta)
         return output
 

@@ -71,7 +71,8 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     raise MissingDependencyError(getattr(e, "name", None) or "verl", "verl", "The verl integration") from e
 
 from searchgym.agents.grpo.diagnostics import lld_warning
-from searchgym.agents.grpo.losses import GATES, Gate, displacement_by_advantage, llds_loss
+from searchgym.agents.grpo.displacement import displacement_by_advantage
+from searchgym.agents.grpo.losses import GATES, Gate, llds_loss
 from searchgym.envs.episode import Source
 from searchgym.envs.search_qa import SearchQAEnv
 from searchgym.envs.wrappers import TurnLevelWrapper

@@ -15,26 +15,21 @@ from searchgym.agents.grpo.losses import (
     answer_weights,
     broadcast_advantages,
     compute_advantages,
-    displacement_by_advantage,
     entropy_bonus,
     entropy_from_logits,
     group_advantages,
     grpo_llds_loss,
     k3_kl,
     kl_penalty,
-    likelihood_metrics,
     llds_loss,
     masked_mean,
     mean_advantages,
     policy_loss,
-    probe_metrics,
     sapo_loss,
     sign_advantages,
 )
-from searchgym.agents.grpo.spans import PROBE_ACTIONS, answer_span_mask, probe_masks
 from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
-from searchgym.tokenization import builtin_tokenizer
 
 P, T, PAD, PR = int(Source.POLICY), int(Source.TOOL), int(Source.PAD), int(Source.PROMPT)
 
@@ -350,98 +345,6 @@ def test_adaptive_answer_weight_schedules() -> None:
     assert adaptive_answer_weight(1.5) == adaptive_answer_weight(1.5, "code")
     with pytest.raises(ConfigError, match=r"valid schedules: \['paper', 'code'\]"):
         adaptive_answer_weight(1.0, "linear")
-
-
-def test_answer_span_mask_finds_the_last_actions_answer() -> None:
-    tok = builtin_tokenizer()
-    prompt = tok.encode("For example, <answer> Beijing </answer>. Question: where?\n")
-    search = tok.encode("<search> city </search>")
-    info = tok.encode("\n\n<information>Doc 1 <answer> Rome </answer></information>\n\n")
-    think = tok.encode("<think>ok</think> ")
-    answer = tok.encode("<answer> Paris </answer>")
-    rows = [
-        [(prompt, PR), (search, P), (info, T), (think + answer, P)],
-        [(prompt, PR), (answer, P), (info, T), (search, P)],  # last action searched (turn budget)
-        [(prompt, PR), (think, P)],
-    ]
-    width = max(sum(len(ids) for ids, _ in r) for r in rows)
-    tokens = torch.zeros(len(rows), width, dtype=torch.long)
-    sources = torch.zeros(len(rows), width, dtype=torch.int8)
-    for b, row in enumerate(rows):
-        at = 0
-        for ids, src in row:
-            tokens[b, at : at + len(ids)] = torch.tensor(ids)
-            sources[b, at : at + len(ids)] = src
-            at += len(ids)
-    mask = answer_span_mask(tokens, sources, tok.token_bytes)
-    start = len(prompt) + len(search) + len(info) + len(think)
-    expected = torch.zeros_like(mask)
-    expected[0, start : start + len(answer)] = True
-    assert torch.equal(mask, expected)
-    assert tok.decode(tokens[0][mask[0]].tolist()) == "<answer> Paris </answer>"
-
-
-def test_answer_span_covers_tokens_that_share_bytes_with_the_tags() -> None:
-    tok = builtin_tokenizer()
-    ids = tok.encode("so <answer> x </answer>")  # " <" holds the space before the tag
-    tokens = torch.tensor([ids])
-    mask = answer_span_mask(tokens, torch.full_like(tokens, P), tok.token_bytes)
-    first = next(i for i in range(len(ids)) if b"<" in tok.token_bytes[ids[i]])
-    assert mask[0, first:].all() and not mask[0, :first].any()
-
-
-# -- diagnostics and the total -------------------------------------------------------------------------
-
-
-def test_likelihood_metrics() -> None:
-    logp = torch.tensor([[-1.0, -2.0, 9.0], [-3.0, 9.0, 9.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    m = likelihood_metrics(logp, mask, torch.tensor([True, False]))
-    assert m == {
-        "logp_correct": -3.0,
-        "logp_token_correct": -1.5,
-        "logp_incorrect": -3.0,
-        "logp_token_incorrect": -3.0,
-    }
-    assert math.isnan(likelihood_metrics(logp, mask, torch.tensor([True, True]))["logp_incorrect"])
-
-
-def test_displacement_by_advantage_on_a_hand_built_batch() -> None:
-    before = torch.tensor([[-1.0, -1.0, 0.0], [-2.0, -2.0, -2.0], [-1.0, 0.0, 0.0], [-1.0, -1.0, 0.0]])
-    after = torch.tensor([[-1.5, -0.5, 7.0], [-2.0, -3.0, -2.5], [-0.5, 9.0, 9.0], [-1.2, -1.0, 0.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
-    adv = torch.tensor([1.2, 1.2, 0.0, -0.8])
-    m = displacement_by_advantage(before, after, adv, mask)
-    # Per response (token mean over its own policy tokens): 0.0, -0.5, +0.5, -0.1; padding is ignored.
-    assert close(m["delta_adv_pos"], -0.25) and m["n_adv_pos"] == 2
-    assert close(m["delta_adv_zero"], 0.5) and close(m["delta_adv_neg"], -0.1)
-    empty = displacement_by_advantage(before, after, torch.tensor([1.0, 1.0, 1.0, 1.0]), mask)
-    assert math.isnan(empty["delta_adv_neg"]) and empty["n_adv_neg"] == 0
-    assert displacement_by_advantage(before, before, adv, mask)["delta_adv_pos"] == 0.0
-
-
-def test_probe_masks_and_metrics_by_action_kind() -> None:
-    tok = builtin_tokenizer()
-    prompt = tok.encode("Question: where?\n")
-    search = tok.encode("<search> city </search>")
-    info = tok.encode("\n\n<information>Doc 1</information>\n\n")
-    answer = tok.encode("<answer> Paris </answer>")
-    parts = [(prompt, PR), (search, P), (info, T), (answer, P)]
-    tokens = torch.tensor([[t for ids, _ in parts for t in ids]])
-    sources = torch.tensor([[src for ids, src in parts for _ in ids]])
-    masks = probe_masks(tokens, sources, tok.token_bytes)
-    a, b = len(prompt), len(prompt) + len(search)
-    c = b + len(info)
-    assert masks["first"][0].nonzero().flatten().tolist() == list(range(a, b))
-    assert torch.equal(masks["search"], masks["first"])
-    assert masks["answer"][0].nonzero().flatten().tolist() == list(range(c, c + len(answer)))
-    assert int(masks["all"].sum()) == len(search) + len(answer)
-    logp = torch.where(masks["search"], -1.0, -3.0)
-    m = probe_metrics(logp, masks)
-    assert m["probe_logp_search"] == -1.0 and m["probe_logp_answer"] == -3.0 and m["probe_logp_first"] == -1.0
-    n_s, n_a = len(search), len(answer)
-    assert close(m["probe_logp"], (-1.0 * n_s - 3.0 * n_a) / (n_s + n_a))
-    assert set(m) == {"probe_logp"} | {f"probe_logp_{k}" for k in PROBE_ACTIONS}
 
 
 def test_grpo_llds_loss_combines_terms() -> None:

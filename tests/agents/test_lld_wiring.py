@@ -22,10 +22,10 @@ pytest.importorskip("transformers")
 
 import searchgym.agents.grpo.trainer as trainer_module  # noqa: E402
 from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
+from searchgym.agents.grpo.displacement import displacement_by_advantage  # noqa: E402
 from searchgym.agents.grpo.losses import (  # noqa: E402
     adaptive_answer_weight,
     answer_weights,
-    displacement_by_advantage,
     group_advantages,
     masked_mean,
 )
