@@ -51,7 +51,7 @@ $(VERL_STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)
-	SEARCHGYM_REQUIRE_VERL=1 $(VERL_BIN)/pytest tests/agents/integrations/test_verl.py
+	SEARCHGYM_REQUIRE_VERL=1 $(VERL_BIN)/pytest tests/agents/integrations/test_verl.py tests/agents/integrations/test_verl_tool.py
 
 test: lint typecheck unit test-verl
 
