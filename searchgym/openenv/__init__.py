@@ -1,0 +1,31 @@
+"""SearchQA as an OpenEnv environment (extra ``searchgym[openenv]``): served over HTTP and WebSocket.
+
+A turn-level SearchQA: the agent sends ``search(query)`` and ``answer(text)`` actions; the reward is the
+answer metric (exact match by default) against the golden answers. Episodes are those of
+:class:`~searchgym.agents.integrations.trl_env.SearchQAToolEnv`; this package puts them behind OpenEnv's
+``Environment``, ``create_app`` and ``EnvClient``.
+
+* :mod:`~searchgym.openenv.models`: ``SearchQAAction``, ``SearchQAObservation``, ``SearchQAState``;
+* :mod:`~searchgym.openenv.client`: ``SearchQAEnvClient``, an OpenEnv ``EnvClient``;
+* :mod:`~searchgym.openenv.environment`: ``SearchQAEnvironment`` and its ``SearchQAEnvOptions``;
+* :mod:`~searchgym.openenv.server`: ``create_searchqa_app`` and ``serve`` (``searchgym openenv serve``);
+* :mod:`~searchgym.openenv.tools`: ``SearchQARemoteTools``, a server session as TRL's ``environment_factory``.
+
+Like :mod:`searchgym.cli`, this package belongs to the application layer: it imports ``searchgym.agents``,
+and nothing in searchgym's core, envs or agents imports it. Importing it imports the client side only.
+See ``docs/openenv.md``.
+"""
+
+from __future__ import annotations
+
+from searchgym.errors import MissingDependencyError
+
+try:
+    import openenv  # type: ignore[import-untyped]  # noqa: F401
+except ImportError:
+    raise MissingDependencyError("openenv", "openenv", "searchgym's OpenEnv environment") from None
+
+from .client import SearchQAEnvClient
+from .models import SearchQAAction, SearchQAObservation, SearchQAState
+
+__all__ = ["SearchQAAction", "SearchQAEnvClient", "SearchQAObservation", "SearchQAState"]

@@ -1,0 +1,193 @@
+"""The server side: SearchQA turns behind OpenEnv's ``Environment`` interface.
+
+An episode is :class:`~searchgym.agents.integrations.trl_env.SearchQAToolEnv`'s, played one action per
+``step``: the same datasets, retriever (built once per process and shared by every session), passage text
+(Search-R1's ``Doc i(Title: …)`` block) and answer metric. What this module adds is OpenEnv's contract:
+typed actions and observations, a turn budget, seeding on ``reset``, and a state for ``/state``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+from uuid import uuid4
+
+from openenv.core.env_server.interfaces import Environment  # type: ignore[import-untyped]
+from openenv.core.env_server.types import EnvironmentMetadata  # type: ignore[import-untyped]
+
+from searchgym import __version__
+from searchgym.agents.integrations.trl_env import SearchQAToolEnv
+from searchgym.data import Question, load_dataset
+from searchgym.errors import ConfigError, EpisodeFinishedError
+from searchgym.rewards import get_metric
+
+from .models import SearchQAAction, SearchQAObservation, SearchQAState
+
+__all__ = ["SearchQAEnvOptions", "SearchQAEnvironment"]
+
+
+@dataclass(frozen=True)
+class SearchQAEnvOptions:
+    """The settings of every session a server opens; validated once.
+
+    Attributes:
+        dataset: A FlashRAG folder, a Search-R1 parquet folder, or ``None`` for the generated world.
+        world_seed: Seed of the generated world (ignored with ``dataset``).
+        split: The split whose questions are asked.
+        retriever: Retriever backend name or ``/retrieve`` URL (as ``SearchQA-v0``).
+        topk: Passages per search.
+        max_turns: Turns per episode, the answer included: ``max_turns - 1`` searches at most, and an
+            episode whose last turn does not answer ends with reward 0.
+        max_passage_words: Cut each passage's text to this many words (``None``: no cut).
+        reward: The answer metric: ``"em"``, ``"subem"`` or ``"f1"``.
+        seed: Seed of the question draw of a session until a ``reset(seed=...)`` reseeds it.
+    """
+
+    dataset: str | None = None
+    world_seed: int = 0
+    split: str = "train"
+    retriever: str | None = "bm25"
+    topk: int = 3
+    max_turns: int = 4
+    max_passage_words: int | None = None
+    reward: str = "em"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ConfigError(f"max_turns must be >= 1 (the answer takes a turn), got {self.max_turns}")
+        if self.topk < 1:
+            raise ConfigError(f"topk must be >= 1, got {self.topk}")
+        if self.max_passage_words is not None and self.max_passage_words < 1:
+            raise ConfigError(f"max_passage_words must be >= 1 or None, got {self.max_passage_words}")
+        get_metric(self.reward)  # an unknown reward lists the valid ones
+
+    def tool_env(self) -> SearchQAToolEnv:
+        """A :class:`SearchQAToolEnv` with these settings (its searches capped at ``max_turns - 1``)."""
+        kwargs = asdict(self)
+        kwargs["max_searches"] = kwargs.pop("max_turns") - 1
+        return SearchQAToolEnv(**kwargs)
+
+
+class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, SearchQAState]):
+    """SearchQA episodes with a ``search`` action and an ``answer`` action; the reward is the answer metric.
+
+    ``reset(seed=None, episode_id=None, question_id=None)`` starts a question: ``question_id`` pins one of
+    the split (how a GRPO group shares its question), otherwise one is drawn from the session's generator,
+    which ``seed`` reseeds. ``step`` takes one :class:`SearchQAAction`: a search returns passages, an answer
+    ends the episode with its reward. Each session has its own instance; they share the dataset and the
+    retriever, which are read-only.
+
+    Args:
+        options: The settings (defaults: the generated world's ``train`` split, BM25, top 3, 4 turns, EM).
+    """
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, options: SearchQAEnvOptions | None = None) -> None:
+        super().__init__()
+        self.options = options or SearchQAEnvOptions()
+        self._tool = self.options.tool_env()
+        # The dataset is cached per process: these are the very questions the tool env draws from.
+        data = load_dataset(self.options.dataset, world_seed=self.options.world_seed)
+        self._questions: list[Question] = data.questions(self.options.split)
+        self._rng = random.Random(self.options.seed)
+        self._state = SearchQAState(split=self.options.split)
+
+    def reset(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        question_id: str | None = None,
+        **kwargs: Any,
+    ) -> SearchQAObservation:
+        """Starts an episode; returns the instruction and question.
+
+        Raises:
+            ConfigError: an unknown keyword (the valid ones are named).
+            UnknownQuestionError: ``question_id`` is not in the split.
+        """
+        if kwargs:
+            raise ConfigError(
+                f"unknown reset options {sorted(kwargs)}; SearchQA takes seed, episode_id and question_id"
+            )
+        if seed is not None:
+            self._rng = random.Random(seed)
+        if question_id is None:
+            question_id = self._rng.choice(self._questions).id
+        prompt = self._tool.reset(question_id=question_id)
+        self._state = SearchQAState(
+            episode_id=episode_id or str(uuid4()), question_id=question_id, split=self.options.split
+        )
+        return self._observation(prompt, passage_ids=[], error=None, reward=None)
+
+    def step(
+        self, action: SearchQAAction, timeout_s: float | None = None, **kwargs: Any
+    ) -> SearchQAObservation:
+        """Plays one turn.
+
+        A search when none is left is refused: the observation carries the reason in ``error`` and the turn
+        is spent (on the last turn only an answer is accepted).
+
+        Raises:
+            EpisodeFinishedError: no episode is running (before the first reset, or after the end).
+        """
+        state = self._state
+        if state.question_id is None or state.done:
+            raise EpisodeFinishedError("no episode is running: call reset")
+        state.step_count += 1
+        passage_ids: list[str] = []
+        error = None
+        try:
+            if action.tool == "search":
+                text = self._tool.search(action.text)
+                passage_ids = list(self._tool.hit_ids[-1])
+            else:
+                text = self._tool.answer(action.text)
+        except EpisodeFinishedError as e:  # the agent's mistake, not the caller's: it is told, the turn spent
+            text = error = str(e)
+        state.queries = list(self._tool.queries)
+        state.hit_ids = [list(ids) for ids in self._tool.hit_ids]
+        state.answer = self._tool.given_answer
+        state.done = state.answer is not None or state.step_count >= self.options.max_turns
+        reward = 0.0
+        if state.done:
+            reward = state.reward = self._tool.get_reward()
+        return self._observation(text, passage_ids=passage_ids, error=error, reward=reward)
+
+    @property
+    def state(self) -> SearchQAState:
+        """The current episode (a copy: the server serialises it after this call returns)."""
+        return self._state.model_copy(deep=True)
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return EnvironmentMetadata(
+            name="SearchQA",
+            description="Search-R1-style question answering: search a knowledge base, then answer; the reward "
+            f"is the answer's {self.options.reward} against the golden answers",
+            version=__version__,
+        )
+
+    def _observation(
+        self, text: str, *, passage_ids: list[str], error: str | None, reward: float | None
+    ) -> SearchQAObservation:
+        state = self._state
+        question = self._tool.question
+        assert question is not None  # reset has run
+        metadata: dict[str, Any] = {}
+        if state.done:
+            ended = "answered" if state.answer is not None else "turn_budget"
+            metadata = {**self._tool.info, "end_reason": ended}
+        return SearchQAObservation(
+            text=text,
+            question=question.question,
+            question_id=question.id,
+            passage_ids=passage_ids,
+            turn=state.step_count,
+            turns_left=self.options.max_turns - state.step_count,
+            error=error,
+            done=state.done,
+            reward=reward,
+            metadata=metadata,
+        )

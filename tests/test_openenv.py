@@ -1,0 +1,373 @@
+"""SearchQA as an OpenEnv environment: the real server in a subprocess, its client, `openenv validate`, the
+Dockerfile's commands run here, and TRL's ``environment_factory`` driving the client in a GRPO step."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openenv", reason="OpenEnv is in the dev extra (`make test` installs it) and `openenv`")
+
+from searchgym.data import Question, load_dataset
+from searchgym.errors import ConfigError, UnknownQuestionError
+from searchgym.openenv import SearchQAAction, SearchQAEnvClient
+from searchgym.openenv.environment import SearchQAEnvironment, SearchQAEnvOptions
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+READY = re.compile(r"serving SearchQA \(OpenEnv\) on (http://\S+)")
+STARTUP_TIMEOUT_S = 120  # a hang guard: the machine may be busy
+SERVER_ARGS = ["--topk", "2", "--max-turns", "3", "--max-sessions", "16"]
+
+
+def _questions() -> dict[str, Question]:
+    return {q.id: q for q in load_dataset(None).questions("train")}
+
+
+@contextlib.contextmanager
+def _server(command: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """Starts a server command (which prints its URL once bound), waits for /health, yields the URL."""
+    environ = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        url = None
+        while url is None or not _healthy(url):
+            assert proc.poll() is None, f"the server exited with {proc.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"the server did not come up:\n{log.read_text()}"
+            found = READY.search(log.read_text())
+            url = found.group(1) if found else None
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            return r.status == 200 and json.loads(r.read())["status"] == "healthy"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``searchgym openenv serve`` on a free port, the generated world's train split, top 2, three turns."""
+    log = tmp_path_factory.mktemp("openenv") / "server.log"
+    command = [sys.executable, "-m", "searchgym.cli", "openenv", "serve", "--port", "0", *SERVER_ARGS]
+    with _server([*command, "--log-level", "warning"], log) as url:
+        yield url
+
+
+def test_cli_registers_openenv_serve() -> None:
+    from searchgym.cli import build_parser
+
+    args = build_parser().parse_args(["openenv", "serve", "--reward", "f1", "--max-turns", "2"])
+    assert args._command == ("openenv", "serve") and args.reward == "f1" and args.max_turns == 2
+
+
+def test_episode_rewards_the_golden_answer_one_and_a_wrong_answer_zero(server: str) -> None:
+    questions = _questions()
+    with SearchQAEnvClient(base_url=server).sync() as env:
+        for answer_right in (True, False):
+            result = env.reset(seed=7)
+            obs = result.observation
+            question = questions[obs.question_id]
+            assert result.reward is None and not result.done and obs.turns_left == 3
+            assert obs.text.endswith(f"Question: {question.question}") and obs.question == question.question
+
+            result = env.step(SearchQAAction.search(question.question))
+            assert result.reward == 0.0 and not result.done
+            assert len(result.observation.passage_ids) == 2  # --topk 2 reached the episodes
+            assert result.observation.text.startswith("<information>Doc 1(Title: ")
+            assert env.state().queries == [question.question]
+
+            answer = question.golden_answers[0].upper() if answer_right else "certainly not this"
+            result = env.step(SearchQAAction.answer(answer))
+            assert result.done and result.reward == (1.0 if answer_right else 0.0)
+            info = result.observation.metadata
+            assert info["golden_answers"] == list(question.golden_answers) and info["searches"] == 1
+            assert info["em"] == result.reward and info["end_reason"] == "answered"
+            state = env.state()
+            assert state.done and state.answer == answer and state.reward == result.reward
+            assert state.step_count == 2 and state.question_id == question.id
+            with pytest.raises(RuntimeError, match="no episode is running"):
+                env.step(SearchQAAction.answer("again"))
+
+
+def test_turn_budget_refuses_a_last_search_and_ends_at_zero(server: str) -> None:
+    with SearchQAEnvClient(base_url=server).sync() as env:
+        env.reset(question_id="train-3")
+        assert env.step(SearchQAAction.search("one")).observation.error is None
+        assert env.step(SearchQAAction.search("two")).observation.turns_left == 1
+        result = env.step(SearchQAAction.search("three"))  # the last of --max-turns 3 is for the answer
+        assert result.done and result.reward == 0.0
+        assert "no searches left" in (result.observation.error or "")
+        assert result.observation.metadata["end_reason"] == "turn_budget"
+        with pytest.raises(RuntimeError, match="question 'nope' is not in this split"):
+            env.reset(question_id="nope")
+        with pytest.raises(RuntimeError, match="unknown reset options"):
+            env.reset(split="test")
+
+
+def test_seed_reproduces_the_question_across_sessions(server: str) -> None:
+    with SearchQAEnvClient(base_url=server).sync() as a, SearchQAEnvClient(base_url=server).sync() as b:
+        draws = [
+            [
+                env.reset(seed=11).observation.question_id,
+                *(env.reset().observation.question_id for _ in range(3)),
+            ]
+            for env in (a, b)
+        ]
+    assert draws[0] == draws[1] and len(set(draws[0])) > 1  # a seed fixes the session's stream of questions
+
+
+def test_concurrent_sessions_stay_isolated(server: str) -> None:
+    """Two sessions at once, their steps interleaved on the server: each keeps its question and state."""
+    questions = _questions()
+    ids = ("train-10", "train-20")
+
+    async def play() -> list[Any]:
+        async with SearchQAEnvClient(base_url=server) as a, SearchQAEnvClient(base_url=server) as b:
+            envs = (a, b)
+            resets = await asyncio.gather(*(e.reset(question_id=q) for e, q in zip(envs, ids, strict=True)))
+            assert [r.observation.question_id for r in resets] == list(ids)
+            queries = [questions[q].question for q in ids]
+            await asyncio.gather(
+                *(e.step(SearchQAAction.search(q)) for e, q in zip(envs, queries, strict=True))
+            )
+            states = await asyncio.gather(*(e.state() for e in envs))
+            assert [s.queries for s in states] == [[q] for q in queries]
+            assert states[0].episode_id != states[1].episode_id
+            # Each answers the other's question: a mixed-up session would score 1.
+            swapped = [questions[ids[1]].golden_answers[0], questions[ids[0]].golden_answers[0]]
+            return await asyncio.gather(
+                *(e.step(SearchQAAction.answer(x)) for e, x in zip(envs, swapped, strict=True))
+            )
+
+    assert questions["train-10"].golden_answers[0] != questions["train-20"].golden_answers[0]
+    results = asyncio.run(play())
+    assert [r.reward for r in results] == [0.0, 0.0]
+    assert [r.observation.metadata["question_id"] for r in results] == list(ids)
+
+
+def test_openenv_validate_passes_on_the_server_and_the_manifest(server: str, tmp_path: Path) -> None:
+    """Both run offline: the running server's endpoints, and the manifest's static checks (the image build
+    and the runtime checks that need it are skipped: no Docker here)."""
+    openenv = str(BIN / "openenv")
+    live = subprocess.run([openenv, "validate", "--url", server], capture_output=True, text=True, timeout=120)
+    assert live.returncode == 0, live.stdout + live.stderr
+    assert "Verdict: PASS" in live.stdout
+    # The package is validated in a copy: a work tree may hold symbolic links (build/typecheck), which
+    # `openenv validate` refuses in a package.
+    source = tmp_path / "source"
+    ignore = shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "runs", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
+    )
+    shutil.copytree(ROOT, source, symlinks=True, ignore=ignore)
+    local = subprocess.run(
+        [openenv, "validate", str(source), "--skip-build", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert local.returncode == 0, local.stdout + local.stderr
+    report = json.loads(local.stdout)
+    statuses = {r["check_id"]: r["status"] for r in report["results"]}
+    assert statuses["static.manifest"] == "pass" and "fail" not in statuses.values()
+
+
+def _dockerfile() -> tuple[list[str], str, dict[str, str]]:
+    """Dockerfile.openenv's RUN commands and CMD (ARG defaults and ENV values substituted), and its ARG and
+    ENV values; its COPY sources must exist."""
+    text = (ROOT / "Dockerfile.openenv").read_text().replace("\\\n", " ")
+    variables: dict[str, str] = {}
+    runs: list[str] = []
+    cmd = ""
+
+    def expand(value: str) -> str:
+        return re.sub(r"\$\{(\w+)\}", lambda m: variables[m.group(1)], value)
+
+    for line in text.splitlines():
+        instruction, _, rest = line.strip().partition(" ")
+        if instruction == "ARG":
+            name, _, default = rest.partition("=")
+            variables[name] = default
+        elif instruction == "ENV":
+            for pair in shlex.split(expand(rest)):
+                name, _, value = pair.partition("=")
+                variables[name] = value
+        elif instruction == "RUN":
+            runs.append(expand(rest))
+        elif instruction == "COPY":
+            *sources, _ = rest.split()
+            assert all((ROOT / source).exists() for source in sources), line
+        elif instruction == "CMD":
+            cmd = rest
+    return runs, cmd, variables
+
+
+def test_dockerfile_commands_run_here(tmp_path: Path) -> None:
+    """What the image build cannot show here: its install names a real extra, its RUN builds the index, and
+    its CMD serves that index (in a folder standing for /opt/searchgym, on a free loopback port)."""
+    runs, cmd, variables = _dockerfile()
+    install, *searchgym_runs = runs
+    assert install == 'pip install -c constraints.txt ".[openenv]"'
+    assert "openenv =" in (ROOT / "setup.cfg").read_text()
+    assert [r.split()[:3] for r in searchgym_runs] == [["searchgym", "index", "bm25"]]
+    opt = f"{tmp_path}/"
+    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    for run in searchgym_runs:
+        built = subprocess.run(
+            ["sh", "-c", run.replace("/opt/searchgym/", opt)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PATH": path},
+        )
+        assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "index" / "bm25.json").is_file()
+
+    argv = json.loads(cmd)
+    assert argv[:2] == ["sh", "-c"] and argv[2].startswith(
+        "exec searchgym openenv serve $SEARCHGYM_OPENENV_ARGS"
+    )
+    served = {"SEARCHGYM_OPENENV_ARGS": variables["SEARCHGYM_OPENENV_ARGS"].replace("/opt/searchgym/", opt)}
+    # argparse keeps an option's last value: the same command, on loopback and a free port.
+    command = ["sh", "-c", argv[2] + " --host 127.0.0.1 --port 0 --log-level warning"]
+    log = tmp_path / "server.log"
+    with _server(command, log, env=served) as url, SearchQAEnvClient(base_url=url).sync() as env:
+        obs = env.reset(question_id="train-5").observation
+        passages = env.step(SearchQAAction.search(obs.question)).observation.passage_ids
+        golden = _questions()["train-5"].golden_answers[0]
+        assert len(passages) == 3 and env.step(SearchQAAction.answer(golden)).reward == 1.0
+
+
+def test_environment_options_and_errors() -> None:
+    f1 = SearchQAEnvironment(SearchQAEnvOptions(reward="f1", split="test", max_turns=1))
+    obs = f1.reset(question_id=load_dataset(None).questions("test")[0].id)
+    assert obs.turns_left == 1
+    golden = load_dataset(None).questions("test")[0].golden_answers[0]
+    assert 0.0 < f1.step(SearchQAAction.answer(f"x {golden}")).reward < 1.0
+    with pytest.raises(UnknownQuestionError):
+        f1.reset(question_id="train-0")  # another split's question
+    for bad in ({"max_turns": 0}, {"topk": 0}, {"reward": "bleu"}, {"max_passage_words": 0}):
+        with pytest.raises(ConfigError):
+            SearchQAEnvOptions(**bad)
+    with pytest.raises(ConfigError, match="no split 'dev'"):
+        SearchQAEnvironment(SearchQAEnvOptions(split="dev"))
+
+
+def test_app_module_reads_its_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``searchgym.openenv.app:app`` (openenv.yaml's ``app``) is built from ``SEARCHGYM_OPENENV_ARGS``."""
+    import importlib
+
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setenv("SEARCHGYM_OPENENV_ARGS", "--split test --topk 1")
+    sys.modules.pop("searchgym.openenv.app", None)
+    app = importlib.import_module("searchgym.openenv.app").app
+    sys.modules.pop("searchgym.openenv.app", None)
+    with TestClient(app) as client:
+        assert client.get("/health").json() == {"status": "healthy"}
+        with client.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "reset", "data": {"seed": 0}})
+            obs = ws.receive_json()["data"]["observation"]
+            assert obs["question_id"].startswith("test-")
+            ws.send_json({"type": "step", "data": {"tool": "search", "text": obs["question"]}})
+            assert len(ws.receive_json()["data"]["observation"]["passage_ids"]) == 1
+
+
+def test_trl_environment_factory_drives_the_client_in_a_grpo_step(server: str, tmp_path: Path) -> None:
+    """TRL's GRPOTrainer with ``environment_factory=SearchQARemoteTools.factory(url)``: its tool calls and
+    rewards go through OpenEnv sessions on the server; the model's turns are scripted (a random tiny model
+    makes no tool calls), the rest is TRL's."""
+    torch = pytest.importorskip("torch")
+    trl = pytest.importorskip("trl", reason="the trl extra is part of `all`: `make test` installs it")
+    from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
+
+    from searchgym.agents.integrations.trl_env import tool_env_dataset
+    from searchgym.agents.llm import tiny_causal_lm
+    from searchgym.openenv.tools import SearchQARemoteTools
+    from searchgym.tokenization import load_tokenizer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    hf = load_tokenizer(None).to_transformers()
+    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    hf.eos_token = "<|im_end|>"  # as in Qwen: TRL cuts the tool-result suffix at the end-of-turn token
+    hf.chat_template = qwen2_5_chat_template
+    add_response_schema(hf)
+    questions = {q.question.strip().rstrip("?"): q for q in load_dataset(None).questions("train")}
+
+    class Scripted(trl.GRPOTrainer):
+        def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> tuple:
+            out = []
+            for i, ids in enumerate(prompt_ids):
+                text = hf.decode(ids)
+                question = questions[text.split("Question: ")[1].split("<|im_end|>")[0].rstrip("?")]
+                calls = text.count("<tool_response>")
+                if calls == 0:
+                    call = {"name": "search", "arguments": {"query": question.question}}
+                elif calls == 1:  # even rows answer right, odd rows wrong
+                    answer = question.golden_answers[0] if i % 2 == 0 else "no idea"
+                    call = {"name": "answer", "arguments": {"answer": answer}}
+                else:
+                    out.append(hf.encode("Done.<|im_end|>", add_special_tokens=False))
+                    continue
+                text = "<tool_call>\n" + json.dumps(call) + "\n</tool_call><|im_end|>"
+                out.append(hf.encode(text, add_special_tokens=False))
+            return out, None
+
+    model = tiny_causal_lm(len(hf), layers=1, hidden=32, seed=0, eos_token_id=hf.eos_token_id)
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "tools"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=2048,
+        learning_rate=1e-2,
+        beta=0.0,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = Scripted(
+        model=model,
+        args=args,
+        train_dataset=tool_env_dataset(limit=4),
+        processing_class=hf,
+        environment_factory=SearchQARemoteTools.factory(server),
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    assert logs["tools/call_frequency"] == 2.0 and logs["tools/failure_frequency"] == 0.0
+    assert (
+        logs["rewards/SearchQARemoteTools/mean"] == 0.5
+    )  # the server's reward: EM of the answer tool's call
+    infos = [env.observation.metadata for env in trainer._environment_pool[None]]
+    assert [i["em"] for i in infos] == [1.0, 0.0, 1.0, 0.0] and all(i["searches"] == 1 for i in infos)
+    assert any(0 in row for row in trainer._buffered_inputs[0]["tool_mask"].tolist())  # tool results masked
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
