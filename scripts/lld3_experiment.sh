@@ -22,7 +22,7 @@ if [ "${SMALL:-0}" = 1 ]; then
 else
   WARM=${WARM:-$HERE/../../shared/cache/lld2_warmstart/sft_ext2/checkpoint.pt}; STEPS=${STEPS:-100}; MODEL=""
   SIZES="--questions-per-step 48 --group-size 5 --minibatch-size 120"
-  RAMP="--lr 1e-3 --warmup-start-lr 1e-4 --warmup-steps 160"
+  RAMP="--lr 1e-3 --warmup-start-lr 1e-4 --warmup-steps 80"  # GRPO's schedule counts training steps
   EVAL="--eval-questions 500 --eval-batch 100 --eval-every 25"
   PROBES="--probe-size 64 --onpolicy-probe-size 64 --probe-every 5 --ledger-size 200"; TESTQ=500
   sha=$(sha256sum "$WARM" | cut -c1-${#WARM_SHA256})
