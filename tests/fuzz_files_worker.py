@@ -201,13 +201,9 @@ def _same_tree(a: Any, b: Any) -> bool:
 def fuzz_checkpoint(cases: int) -> None:
     import torch
 
-    from searchgym.agents.grpo.checkpoint import (
-        check_config,
-        get_rng_state,
-        load_checkpoint,
-        save_checkpoint,
-        set_rng_state,
-    )
+    from searchgym.agents.grpo.checkpoint import load_checkpoint, save_checkpoint
+    from searchgym.agents.grpo.checkpoint_checks import check_config
+    from searchgym.agents.grpo.training_state import get_rng_state, set_rng_state
 
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)

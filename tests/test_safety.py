@@ -24,21 +24,15 @@ from searchgym.retrieval import BM25Retriever
 
 torch = pytest.importorskip("torch")
 
-from searchgym.agents.grpo.checkpoint import (  # noqa: E402
-    FORMAT,
-    get_rng_state,
-    load_checkpoint,
-    remove_stale_temp_files,
-    save_checkpoint,
-    set_rng_state,
-    upgrade_checkpoint,
-)
+from searchgym.agents.grpo.checkpoint import FORMAT, load_checkpoint, save_checkpoint, upgrade_checkpoint  # noqa: E402
 from searchgym.agents.grpo.runtime import (  # noqa: E402
     MetricLogger,
     check_resume_config,
     prepare_run_dir,
     read_metrics,
 )
+from searchgym.agents.grpo.training_state import get_rng_state, set_rng_state  # noqa: E402
+from searchgym.integrity import remove_stale_temp_files  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,7 +123,7 @@ def test_old_pickled_checkpoint_is_refused_with_the_way_to_convert_it(tmp_path: 
 
 
 def test_upgrade_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from searchgym.agents.grpo.checkpoint import _main
+    from searchgym.cli import main
 
     old = tmp_path / "v1.pt"
     torch.save(
@@ -141,8 +135,11 @@ def test_upgrade_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         },
         old,
     )
-    assert _main(["upgrade", str(old), str(tmp_path / "new.pt")]) == 0
+    assert main(["checkpoint", "upgrade", str(old), str(tmp_path / "new.pt")]) == 0
     assert load_checkpoint(tmp_path / "new.pt")["kind"] == "sft"
+    assert f"wrote {tmp_path / 'new.pt'}" in capsys.readouterr().out
+    assert main(["checkpoint", "upgrade", str(tmp_path / "new.pt"), str(tmp_path / "v3.pt")]) == 2
+    assert "not a legacy searchgym checkpoint" in capsys.readouterr().err
 
 
 def test_a_crafted_architecture_is_refused_before_building_a_model(tmp_path: Path) -> None:

@@ -23,13 +23,9 @@ from searchgym.retrieval import BM25Retriever
 
 torch = pytest.importorskip("torch")
 
-from searchgym.agents.grpo.checkpoint import (  # noqa: E402
-    MAX_CONTEXT_TOKENS,
-    check_config,
-    load_checkpoint,
-    load_training_state,
-    save_checkpoint,
-)
+from searchgym.agents.grpo.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from searchgym.agents.grpo.checkpoint_checks import MAX_CONTEXT_TOKENS, check_config  # noqa: E402
+from searchgym.agents.grpo.training_state import load_training_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -122,7 +122,8 @@ def checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:
     Raises:
         CheckpointError: the config has a field of the wrong type or out of range.
     """
-    from .checkpoint import check_config, peek_checkpoint
+    from .checkpoint import peek_checkpoint
+    from .checkpoint_checks import check_config
 
     payload = peek_checkpoint(checkpoint)
     if payload is None:
@@ -139,7 +140,7 @@ def export_env_sizes(folder: str | Path) -> dict[str, int]:
     Raises:
         CheckpointError: the note is not JSON, or a recorded size is not an integer in ``[1, 2**20]``.
     """
-    from .checkpoint import MAX_CONTEXT_TOKENS
+    from .checkpoint_checks import MAX_CONTEXT_TOKENS
 
     path = Path(folder) / EXPORT_NOTE
     if not path.is_file():

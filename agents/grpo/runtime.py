@@ -16,13 +16,14 @@ from typing import Any, TypeVar
 
 import torch
 
-from searchgym.errors import ConfigError, DataFormatError
-from searchgym.integrity import file_sha256
+from searchgym.errors import CheckpointError, ConfigError, DataFormatError
+from searchgym.integrity import file_sha256, remove_stale_temp_files
 from searchgym.tokenization import load_tokenizer
 
 from ..llm import LLMPolicy, tiny_causal_lm
 from ..llm.model import causal_lm_from_config
-from .checkpoint import CheckpointError, check_arch, load_checkpoint, remove_stale_temp_files
+from .checkpoint import load_checkpoint
+from .checkpoint_checks import check_arch
 from .config import CommonConfig
 
 __all__ = [

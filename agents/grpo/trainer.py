@@ -33,17 +33,11 @@ import torch
 from torch import Tensor
 
 from searchgym.envs.vector import SearchQAVectorEnv
+from searchgym.errors import CheckpointError
 
 from ..llm import DEFAULT_SCORING, ScoringOptions, token_logprobs
 from .batching import call_overhead_tokens, length_buckets, minibatch_plan
-from .checkpoint import (
-    CheckpointError,
-    get_rng_state,
-    load_checkpoint,
-    load_training_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import GRPOConfig
 from .diagnostics import lld_warning
 from .displacement import displacement_by_advantage, ledger_displacement, likelihood_metrics, probe_metrics
@@ -72,6 +66,7 @@ from .runtime import (
 )
 from .sft import evaluate_checkpoint_policy
 from .spans import llds_ma_weights, probe_masks
+from .training_state import get_rng_state, load_training_state, set_rng_state
 
 __all__ = ["GRPOTrainer", "length_buckets", "minibatch_plan", "train_grpo"]
 

@@ -95,7 +95,8 @@ def test_shipped_model_configs_and_bad_specs(tmp_path: Any) -> None:
 
 
 def test_a_checkpoint_with_a_malformed_config_arch_is_refused(tmp_path: Any) -> None:
-    from searchgym.agents.grpo.checkpoint import CheckpointError, save_checkpoint
+    from searchgym.agents.grpo.checkpoint import save_checkpoint
+    from searchgym.errors import CheckpointError
 
     for arch in ({"kind": "config", "config": "llama"}, {"kind": "config", "config": {"hidden_size": 8}}):
         ckpt = save_checkpoint(

@@ -13,14 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from searchgym.agents.grpo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
+from searchgym.agents.grpo.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from searchgym.agents.grpo.config import GRPOConfig, SFTConfig  # noqa: E402
 from searchgym.agents.grpo.losses import group_advantages  # noqa: E402
 from searchgym.agents.grpo.rollout import RolloutBatch  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer, minibatch_plan  # noqa: E402
 from searchgym.agents.llm import ScoringOptions  # noqa: E402
 from searchgym.envs.episode import Source  # noqa: E402
-from searchgym.errors import ConfigError  # noqa: E402
+from searchgym.errors import CheckpointError, ConfigError  # noqa: E402
 
 TINY: dict[str, Any] = {
     "max_turns": 2,
