@@ -235,7 +235,7 @@ def verdict(rows: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
         )
     held = [s for s in both if grpo[s]["phases"] is not None and phases_hold(grpo[s]["phases"])]
     lines.append(
-        f"C4 the phases: {_count_word(len(held), len(both), 2, max(len(both), 2))} (held in seeds {held} of learned-and-collapsed {both})"
+        f"C4 the phases: {_count_word(len(held), done, 2)} (held in seeds {held} of learned-and-collapsed {both})"
     )
     return lines
 

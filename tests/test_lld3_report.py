@@ -103,3 +103,15 @@ def test_verdict_reads_each_criterion_from_the_seeds() -> None:
     assert "C2" in lines[1] and "NOT MET" in lines[1]  # no probe or ledger onset at all
     assert next(x for x in lines if x.startswith("C3 llds")).startswith("C3 llds: MET")
     assert "C3 ledger: undecided" in next(x for x in lines if x.startswith("C3 ledger"))
+
+
+def test_criteria_wait_for_the_missing_seeds() -> None:
+    up_down = [0.4] * 20 + [0.45] * 30 + [0.30] * 50
+    by_arm = {
+        "control": {0: _arm("control", 0, [0.4] * 100, 0.6)},
+        "grpo": {0: _arm("grpo", 0, up_down, 0.4)},
+    }
+    lines = lld3.verdict(lld3.seed_rows(by_arm))
+    assert "C1 learn, then collapse: undecided" in lines[0]
+    assert "not applicable" in lines[1]
+    assert next(x for x in lines if x.startswith("C4")).startswith("C4 the phases: undecided")

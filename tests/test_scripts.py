@@ -186,14 +186,15 @@ def test_lld3_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
     assert (tmp_path / "lld3_curves.png").stat().st_size > 10_000
 
 
-def test_learn_md_quotes_the_report_of_the_committed_summaries() -> None:
-    """docs/experiments/learn.md's table and verdict are what ``lld_report.py learn`` prints from the
+@pytest.mark.parametrize("study", ["learn", "lld3"])
+def test_the_study_page_quotes_the_report_of_the_committed_summaries(study: str) -> None:
+    """docs/experiments/STUDY.md's tables and verdict are what ``lld_report.py STUDY`` prints from the
     summaries committed beside it: no figure in the page that the runs did not give."""
-    doc = (ROOT / "docs" / "experiments" / "learn.md").read_text()
+    doc = (ROOT / "docs" / "experiments" / f"{study}.md").read_text()
     start, end = (
-        "<!-- report: python scripts/lld_report.py learn docs/experiments/learn -->",
+        f"<!-- report: python scripts/lld_report.py {study} docs/experiments/{study} -->",
         "<!-- /report -->",
     )
     assert start in doc and end in doc
     quoted = doc.split(start)[1].split(end)[0].strip().removeprefix("```text").removesuffix("```").strip()
-    assert quoted == report(["learn", str(ROOT / "docs" / "experiments" / "learn")]).strip()
+    assert quoted == report([study, str(ROOT / "docs" / "experiments" / study)]).strip()
