@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -47,3 +48,73 @@ def retriever(world: Any) -> Any:
     from searchgym.retrieval import BM25Retriever
 
     return BM25Retriever(world.passages)
+
+
+@pytest.fixture
+def scripted_tool_grpo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A factory of one-step TRL ``GRPOTrainer`` runs over a tool environment, whose model's turns are
+    scripted (a random tiny model makes no tool calls): each rollout searches its question, then answers
+    (even rows the golden answer, odd rows a wrong one), then stops. The rest — tool calls, rewards, the
+    loss and the update — is TRL's. ``make(environment_factory)`` returns the trainer (not yet trained)
+    and its model."""
+    trl = pytest.importorskip("trl", reason="the trl extra is part of `all`: `make test` installs it")
+    from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
+
+    from searchgym.agents.integrations.trl_env import tool_env_dataset
+    from searchgym.agents.llm import tiny_causal_lm
+    from searchgym.data import load_dataset
+    from searchgym.tokenization import load_tokenizer
+
+    if "TRL_EXPERIMENTAL_SILENCE" not in os.environ:
+        monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    hf = load_tokenizer(None).to_transformers()
+    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    hf.eos_token = "<|im_end|>"  # as in Qwen: TRL cuts the tool-result suffix at the end-of-turn token
+    hf.chat_template = qwen2_5_chat_template
+    add_response_schema(hf)
+    questions = {q.question.strip().rstrip("?"): q for q in load_dataset(None).questions("train")}
+
+    class Scripted(trl.GRPOTrainer):  # type: ignore[misc]
+        def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> tuple:
+            out = []
+            for i, ids in enumerate(prompt_ids):
+                text = hf.decode(ids)
+                question = questions[text.split("Question: ")[1].split("<|im_end|>")[0].rstrip("?")]
+                calls = text.count("<tool_response>")
+                if calls == 0:
+                    call = {"name": "search", "arguments": {"query": question.question}}
+                elif calls == 1:  # even rows answer right, odd rows wrong
+                    answer = question.golden_answers[0] if i % 2 == 0 else "no idea"
+                    call = {"name": "answer", "arguments": {"answer": answer}}
+                else:
+                    out.append(hf.encode("Done.<|im_end|>", add_special_tokens=False))
+                    continue
+                text = "<tool_call>\n" + json.dumps(call) + "\n</tool_call><|im_end|>"
+                out.append(hf.encode(text, add_special_tokens=False))
+            return out, None
+
+    def make(environment_factory: Any) -> tuple[Any, Any]:
+        model = tiny_causal_lm(len(hf), layers=1, hidden=32, seed=0, eos_token_id=hf.eos_token_id)
+        args = trl.GRPOConfig(
+            output_dir=str(tmp_path / "tools"),
+            max_steps=1,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_completion_length=2048,
+            learning_rate=1e-2,
+            beta=0.0,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+        )
+        trainer = Scripted(
+            model=model,
+            args=args,
+            train_dataset=tool_env_dataset(limit=4),
+            processing_class=hf,
+            environment_factory=environment_factory,
+        )
+        return trainer, model
+
+    return make

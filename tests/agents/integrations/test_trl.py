@@ -31,7 +31,6 @@ from searchgym.agents.integrations.trl import (  # noqa: E402
     end_processes,
     episode_reward,
     question_dataset,
-    tool_env_dataset,
     trl_args,
 )
 from searchgym.agents.llm import tiny_causal_lm, token_logprobs  # noqa: E402
@@ -380,62 +379,9 @@ def test_shared_env_options_reach_the_episodes(tok: Any) -> None:
     assert "<|im_start|>user" in chat_tok.decode(out["prompt_ids"][0])
 
 
-def test_tool_env_trains_inside_grpo_trainer(tok: Any, tmp_path: Path) -> None:
+def test_tool_env_trains_inside_grpo_trainer(scripted_tool_grpo: Any) -> None:
     """SearchQAToolEnv as TRL's environment_factory: TRL calls its tools and reward in a real step."""
-    import trl
-    from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
-
-    from searchgym.data import load_dataset
-
-    hf = tok.to_transformers()
-    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    hf.eos_token = "<|im_end|>"  # as in Qwen: TRL cuts the tool-result suffix at the end-of-turn token
-    hf.chat_template = qwen2_5_chat_template
-    add_response_schema(hf)
-    questions = {q.question.strip().rstrip("?"): q for q in load_dataset(None).questions("train")}
-
-    class Scripted(trl.GRPOTrainer):
-        """The model's turns are scripted (a random tiny model makes no tool calls); the rest is TRL's."""
-
-        def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> tuple:
-            out = []
-            for i, ids in enumerate(prompt_ids):
-                text = hf.decode(ids)
-                question = questions[text.split("Question: ")[1].split("<|im_end|>")[0].rstrip("?")]
-                calls = text.count("<tool_response>")
-                if calls == 0:
-                    call = {"name": "search", "arguments": {"query": question.question}}
-                elif calls == 1:  # even rows answer right, odd rows wrong
-                    answer = question.golden_answers[0] if i % 2 == 0 else "no idea"
-                    call = {"name": "answer", "arguments": {"answer": answer}}
-                else:
-                    out.append(hf.encode("Done.<|im_end|>", add_special_tokens=False))
-                    continue
-                text = "<tool_call>\n" + json.dumps(call) + "\n</tool_call><|im_end|>"
-                out.append(hf.encode(text, add_special_tokens=False))
-            return out, None
-
-    model = tiny_causal_lm(len(hf), layers=1, hidden=32, seed=0, eos_token_id=hf.eos_token_id)
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path / "tools"),
-        max_steps=1,
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=2048,
-        learning_rate=1e-2,
-        beta=0.0,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-    )
-    trainer = Scripted(
-        model=model,
-        args=args,
-        train_dataset=tool_env_dataset(limit=4),
-        processing_class=hf,
-        environment_factory=SearchQAToolEnv.factory(topk=1, max_searches=2),
-    )
+    trainer, model = scripted_tool_grpo(SearchQAToolEnv.factory(topk=1, max_searches=2))
     before = [p.detach().clone() for p in model.parameters()]
     trainer.train()
     logs = trainer.state.log_history[0]
