@@ -1,4 +1,4 @@
-"""The retrieval server under slow clients (issue 22, item 7): four measurements against ``searchgym serve``.
+"""The retrieval server under slow clients: four measurements against ``searchgym serve``.
 
 Usage::
 

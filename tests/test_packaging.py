@@ -53,7 +53,7 @@ def test_no_bare_envs_or_agents_imports() -> None:
 
 def test_readme_names_every_extra_and_what_all_holds() -> None:
     """The README's extras sentence matches setup.cfg: each extra named, and `all` holding exactly those
-    listed before "`all` has them all" (issue: the README once promised TensorBoard in `all`)."""
+    listed before "`all` has them all"."""
     import configparser
     import re
 
@@ -75,7 +75,7 @@ MAX_MODULE_LINES = 800
 
 
 def test_no_module_is_over_800_lines() -> None:
-    """A module past 800 lines usually holds two jobs (issue 24): split it by job before it grows further."""
+    """A module past 800 lines usually holds two jobs: split it by job before it grows further."""
     sizes = {
         path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
         for folder in ("searchgym", "envs", "agents")

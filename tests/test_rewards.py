@@ -55,7 +55,7 @@ def test_unknown_metric_lists_valid_names() -> None:
         get_metric("bleu")
 
 
-# -- golden answers as a str or a sequence (issue 11, item 12) -------------------------------------------
+# -- golden answers as a str or a sequence ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("metric", [exact_match, sub_exact_match, f1_score])
@@ -76,7 +76,7 @@ def test_non_string_golden_answers_are_refused(bad) -> None:
         exact_match("Paris", bad)
 
 
-# -- F1's yes/no/noanswer rule (issue 11, item 13) -----------------------------------------------------
+# -- F1's yes/no/noanswer rule ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

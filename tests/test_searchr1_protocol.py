@@ -1,4 +1,4 @@
-"""Search-R1 protocol both ways (issue 11, items 1-7).
+"""Search-R1 protocol both ways.
 
 A Search-R1-style client (written from the wire format: one POST of every active query, ``result`` read as
 lists of ``{"document": {"id", "contents"}, "score"}``) against ``searchgym serve``'s app, and Search-R1-shaped

@@ -206,7 +206,7 @@ def test_load_2000_requests_from_8_clients(
     assert not wrong, f"{len(wrong)} wrong answers, e.g. request {wrong[0]}"
 
 
-# -- slow and hostile clients (issue 22, item 7) ----------------------------------------------------------
+# -- slow and hostile clients ----------------------------------------------------------
 
 
 class Counting(Retriever):

@@ -18,7 +18,7 @@ Three pieces, usable separately (see ``docs/scale.md``):
   :func:`searchgym.agents.grpo.diagnostics.lld_warning` to the logged ``lld/delta_adv_pos`` and logs
   ``lld/warning``.
 
-:func:`train_trl` wires them together for ``searchgym train trl``.
+:func:`searchgym.agents.integrations.trl_train.train_trl` wires them together for ``searchgym train trl``.
 
 Verified against TRL 1.16.0 (``trl/trainer/grpo_trainer.py``): ``rollout_func(prompts, trainer)`` gets the
 process's prompts as the sampler produced them (each repeated ``num_generations`` times, consecutively) and
@@ -35,14 +35,10 @@ For TRL users who prefer tool calls to Search-R1's tags, :class:`~searchgym.agen
 
 from __future__ import annotations
 
-import math
 import os
-import re
-import shutil
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 try:
@@ -61,11 +57,8 @@ from searchgym.agents.grpo.losses import (
     Gate,
     llds_loss,
 )
-from searchgym.agents.grpo.rollout import evaluate_policy
 from searchgym.agents.grpo.spans import llds_ma_weights
-from searchgym.agents.llm import LLMPolicy
 from searchgym.envs.episode import Source
-from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import ConfigError
 from searchgym.tokenization import Tokenizer
 
@@ -73,7 +66,6 @@ from .config import TRLConfig
 from .trl_env import SearchQAToolEnv, tool_env_dataset
 from .trl_rollout import (
     SearchQARollout,
-    _generation_model,
     episode_em,
     episode_f1,
     episode_reward,
@@ -91,10 +83,8 @@ __all__ = [
     "episode_em",
     "episode_f1",
     "episode_reward",
-    "last_checkpoint",
     "question_dataset",
     "tool_env_dataset",
-    "train_trl",
     "trl_args",
 ]
 
@@ -517,225 +507,3 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
     if config.use_vllm:
         kwargs["generation_kwargs"] = {"stop": ["</search>", "</answer>"], "include_stop_str_in_output": True}
     return trl.GRPOConfig(**{**kwargs, **overrides})
-
-
-_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-
-
-def last_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest ``checkpoint-N`` folder TRL saved in ``run_dir`` (largest N), or ``None``."""
-    found = [
-        (int(m.group(1)), p)
-        for p in Path(run_dir).glob("checkpoint-*")
-        if p.is_dir() and (m := _CHECKPOINT.fullmatch(p.name))
-    ]
-    return max(found)[1] if found else None
-
-
-def _prepare_run_dir(config: TRLConfig) -> Path:
-    """The main process's part: refuse, replace or continue the run in ``config.run_dir``."""
-    from searchgym.agents.grpo.runtime import prepare_run_dir
-
-    root = Path(config.run_dir)
-    checkpoints = sorted(root.glob("checkpoint-*")) if root.is_dir() else []
-    if checkpoints and not (config.resume or config.overwrite):
-        raise ConfigError(
-            f"run_dir {str(root)!r} already holds TRL checkpoints ({checkpoints[-1].name}); pass --resume to "
-            "continue the run, --overwrite to replace it, or choose another --run-dir"
-        )
-    root = prepare_run_dir(root, resume=config.resume, overwrite=config.overwrite)
-    if config.overwrite:
-        for path in [*checkpoints, root / "init_model", root / "model"]:
-            if path.is_dir():
-                shutil.rmtree(path)
-    return root
-
-
-class _MetricsCallback(transformers.TrainerCallback):
-    """Writes TRL's training logs to ``RUN_DIR/metrics.jsonl`` (and TensorBoard) with searchgym's logger.
-
-    Only the main process writes (``logger`` is ``None`` elsewhere); every process keeps ``last``.
-    """
-
-    def __init__(self, logger: Any) -> None:
-        self.logger = logger
-        self.last: dict[str, float] = {}
-
-    def on_log(
-        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any
-    ) -> None:
-        numbers = {
-            k: float(v)
-            for k, v in (logs or {}).items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        if numbers:
-            self.last.update(numbers)
-            if self.logger is not None and state.is_world_process_zero:
-                self.logger.log(int(state.global_step), numbers)
-
-
-def _lld_history(run_dir: Path, step: int) -> list[dict[str, Any]]:
-    """The ``lld/delta_adv_pos`` records of ``metrics.jsonl`` up to ``step`` (a resumed warning rule's past)."""
-    import json
-
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("step", 0) <= step and record.get("lld/delta_adv_pos") is not None:
-            out.append({"step": record["step"], "lld/delta_adv_pos": record["lld/delta_adv_pos"]})
-    return out
-
-
-def _evaluate(trainer: Any, config: TRLConfig, tokenizer: Tokenizer) -> dict[str, float]:
-    """Greedy evaluation on the main process (the others wait); ``{}`` elsewhere or when it cannot run."""
-    from trl.distributed import DistributedBackend
-
-    state = trainer.accelerator
-    backend = DistributedBackend(state)
-    if state.num_processes > 1 and (backend.is_fsdp or backend.is_zero3):
-        warnings.warn(
-            "skipping the final evaluation: the model is sharded over the processes; evaluate the saved "
-            "model instead (searchgym eval --agent checkpoint:RUN_DIR/model)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return {}
-    evals: dict[str, float] = {}
-    with _generation_model(trainer) as model:
-        if state.is_main_process:
-            greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=config.max_turn_tokens)
-            eval_env = SearchQAVectorEnv(
-                config.eval_batch,
-                autoreset_mode="Disabled",
-                **{**config.env_kwargs(config.eval_split), "tokenizer": tokenizer},
-            )
-            try:
-                summary = evaluate_policy(greedy, eval_env, config.eval_questions)
-            finally:
-                eval_env.close()
-            evals = {f"eval/{k}": summary[k] for k in ("em", "f1", "searches")}
-        state.wait_for_everyone()
-    return evals
-
-
-def end_processes() -> None:
-    """Wait for every process, then take down the process group that ``train_trl`` set up.
-
-    A process that exits with a gloo group still alive can abort in its interpreter's teardown
-    ("terminate called without an active exception", pytorch/pytorch#190489), failing a run that
-    finished. Call it once, at the end of the program, in every process; a no-op in one process.
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
-    """``searchgym train trl``: GRPO (+LLDS) on SearchQA with TRL's ``GRPOTrainer``.
-
-    Runs in one process, or in each process of ``torchrun`` / ``accelerate launch``: the run folder is
-    prepared and written by the main process only (metrics gathered over the processes), the others wait.
-
-    Args:
-        config: The run's configuration.
-        **trl_overrides: Fields of TRL's ``GRPOConfig`` that no option of ``config`` sets
-            (``--trl-arg key=value``; see :func:`check_trl_overrides`).
-
-    Returns:
-        The last logged metrics, plus ``eval/em``, ``eval/f1``, ``eval/searches`` when
-        ``config.eval_questions`` > 0 (on the main process).
-
-    Raises:
-        ConfigError: an override is refused, the batch sizes do not split over the processes, or
-            ``--resume`` finds no checkpoint.
-    """
-    from accelerate import PartialState
-
-    from searchgym.agents.grpo.runtime import MetricLogger, build_policy
-
-    check_trl_overrides(trl_overrides)
-    args = trl_args(config, **trl_overrides)  # sets up the processes (torchrun, accelerate launch)
-    if args.generation_batch_size != config.batch_size:
-        raise ConfigError(
-            f"TRL sees {args.world_size} processes but WORLD_SIZE said otherwise: its generation batch is "
-            f"{args.generation_batch_size} responses, not questions_per_step * group_size = {config.batch_size}"
-        )
-    state = PartialState()
-    run_dir = Path(config.run_dir)
-    if state.is_main_process:
-        _prepare_run_dir(config)
-    state.wait_for_everyone()
-    checkpoint = last_checkpoint(run_dir) if config.resume else None
-    if config.resume and checkpoint is None:
-        raise ConfigError(
-            f"--resume: no checkpoint-N folder in {str(run_dir)!r} (save them with --save-steps)"
-        )
-    resume_step = int(checkpoint.name.split("-")[1]) if checkpoint is not None else None
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    policy, _ = build_policy(
-        config, temperature=config.temperature, max_turn_tokens=config.max_turn_tokens, seed=config.seed
-    )
-    tokenizer = policy.tokenizer
-    if config.kl_coef > 0 and (config.model is None or config.init is not None):
-        # TRL builds its reference model from model.config.name_or_path: give it the initial weights.
-        init_dir = run_dir / "init_model"
-        if state.is_main_process and not (config.resume and (init_dir / "config.json").is_file()):
-            policy.model.save_pretrained(str(init_dir))
-        state.wait_for_everyone()
-        policy.model.config.name_or_path = str(init_dir)
-    env_kwargs = {**config.env_kwargs(), "tokenizer": tokenizer}
-    rollout = SearchQARollout(env_kwargs, seed=config.seed)
-    dataset = question_dataset(rollout.env(args.generation_batch_size // args.world_size))
-    logger = None
-    if state.is_main_process:
-        logger = MetricLogger(run_dir, resume_step=resume_step, tensorboard=config.tensorboard)
-    metrics_cb = _MetricsCallback(logger)
-    llds = LLDSOptions(
-        gate=None if config.llds == "none" else config.llds,
-        coef=config.llds_coef,
-        ma=config.llds_ma,
-        ma_beta=config.llds_ma_beta,
-        ma_schedule=config.llds_ma_schedule,
-    )
-    trainer = LLDSGRPOTrainer(
-        model=policy.model,
-        reward_funcs=[episode_reward],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer.to_transformers(),
-        rollout_func=rollout,
-        callbacks=[metrics_cb],
-        llds=llds,
-        tokenizer=tokenizer,
-        warning_window=config.warning_window,
-    )
-    if resume_step is not None:
-        for callback in trainer.callback_handler.callbacks:
-            if isinstance(callback, LLDWarningCallback):
-                callback.history = _lld_history(run_dir, resume_step)
-    try:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
-        results = dict(metrics_cb.last)
-        if config.eval_questions > 0:
-            evals = _evaluate(trainer, config, tokenizer)
-            if evals and logger is not None:
-                logger.log(int(trainer.state.global_step), evals)
-            results.update(evals)
-        if config.save_model:
-            trainer.save_model(str(run_dir / "model"))  # every process: ZeRO-3 gathers the weights
-            if state.is_main_process:
-                tokenizer.to_transformers().save_pretrained(str(run_dir / "model"))
-    finally:
-        if logger is not None:
-            logger.close()
-    return {k: v for k, v in results.items() if math.isfinite(v)}

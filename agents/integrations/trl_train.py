@@ -28,6 +28,7 @@ from searchgym.agents.grpo.runtime import MetricLogger, build_policy, prepare_ru
 from searchgym.agents.llm import LLMPolicy
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import ConfigError
+from searchgym.run_lock import lock_run_dir
 from searchgym.tokenization import Tokenizer
 
 from .config import TRLConfig
@@ -187,7 +188,9 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
         )
     state = PartialState()
     run_dir = Path(config.run_dir)
-    if state.is_main_process:
+    run_lock = None
+    if state.is_main_process:  # one writer per run folder: held until the run ends
+        run_lock = lock_run_dir(run_dir)
         _prepare_run_dir(config)
     state.wait_for_everyone()
     checkpoint = last_checkpoint(run_dir) if config.resume else None
@@ -254,4 +257,6 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     finally:
         if logger is not None:
             logger.close()
+        if run_lock is not None:
+            run_lock.release()
     return {k: v for k, v in results.items() if math.isfinite(v)}

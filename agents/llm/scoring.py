@@ -82,8 +82,8 @@ def _picked_logprobs(
 def _picked_logprobs_reference(
     logits: Tensor, target: Tensor, vocab_size: int, temperature: float, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """:func:`_picked_logprobs` by plain autograd through ``log_softmax``: the test oracle, and the update
-    path as it was when issue 13 was filed (``searchgym bench update``'s *before*)."""
+    """:func:`_picked_logprobs` by plain autograd through ``log_softmax``: the test oracle, and the reference
+    update path (``searchgym bench update``'s *before*)."""
     logp = _log_probs(logits, vocab_size, temperature)
     picked = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     return picked, -(logp.exp() * logp).sum(-1) if with_entropy else None

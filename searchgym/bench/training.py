@@ -10,8 +10,8 @@ on any machine:
   ``model.generate`` sampling the same number of new tokens per sequence from the same prompts, in one
   batch of the same size (no tool turns, no stops: the upper bound of a rollout's pace);
 * **updates** (:func:`run_update_benchmark`): :meth:`GRPOTrainer.update` on one rollout batch, from the same
-  weights and optimizer state each time, with today's defaults and as the update ran when issue 13 was
-  filed (the plan's plain chunks, a separate ``pi_old`` re-scoring pass, no-grad scoring passes under
+  weights and optimizer state each time, with today's defaults and on the reference path
+  (the plan's plain chunks, a separate ``pi_old`` re-scoring pass, no-grad scoring passes under
   ``torch.no_grad``): policy tokens per second, and the step's time split into rollout, update and
   diagnostics (the displacement re-score and the probe set).
 
@@ -250,10 +250,10 @@ def run_update_benchmark(
     overrides: dict[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """GRPO update speed today against the update as it was when issue 13 was filed, and the split of one
+    """GRPO update speed today against the reference update (the unoptimised path), and the split of one
     step's time, on the trainer's default recipe (``kl_coef`` 0.001: a reference is scored too).
 
-    *Before* is the issue-time path: the plan's plain chunks as micro-batches, ``pi_old`` re-scored in a
+    *Before* is the reference path: the plan's plain chunks as micro-batches, ``pi_old`` re-scored in a
     separate pass, no-grad passes under ``torch.no_grad``, the output layer's log-probs and entropy by
     autograd through ``log_softmax``, every row read whole. *After* is today's default (length buckets, the
     first update's own forward as ``pi_old`` and the sampler's log-probs for the rest, ``inference_mode``,

@@ -48,7 +48,7 @@ ROWS = [
     ("rollout / generate before", "rollout_vs_generate_before", "{:.2f}"),
     ("rollout log-prob gap, cached vs re-read", "rollout_logp_mismatch", "{:.1e}"),
     ("update policy tokens/s (today's defaults)", "update_tokens_per_s", "{:.0f}"),
-    ("update policy tokens/s before (issue-time path)", "update_tokens_per_s_before", "{:.0f}"),
+    ("update policy tokens/s before (reference path)", "update_tokens_per_s_before", "{:.0f}"),
     ("update policy tokens/s, pi_old re-scored (--rescore-pi-old)", "update_tokens_per_s_rescored", "{:.0f}"),
     ("update speed-up (target >= 1.5)", "update_speedup", "{:.2f}"),
     ("update speed-up, pi_old re-scored", "update_speedup_rescored", "{:.2f}"),

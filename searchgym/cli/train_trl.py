@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(TRLConfig, args)
     overrides = parse_trl_args(args.trl_arg)
-    from searchgym.agents.integrations.trl import end_processes, train_trl  # needs the trl extra
+    from searchgym.agents.integrations.trl_train import end_processes, train_trl  # needs the trl extra
 
     metrics = train_trl(config, **overrides)
     if int(os.environ.get("RANK", "0")) == 0:  # one manifest and summary under torchrun / accelerate launch

@@ -20,7 +20,7 @@ from searchgym.data.types import Passage
 from searchgym.errors import MissingDependencyError, RetrieverError
 from searchgym.retrieval.base import Hit, Retriever
 
-from .wire import RequestError, ServerLimits, parse_request
+from .wire import RequestError, RetrieveRequest, ServerLimits, parse_request
 
 # The key, in each request's ``scope["state"]``, of the server's hook that drops the connection at once.
 ABORT_KEY = "searchgym.abort"

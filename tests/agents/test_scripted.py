@@ -86,7 +86,7 @@ def test_oracle_demonstration_tokens_are_policy_tokens() -> None:
     assert np.count_nonzero(obs_sources == 2) == record.steps
 
 
-# -- all-hop recall and a true-upper-bound oracle (issue 11, item 15) ------------------------------------
+# -- all-hop recall and a true-upper-bound oracle ------------------------------------------------------------
 
 
 def tiny_multihop() -> Any:

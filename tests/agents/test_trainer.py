@@ -334,7 +334,9 @@ def test_resume_without_init_restores_the_original_reference(
     assert resumed.ref_model is not None and resumed.step == 1
     again = resumed._score(resumed.ref_model, batch, [torch.arange(len(batch))])
     assert torch.equal(reference, again)  # bit-identical reference log-probs
-    fresh = GRPOTrainer(tiny(tmp_path / "other", kl_coef=0.01))  # what the old code rebuilt
+    fresh = GRPOTrainer(
+        tiny(tmp_path / "other", kl_coef=0.01)
+    )  # a reference rebuilt from the config, not the saved one
     assert fresh.ref_model is not None
     assert not torch.equal(reference, fresh._score(fresh.ref_model, batch, [torch.arange(len(batch))]))
 

@@ -1,4 +1,4 @@
-"""Argument checks and resource release of the environments (issue 12, items 10-11)."""
+"""Argument checks and resource release of the environments."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Search-R1 parity of the episode text (issue 11, items 8-11).
+"""Search-R1 parity of the episode text.
 
 The expected transcripts are written by hand from Search-R1's published conventions, not produced by its
 code: the base prompt (the question stripped, a "?" added when it has none), each search turn followed by

@@ -28,11 +28,11 @@ from searchgym.agents.integrations.trl import (  # noqa: E402
     SearchQARollout,
     SearchQAToolEnv,
     check_trl_overrides,
-    end_processes,
     episode_reward,
     question_dataset,
     trl_args,
 )
+from searchgym.agents.integrations.trl_train import end_processes  # noqa: E402
 from searchgym.agents.llm import tiny_causal_lm, token_logprobs  # noqa: E402
 from searchgym.envs.episode import Source  # noqa: E402
 from searchgym.errors import ConfigError, SearchGymError  # noqa: E402

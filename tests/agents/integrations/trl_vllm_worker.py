@@ -19,7 +19,8 @@ from typing import Any
 from accelerate import Accelerator
 from trl.generation.vllm_generation import VLLMGeneration
 
-from searchgym.agents.integrations.trl import SearchQARollout, end_processes
+from searchgym.agents.integrations.trl import SearchQARollout
+from searchgym.agents.integrations.trl_train import end_processes
 from searchgym.tokenization import load_tokenizer
 
 ENV = {"max_turn_tokens": 16, "max_context_tokens": 320, "topk": 1, "max_turns": 3}
