@@ -34,6 +34,14 @@ class EpisodeRecord:
     def to_json(self) -> dict[str, Any]:
         return {**self.info, "reward": self.reward, "steps": self.steps, "transcript": self.transcript}
 
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> EpisodeRecord:
+        """The record :meth:`to_json` wrote (a line of ``eval --out``)."""
+        info = dict(record)
+        return cls(
+            info=info, reward=info.pop("reward"), steps=info.pop("steps"), transcript=info.pop("transcript")
+        )
+
 
 @dataclass
 class EvalSummary:
@@ -130,11 +138,17 @@ def run_episode(
 
 
 def iter_episodes(
-    env: gym.Env[Any, Any], agent: Agent, episodes: int, seed: int = 0, by_index: bool = True
+    env: gym.Env[Any, Any],
+    agent: Agent,
+    episodes: int,
+    seed: int = 0,
+    by_index: bool = True,
+    first: int = 0,
 ) -> Iterator[EpisodeRecord]:
-    """Yields ``episodes`` records; with ``by_index`` episode i pins question i (mod the split size)."""
+    """Yields the records of episodes ``first .. episodes - 1``; with ``by_index`` episode i pins question i
+    (mod the split size). Episode i resets with ``seed + i``."""
     n_questions = len(env.unwrapped.questions)  # type: ignore[attr-defined]
-    for i in range(episodes):
+    for i in range(first, episodes):
         options = {"question_index": i % n_questions} if by_index else None
         yield run_episode(env, agent, seed=seed + i, options=options)
 
@@ -147,6 +161,7 @@ def evaluate(
     seed: int = 0,
     out: str | Path | None = None,
     progress: bool = False,
+    held: list[EpisodeRecord] | None = None,
 ) -> EvalSummary:
     """Evaluates ``agent`` on the first ``episodes`` questions of the env's split (in order).
 
@@ -157,19 +172,22 @@ def evaluate(
         seed: Base seed; episode i resets with ``seed + i``.
         out: Optional JSONL path for one transcript record per episode.
         progress: Show a tqdm progress bar.
+        held: The records of episodes ``0 .. len(held) - 1``, already played (a resumed run: ``out`` holds
+            them and is appended to); the run plays the rest, and the summary covers all ``episodes``.
+            Every episode is seeded by its index alone, so the result equals an uninterrupted run's.
     """
     start = time.perf_counter()
-    records: list[EpisodeRecord] = []
-    iterator: Any = iter_episodes(env, agent, episodes, seed)
+    records: list[EpisodeRecord] = list(held or [])
+    iterator: Any = iter_episodes(env, agent, episodes, seed, first=len(records))
     if progress:
         from tqdm.auto import tqdm
 
-        iterator = tqdm(iterator, total=episodes, desc=f"eval {agent.name}", unit="ep")
+        iterator = tqdm(iterator, total=episodes, initial=len(records), desc=f"eval {agent.name}", unit="ep")
     sink = None
     if out is not None:  # written as episodes finish, so a crash keeps what was done
         path = Path(out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        sink = path.open("w", encoding="utf-8")
+        sink = path.open("a" if held else "w", encoding="utf-8")
     try:
         for record in iterator:
             records.append(record)

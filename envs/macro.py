@@ -298,7 +298,8 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
     * ``n_answers``: answer slots (12).
     * Every other argument is the token-level env's (``dataset``, ``split``, ``tokenizer``, ``retriever``,
       ``topk``, ``max_turns``, ``max_turn_tokens``, ``max_context_tokens``, ``max_passage_words``,
-      ``reward``, ``prompt_style``, ``on_retrieval_error``, ``world_seed``, ``render_mode``).
+      ``reward``, ``prompt_style``, ``on_retrieval_error``, ``retriever_patience``, ``world_seed``,
+      ``render_mode``).
 
     ## Version History
 
@@ -317,15 +318,18 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
         n_answers: int = 12,
         world_seed: int = 0,
         render_mode: str | None = None,
+        retriever_patience: float = 0.0,
         **token_env_kwargs: Any,
     ) -> None:
         if n_queries < 1 or n_answers < 1:
             raise ConfigError(f"n_queries and n_answers must be >= 1, got {n_queries} and {n_answers}")
         data = load_dataset(dataset, world_seed=world_seed)
         # The recorder keeps the scored hits of each search; the token env executes the search itself.
-        inner, owned = acquire_retriever(data, retriever)
+        inner, owned = acquire_retriever(data, retriever, retriever_patience)
         self._recorder = _RecordingRetriever(inner)
-        self._release = weakref.finalize(self, release_retriever, data, retriever) if owned else None
+        self._release = (
+            weakref.finalize(self, release_retriever, data, retriever, retriever_patience) if owned else None
+        )
         self.core = SearchQAEnv(
             dataset=data, split=split, tokenizer=tokenizer, retriever=self._recorder,
             render_mode=render_mode, **token_env_kwargs,

@@ -44,32 +44,35 @@ class _Lease:
     users: int = 0
 
 
-def _lease_key(spec: str | None) -> str:
-    return "bm25" if spec is None else spec
+def _lease_key(spec: str | None, patience: float) -> str:
+    name = "bm25" if spec is None else spec
+    return f"{name} (patience {patience:g}s)" if patience else name
 
 
-def acquire_retriever(dataset: Dataset, spec: Any) -> tuple[Retriever, bool]:
+def acquire_retriever(dataset: Dataset, spec: Any, patience: float = 0.0) -> tuple[Retriever, bool]:
     """The retriever for ``spec`` over ``dataset``, and whether the caller must release it.
 
     A named backend or URL (a ``str`` or ``None``) is built once and shared by every environment on the
     dataset that holds it: it is stored on the dataset (so it never outlives it) with a count of holders,
     and :func:`release_retriever` by the last holder closes and drops it. A :class:`Retriever` object is
-    returned as is and stays the caller's (``False``: nothing to release).
+    returned as is and stays the caller's (``False``: nothing to release). ``patience`` is a URL's wait
+    for a server that stops answering (see :func:`~searchgym.retrieval.make_retriever`).
     """
     if not isinstance(spec, str | None):
         return make_retriever(spec, dataset.passages), False
-    key = _lease_key(spec)
+    key = _lease_key(spec, patience)
     with _LEASES_LOCK:
         lease = dataset.retrievers.get(key)
         if not isinstance(lease, _Lease):
-            lease = dataset.retrievers[key] = _Lease(make_retriever(spec, dataset.passages))
+            retriever = make_retriever(spec, dataset.passages, patience=patience)
+            lease = dataset.retrievers[key] = _Lease(retriever)
         lease.users += 1
         return lease.retriever, True
 
 
-def release_retriever(dataset: Dataset, spec: str | None) -> None:
+def release_retriever(dataset: Dataset, spec: str | None, patience: float = 0.0) -> None:
     """Gives back a retriever taken with :func:`acquire_retriever`; the last holder closes and drops it."""
-    key = _lease_key(spec)
+    key = _lease_key(spec, patience)
     with _LEASES_LOCK:
         lease = dataset.retrievers.get(key)
         if not isinstance(lease, _Lease):
@@ -202,6 +205,10 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
       does (True, default), so prompts are byte-identical to Search-R1's.
     * ``on_retrieval_error``: ``"raise"`` (default) re-raises :class:`~searchgym.errors.RetrieverError`;
       ``"observe"`` appends ``<information>Search failed: …</information>`` as tool tokens and goes on.
+    * ``retriever_patience``: for a URL retriever, seconds to wait for a server that stops answering
+      (refused connections, timeouts, 503) before failing, retrying every few seconds; the episode then
+      goes on as if nothing happened (0, default: fail once the client's retries are spent). A server that
+      answers wrong is never waited for.
     * ``retriever_faults``: inject seeded retriever faults (empty results, shuffled results, random
       passages, truncated passages, latency) with given probabilities: a
       :class:`~searchgym.retrieval.RetrieverFaults`, a mapping of its fields, or ``"empty=0.1,seed=3"``
@@ -225,8 +232,8 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
       episodes unchanged: a ``"?"`` is added to questions that lack one, the ``<information>`` block shows a
       document's title line as the corpus stores it and drops the last document's trailing white space
       (both as Search-R1), ``max_obs_tokens`` and ``append_question_mark`` were added, and F1 applies the
-      yes/no/noanswer rule. Added, with episodes unchanged: ``snapshot()``/``restore()`` and
-      ``retriever_faults`` (off by default).
+      yes/no/noanswer rule. Added, with episodes unchanged: ``snapshot()``/``restore()``,
+      ``retriever_faults`` (off by default) and ``retriever_patience`` (0 by default).
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}  # noqa: RUF012 - Gymnasium's convention
@@ -253,6 +260,7 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         max_obs_tokens: int | None = None,
         append_question_mark: bool = True,
         retriever_faults: Any = None,
+        retriever_patience: float = 0.0,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             # Tools such as SB3's make_vec_env pass "rgb_array" by default: warn and render nothing.
@@ -261,6 +269,8 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
                 "rendering is disabled"
             )
             render_mode = None
+        if not (isinstance(retriever_patience, int | float) and 0 <= retriever_patience < float("inf")):
+            raise ConfigError(f"retriever_patience must be >= 0 seconds, got {retriever_patience!r}")
         if on_retrieval_error not in ("raise", "observe"):
             raise ConfigError(f"on_retrieval_error must be 'raise' or 'observe', got {on_retrieval_error!r}")
         self.config = EpisodeConfig(
@@ -280,9 +290,13 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         if not self.questions:
             raise ConfigError(f"split {split!r} of {self.dataset.name!r} has no questions")
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
-        self.retriever, owned = acquire_retriever(self.dataset, retriever)
+        self.retriever, owned = acquire_retriever(self.dataset, retriever, retriever_patience)
         # Released by close(), or when the env is garbage-collected without one.
-        self._release = weakref.finalize(self, release_retriever, self.dataset, retriever) if owned else None
+        self._release = (
+            weakref.finalize(self, release_retriever, self.dataset, retriever, retriever_patience)
+            if owned
+            else None
+        )
         self.on_retrieval_error = on_retrieval_error
         self.render_mode = render_mode
         self.retriever_faults: RetrieverFaults | None = parse_faults(retriever_faults)

@@ -11,6 +11,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DataFormatError",
+    "DiskFullError",
     "EpisodeFinishedError",
     "InvalidActionError",
     "MissingDependencyError",
@@ -64,6 +65,16 @@ class CheckpointError(SearchGymError, RuntimeError):
 
 class RetrieverError(SearchGymError, RuntimeError):
     """Retrieval failed (unreachable server, bad response, exhausted retries)."""
+
+
+class DiskFullError(SearchGymError, OSError):
+    """A write ran out of space (``ENOSPC``/``EDQUOT``). The message names the file, the space the write
+    needed (when known) and what was free, and what was kept: atomic writes leave the previous file intact.
+
+    ``errno`` is the write's (``ENOSPC`` or ``EDQUOT``); ``str()`` is the message alone."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class MissingDependencyError(SearchGymError, ImportError):

@@ -18,10 +18,12 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,12 +31,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from searchgym.errors import DataFormatError
+from searchgym.errors import DataFormatError, DiskFullError
 
 __all__ = [
     "check_seal",
     "check_sealed_file",
     "content_sha256",
+    "disk_full_is_clear",
     "file_sha256",
     "remove_stale_temp_files",
     "seal",
@@ -296,3 +299,51 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError, OSError):
         return True  # exists but not ours, or unknowable: keep its file
     return True
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
+@contextmanager
+def disk_full_is_clear(path: str | Path, needed: int | None = None, kept: str = "") -> Iterator[None]:
+    """Turns a write's ``ENOSPC``/``EDQUOT`` into a one-line :class:`~searchgym.errors.DiskFullError` naming
+    ``path``, the ``needed`` bytes (when known), the space free there, and ``kept`` (what is intact).
+
+    A writer that wraps the ``OSError`` in its own exception (``torch.save``'s zip writer answers with
+    ``RuntimeError: ... unexpected pos``) is recognised by the ``OSError`` in the exception's context. Other
+    errors pass through unchanged.
+    """
+    try:
+        yield
+    except Exception as e:
+        full = _disk_full(e)
+        if full is None or isinstance(e, DiskFullError):
+            raise
+        folder = Path(path).parent
+        try:
+            free = _size(shutil.disk_usage(folder).free)
+        except OSError:
+            free = "unknown"
+        need = f"it needs about {_size(needed)}, {free} free" if needed is not None else f"{free} free"
+        then = f"; {kept}" if kept else ""
+        raise DiskFullError(
+            full.errno,
+            f"no space left on the device writing {path} ({need}): free some space or write elsewhere{then}",
+        ) from None
+
+
+def _disk_full(error: BaseException) -> OSError | None:
+    """The ``ENOSPC``/``EDQUOT`` ``OSError`` behind ``error`` (itself, or in its context), if any."""
+    seen: set[int] = set()
+    found: BaseException | None = error
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        if isinstance(found, OSError) and found.errno in (errno.ENOSPC, errno.EDQUOT):
+            return found
+        found = found.__cause__ or found.__context__
+    return None

@@ -1,6 +1,6 @@
-"""Trust (issue 12): nothing loaded from a file runs code, crafted files give typed errors, no results lost.
+"""Nothing loaded from a file runs code, crafted files give typed errors, no results are lost.
 
-One test (or more) per numbered item of the issue; the random mutations are in ``test_fuzz_files.py``.
+The random mutations are in ``test_fuzz_files.py``; attacks on the other inputs in ``test_trust.py``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def small_payload() -> dict[str, Any]:
     }
 
 
-# -- 1. checkpoints never run code ----------------------------------------------------------------------------
+# -- 1. checkpoints never run code -------------------------------------------------------------------------------------
 
 
 def test_checkpoint_with_a_pickled_object_is_refused_without_running_it(tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_a_crafted_architecture_is_refused_before_building_a_model(tmp_path: Pat
         build_policy(SFTConfig(init=str(path)))
 
 
-# -- 2 and 10. BM25 index files -----------------------------------------------------------------------------------
+# -- 2 and 10. BM25 index files ----------------------------------------------------------------------------------------
 
 
 def saved_index(tmp_path: Path) -> tuple[Path, list[Passage]]:
@@ -177,7 +177,7 @@ def rewrite_arrays(folder: Path, **arrays: np.ndarray) -> None:
 
 
 def reseal(folder: Path, **changes: Any) -> None:
-    """``bm25.json`` with ``changes`` and fresh hashes (what a crafted index carries; see issue 22)."""
+    """``bm25.json`` with ``changes`` and fresh hashes (what a crafted index carries)."""
     from searchgym.integrity import seal
 
     meta = json.loads((folder / "bm25.json").read_text())
@@ -272,7 +272,7 @@ def test_a_crafted_index_cannot_crash_the_process(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "typed error" in proc.stdout, proc.stderr[-2000:]
 
 
-# -- 3. nothing that executes ------------------------------------------------------------------------------------
+# -- 3. nothing that executes ------------------------------------------------------------------------------------------
 
 
 def test_no_loader_can_execute_code_from_a_file() -> None:
@@ -302,7 +302,7 @@ def test_no_loader_can_execute_code_from_a_file() -> None:
     assert not found
 
 
-# -- 4. --out never loses an earlier file --------------------------------------------------------------------------
+# -- 4. --out never loses an earlier file ------------------------------------------------------------------------------
 
 
 def test_failed_eval_keeps_the_earlier_out_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -344,7 +344,7 @@ def test_failed_demos_keep_the_earlier_out_file(tmp_path: Path, monkeypatch: pyt
     assert out.read_text() == '{"kept": true}\n'
 
 
-# -- 5 and 9. run folders --------------------------------------------------------------------------------------------
+# -- 5 and 9. run folders ----------------------------------------------------------------------------------------------
 
 
 def fake_run(folder: Path) -> None:
@@ -400,7 +400,7 @@ def test_stale_checkpoint_temp_files_are_removed_on_the_next_start(
     assert not dead.exists() and live.exists()
 
 
-# -- 6. torn metrics lines ------------------------------------------------------------------------------------------
+# -- 6. torn metrics lines ---------------------------------------------------------------------------------------------
 
 
 def test_torn_last_metrics_line_is_dropped_on_resume(tmp_path: Path) -> None:
@@ -462,7 +462,7 @@ def test_changed_options_on_resume_are_refused_or_applied_and_reported() -> None
         assert check_resume_config(saved, {**saved, "resume": True}) == {}
 
 
-# -- 10. clear errors from data files -------------------------------------------------------------------------------------
+# -- 10. clear errors from data files ----------------------------------------------------------------------------------
 
 
 CORPUS = [
@@ -524,7 +524,7 @@ def test_env_on_a_folder_with_a_stray_file(tmp_path: Path) -> None:
     env.close()
 
 
-# -- issue 11, item 14: supporting passage ids -------------------------------------------------------------------------
+# -- supporting passage ids --------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
-"""Trust, second round (issue 22): each input the audit broke, fed as it was, gives a typed error or a safe
-result.
+"""Hostile and broken inputs, fed as an attacker or an accident would make them, give a typed error or a safe
+result: crafted checkpoints, SB3 archives, index files, server traffic, run folders.
 
-One test (or more) per numbered item of the issue; ``test_safety.py`` keeps the first round's (issue 12).
+``test_safety.py`` holds the file-format and no-results-lost checks; the random mutations are in
+``test_fuzz_files.py``.
 """
 
 from __future__ import annotations
@@ -995,8 +996,8 @@ def python_sigint() -> Any:
 def test_ctrl_c_inside_a_checkpoint_write_arrives_once_the_checkpoint_is_saved(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, python_sigint: Any
 ) -> None:
-    """Ctrl-C at a write of torch.save's zip writer used to come out as ``RuntimeError: ... unexpected pos``
-    (a traceback and exit 1 instead of the one-line interruption; seen once in 10 interrupted runs)."""
+    """Ctrl-C at a write of torch.save's zip writer, which torch turns into ``RuntimeError: ... unexpected
+    pos``, still ends in the one-line interruption, not a traceback and exit 1."""
     import signal
 
     real_save = torch.save

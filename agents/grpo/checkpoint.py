@@ -9,6 +9,13 @@ Integrity: ``torch.save`` writes a zip archive whose members carry CRC-32 checks
 does not check them (a flipped bit in a weight loads silently). :func:`load_checkpoint` verifies every
 member's CRC first, which catches every error burst of up to 32 bits, and refuses a corrupt file.
 
+Seal: :func:`save_checkpoint` records a SHA-256 of everything it saves (every tensor's dtype, shape and
+bytes, and every other value, keys in order: :func:`payload_digest`) under ``"seal"``; :func:`load_checkpoint`
+recomputes it and refuses a file whose contents no longer match — a tensor or the config edited after the
+save (loaded and re-saved with the old seal), or parts of two files put together. A seal proves the parts
+belong together, not who wrote them: a file re-sealed by whoever changed it loads (its values still pass the
+bounds below). Files saved before checkpoints were sealed carry no seal and load unchecked by it.
+
 Atomicity: the file is written to a temporary file in the same folder and moved into place with
 ``os.replace``, so a run killed mid-write leaves the previous checkpoint intact; the temporary file it
 leaves behind is removed on the next start (:func:`remove_stale_temp_files`).
@@ -25,6 +32,7 @@ converts a file you trust (``searchgym checkpoint upgrade OLD NEW``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import zipfile
 from collections.abc import Mapping
@@ -34,7 +42,7 @@ from typing import Any
 import torch
 
 from searchgym.errors import CheckpointError
-from searchgym.integrity import sigint_held, temp_path
+from searchgym.integrity import disk_full_is_clear, sigint_held, temp_path
 
 from .checkpoint_checks import check_arch, check_config, iter_tensors, storage_elements
 from .training_state import plain_rng_state
@@ -43,6 +51,7 @@ __all__ = [
     "FORMAT",
     "LEGACY_FORMATS",
     "load_checkpoint",
+    "payload_digest",
     "peek_checkpoint",
     "save_checkpoint",
     "upgrade_checkpoint",
@@ -80,8 +89,41 @@ def _check_plain(value: Any, where: str) -> None:
     )
 
 
+SEAL = "seal"
+"""The payload key of the checkpoint's seal: ``{"sha256": payload_digest(payload without it)}``."""
+
+
+def payload_digest(payload: Mapping[str, Any]) -> str:
+    """The SHA-256 of a checkpoint payload's contents (the seal itself left out): every tensor's dtype, shape
+    and bytes, every other value's type and ``repr``, mapping keys in sorted order."""
+    digest = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            flat = value.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"T{flat.dtype}{tuple(value.shape)}".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, Mapping):
+            keys = sorted((k for k in value if not (value is payload and k == SEAL)), key=repr)
+            digest.update(b"{%d" % len(keys))
+            for key in keys:
+                digest.update(repr(key).encode())
+                feed(value[key])
+            digest.update(b"}")
+        elif isinstance(value, list | tuple):
+            digest.update(b"[%d" % len(value))
+            for item in value:
+                feed(item)
+            digest.update(b"]")
+        else:
+            digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+    feed(payload)
+    return digest.hexdigest()
+
+
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
-    """Writes ``payload`` (plus the format tag) to ``path`` atomically.
+    """Writes ``payload`` (plus the format tag and its seal) to ``path`` atomically.
 
     Args:
         path: Destination file; its folder is created.
@@ -93,6 +135,8 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     Raises:
         CheckpointError: the payload holds something other than tensors and plain data (the message names
             the key); nothing is written.
+        DiskFullError: the disk filled up; the previous file at ``path`` is intact and no temporary file
+            is left.
     """
     path = Path(path)
     _check_plain(payload, "payload")
@@ -101,11 +145,15 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     tmp = temp_path(path)
     crc = torch.serialization.get_crc32_options()
     # Ctrl-C during the write is delivered once the checkpoint is in place (see sigint_held).
-    with sigint_held():
+    needed = sum(t.numel() * t.element_size() for _, t in iter_tensors(payload, "payload"))
+    kept = f"{path} is as it was" + (" (the previous checkpoint, intact)" if path.exists() else "")
+    with sigint_held(), disk_full_is_clear(path, needed, kept):
         try:
             torch.serialization.set_crc32_options(True)  # the CRCs are the integrity check on load
             with tmp.open("xb") as f:
-                torch.save({"format": FORMAT, **payload}, f)
+                sealed = {"format": FORMAT, **{k: v for k, v in payload.items() if k != SEAL}}
+                sealed[SEAL] = {"sha256": payload_digest(sealed)}
+                torch.save(sealed, f)
                 f.flush()
                 os.fsync(f.fileno())  # the data must be on disk before the rename makes it the checkpoint
             os.replace(tmp, path)
@@ -196,6 +244,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if found != FORMAT and found not in LEGACY_FORMATS:
         raise CheckpointError(f"{path} is not a searchgym checkpoint (format {found!r}, expected {FORMAT!r})")
     assert isinstance(payload, dict)
+    _check_seal(payload, path)
     _check_fields(payload, path)
     _check_tensors(payload, path)
     if "config" in payload:
@@ -216,6 +265,21 @@ def peek_checkpoint(path: str | Path) -> dict[str, Any] | None:
     except Exception:
         return None
     return payload if isinstance(payload, dict) else None
+
+
+def _check_seal(payload: dict[str, Any], path: Path) -> None:
+    """The contents match the seal recorded at save (a file without a seal predates sealing: unchecked)."""
+    if SEAL not in payload:
+        return
+    seal = payload[SEAL]
+    if not (isinstance(seal, dict) and isinstance(seal.get("sha256"), str)):
+        raise CheckpointError(f"{path}: its seal is malformed; point to another copy")
+    if payload_digest(payload) != seal["sha256"]:
+        raise CheckpointError(
+            f"checkpoint {path} does not match its seal: a tensor or the config was changed after it was saved "
+            "(an edit, or parts of two files put together); point to another copy (an earlier checkpoint of "
+            "the run, or a backup)"
+        )
 
 
 def _check_fields(payload: dict[str, Any], path: Path) -> None:

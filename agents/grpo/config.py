@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 import warnings
@@ -80,6 +81,11 @@ class CommonConfig:
     split: str = option("train", "training split")
     eval_split: str = option("test", "evaluation split")
     retriever: str = option("bm25", "retriever backend name or URL")
+    retriever_patience: float = option(
+        300.0,
+        "seconds to wait for a URL retriever that stops answering (a restart) before failing; the run then "
+        "goes on as if nothing happened (0: fail once the client's retries are spent)",
+    )
     topk: int = option(3, "passages per search")
     max_turns: int = option(4, "turn budget per episode")
     max_turn_tokens: int = option(
@@ -115,6 +121,8 @@ class CommonConfig:
         for name in ("tiny_layers", "tiny_hidden", "topk", "max_turns", "max_turn_tokens", "eval_batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.retriever_patience >= 0 and math.isfinite(self.retriever_patience)):
+            raise ConfigError(f"retriever_patience must be >= 0 seconds, got {self.retriever_patience}")
         if self.max_context_tokens < 16:
             raise ConfigError(f"max_context_tokens must be >= 16, got {self.max_context_tokens}")
         if not (self.lr > 0 or (self.lr == 0 and self.FROZEN_CONTROL)):
@@ -149,6 +157,7 @@ class CommonConfig:
             "split": split or self.split,
             "tokenizer": self.tokenizer if self.tokenizer is not None else self.model,
             "retriever": self.retriever,
+            "retriever_patience": self.retriever_patience,
             "topk": self.topk,
             "max_turns": self.max_turns,
             "max_turn_tokens": self.max_turn_tokens,
@@ -255,7 +264,7 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
     minibatch_plan: Literal["groups", "shuffle"] = option(
         "groups",
         "groups: mini-batches of whole groups in a shuffled group order (every trajectory once per epoch); "
-        "shuffle: responses shuffled across groups (the earlier behaviour)",
+        "shuffle: responses shuffled across groups (a mini-batch mixes parts of several groups)",
     )
     micro_batch_size: int | None = option(
         None, "responses per forward/backward (gradient accumulation; default: the whole mini-batch)"
@@ -538,6 +547,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "world_seed",
         "split",
         "retriever",
+        "retriever_patience",
         "topk",
         "max_turns",
         "max_turn_tokens",

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import torch
 
 from searchgym.errors import CheckpointError, ConfigError, DataFormatError
-from searchgym.integrity import file_sha256, remove_stale_temp_files
+from searchgym.integrity import disk_full_is_clear, file_sha256, remove_stale_temp_files
 from searchgym.tokenization import load_tokenizer
 
 from ..llm import LLMPolicy, tiny_causal_lm
@@ -65,6 +65,7 @@ RESUMABLE_OPTIONS = frozenset(
         "tensorboard",
         "micro_batch_size",
         "retriever",
+        "retriever_patience",
         "eval_split",
         "eval_questions",
         "eval_batch",
@@ -443,8 +444,11 @@ class MetricLogger:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Records the step's metrics (non-finite values are written as ``null``)."""
         clean = {k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}
-        self._file.write(json.dumps({"step": step, **clean}) + "\n")
-        self._file.flush()
+        line = json.dumps({"step": step, **clean}) + "\n"
+        kept = "the steps logged before are intact (a torn last line is dropped on --resume)"
+        with disk_full_is_clear(self.path, len(line.encode()), kept):
+            self._file.write(line)
+            self._file.flush()
         if self._tb is not None:
             for k, v in clean.items():
                 if v is not None:
@@ -452,7 +456,8 @@ class MetricLogger:
 
     def close(self) -> None:
         """Flushes and closes the log."""
-        self._file.close()
+        with disk_full_is_clear(self.path, kept="the steps logged before are intact"):
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 

@@ -16,6 +16,7 @@ import torch
 
 from searchgym.envs.episode import Source
 from searchgym.envs.vector import SearchQAVectorEnv
+from searchgym.run_lock import lock_run_dir
 
 from ..llm import LLMPolicy
 from .checkpoint import save_checkpoint
@@ -82,8 +83,14 @@ def train_sft(config: SFTConfig) -> dict[str, float]:
         The final metrics (``eval/em`` … when ``eval_questions > 0``).
 
     Raises:
-        ConfigError: ``run_dir`` already holds a run and ``config.overwrite`` is not set.
+        ConfigError: ``run_dir`` already holds a run and ``config.overwrite`` is not set, or another process
+            is writing into it.
     """
+    with lock_run_dir(config.run_dir):  # one writer per run folder
+        return _train_sft(config)
+
+
+def _train_sft(config: SFTConfig) -> dict[str, float]:
     prepare_run_dir(config.run_dir, resume=False, overwrite=config.overwrite)
     if config.threads:
         torch.set_num_threads(config.threads)

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import CheckpointError
+from searchgym.run_lock import lock_run_dir
 
 from ..llm import DEFAULT_SCORING, ScoringOptions, token_logprobs
 from .batching import call_overhead_tokens, length_buckets, minibatch_plan
@@ -94,6 +95,8 @@ class GRPOTrainer:
     """
 
     def __init__(self, config: GRPOConfig, *, scoring: ScoringOptions = DEFAULT_SCORING) -> None:
+        # One writer per run folder, for the trainer's life: a second run into it is refused at once.
+        self.run_lock = lock_run_dir(config.run_dir)
         if config.resume:
             config = resume_init(config)
         self.config = cfg = config
@@ -758,4 +761,6 @@ def _token_logprobs(
 
 def train_grpo(config: GRPOConfig) -> dict[str, float]:
     """Builds a :class:`GRPOTrainer` and trains it; returns the last step's metrics."""
-    return GRPOTrainer(config).train()
+    trainer = GRPOTrainer(config)
+    with trainer.run_lock:
+        return trainer.train()

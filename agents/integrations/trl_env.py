@@ -47,22 +47,22 @@ TOOL_INSTRUCTION = (
 """The user message :meth:`SearchQAToolEnv.reset` returns (Search-R1's instruction, for tools)."""
 
 _LOCK = threading.Lock()
-# (dataset spec, world seed, retriever spec) -> (dataset, retriever, questions by id): built once per process.
-_SHARED: dict[tuple[str, int, str], tuple[Dataset, Retriever]] = {}
+# (dataset spec, world seed, retriever spec, patience) -> (dataset, retriever): built once per process.
+_SHARED: dict[tuple[str, int, str, float], tuple[Dataset, Retriever]] = {}
 
 
-def _shared(dataset: Any, world_seed: int, retriever: Any) -> tuple[Dataset, Retriever]:
+def _shared(dataset: Any, world_seed: int, retriever: Any, patience: float) -> tuple[Dataset, Retriever]:
     """The dataset and its retriever for these settings, shared by every instance of the process."""
     from searchgym.envs.search_qa import acquire_retriever
 
     if not isinstance(retriever, str | None):
         raise ConfigError("SearchQAToolEnv takes a retriever name or URL (instances are built by TRL)")
-    key = (str(dataset), world_seed, str(retriever))
+    key = (str(dataset), world_seed, str(retriever), float(patience))
     with _LOCK:
         if key not in _SHARED:
             data = load_dataset(dataset, world_seed=world_seed)
             # Held for the life of the process: TRL creates and drops instances at will.
-            found, _ = acquire_retriever(data, retriever)
+            found, _ = acquire_retriever(data, retriever, patience)
             _SHARED[key] = (data, found)
         return _SHARED[key]
 
@@ -75,6 +75,7 @@ class SearchQAToolEnv:
         world_seed: Seed of the generated world (ignored with ``dataset``).
         split: The split whose questions are asked.
         retriever: Retriever backend name or ``/retrieve`` URL (as ``SearchQA-v0``).
+        retriever_patience: Seconds to wait for a URL retriever that stops answering (as ``SearchQA-v0``).
         topk: Passages per search.
         max_searches: Searches allowed per question; then ``search`` answers with an error.
         max_passage_words: Cut each passage's text to this many words (``None``: no cut).
@@ -95,6 +96,7 @@ class SearchQAToolEnv:
         world_seed: int = 0,
         split: str = "train",
         retriever: str | None = "bm25",
+        retriever_patience: float = 0.0,
         topk: int = 3,
         max_searches: int = 4,
         max_passage_words: int | None = None,
@@ -104,7 +106,7 @@ class SearchQAToolEnv:
         if topk < 1 or max_searches < 0:
             raise ConfigError(f"topk must be >= 1 and max_searches >= 0, got {topk} and {max_searches}")
         self._metric = get_metric(reward)
-        self._data, self._retriever = _shared(dataset, world_seed, retriever)
+        self._data, self._retriever = _shared(dataset, world_seed, retriever, retriever_patience)
         self._questions = self._data.questions(split)
         if not self._questions:
             raise ConfigError(f"split {split!r} of {self._data.name!r} has no questions")

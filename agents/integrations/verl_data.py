@@ -43,6 +43,7 @@ ENV_KEYS: tuple[str, ...] = (
     "world_seed",
     "split",
     "retriever",
+    "retriever_patience",
     "topk",
     "max_turns",
     "max_turn_tokens",

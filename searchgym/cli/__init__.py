@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from searchgym.errors import SearchGymError
+from searchgym.errors import RetrieverError, SearchGymError
 
 __all__ = ["build_parser", "main"]
 
@@ -75,6 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except SearchGymError as e:
         print(f"searchgym: error: {e}", file=sys.stderr)
+        if isinstance(e, RetrieverError):  # a training run that lost its retriever: what it saved
+            from searchgym.cli._common import saved_and_resume
+
+            saved = saved_and_resume(args)
+            if saved:
+                print(f"searchgym: {saved}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line (what was saved, how to continue), not a traceback
         from searchgym.cli._common import interrupted_message

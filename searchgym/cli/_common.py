@@ -75,21 +75,36 @@ def interrupted_message(args: argparse.Namespace) -> str:
     if path == ("train", "sft") and run_dir is not None:
         again = shlex.join(["searchgym", "train", "sft", "--run-dir", str(run_dir), "--overwrite"])
         return f"searchgym: {command} interrupted; SFT saves its checkpoint at the end, so start again with: {again} ..."
-    if run_dir is None or not hasattr(args, "resume"):
+    saved = saved_and_resume(args)
+    if saved is None:
         return f"searchgym: {command} interrupted"
+    return f"searchgym: {command} interrupted" + (
+        f" {saved[len('stopped ') :]}" if saved.startswith("stopped ") else f"; {saved}"
+    )
+
+
+def saved_and_resume(args: argparse.Namespace) -> str | None:
+    """What a stopped training run saved and the command that continues it (``None``: not a resumable run).
+
+    ``train grpo``: the step ``RUN_DIR/checkpoint.pt`` holds; ``train trl``: its newest ``checkpoint-N``.
+    """
+    path = tuple(getattr(args, "_command", ()) or ("command",))
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is None or not hasattr(args, "resume"):
+        return None
     resume = shlex.join(["searchgym", *path, "--run-dir", str(run_dir), "--resume"])
     if path == ("train", "trl"):
         saved = sorted(Path(run_dir).glob("checkpoint-*"), key=lambda p: _number(p.name.rpartition("-")[2]))
         if saved:
-            return f"searchgym: {command} interrupted; the newest checkpoint is {saved[-1]}; continue with: {resume}"
+            return f"the newest checkpoint is {saved[-1]}; continue with: {resume}"
     else:
         checkpoint = Path(run_dir) / "checkpoint.pt"
         if checkpoint.is_file():
             step = _saved_step(checkpoint)
             holds = f"step {step}" if step is not None else "an unreadable step"
-            return f"searchgym: {command} interrupted; {checkpoint} holds {holds}; continue with: {resume}"
+            return f"{checkpoint} holds {holds}; continue with: {resume}"
     return (
-        f"searchgym: {command} interrupted before its first checkpoint; nothing to resume in {run_dir} "
+        f"stopped before its first checkpoint; nothing to resume in {run_dir} "
         "(--save-every/--save-steps N writes one every N steps)"
     )
 
@@ -118,6 +133,7 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         default="bm25",
         help="bm25, rank_bm25, dense:INDEX_DIR, hybrid:INDEX_DIR, or the URL of a /retrieve server",
     )
+    add_retriever_patience(parser)
     parser.add_argument("--topk", type=int, default=3, help="passages per search")
     parser.add_argument("--max-turns", type=int, default=4, help="turn budget")
     parser.add_argument(
@@ -134,6 +150,18 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_retriever_patience(parser: argparse.ArgumentParser) -> None:
+    """``--retriever-patience``: how long a command waits for a URL retriever that stops answering."""
+    parser.add_argument(
+        "--retriever-patience",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="seconds to wait for a URL retriever that stops answering (a restart) before failing; the run "
+        "then goes on as if nothing happened (0: fail once the client's retries are spent)",
+    )
+
+
 def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The ``gym.make`` keyword arguments of :func:`add_env_arguments` options."""
     kwargs = {
@@ -142,6 +170,7 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "split": args.split,
         "tokenizer": args.tokenizer,
         "retriever": args.retriever,
+        "retriever_patience": args.retriever_patience,
         "topk": args.topk,
         "max_turns": args.max_turns,
     }

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from searchgym.agents.evaluate import EvalSummary
@@ -44,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="write transcripts to this JSONL file (through OUT.partial, renamed when the run completes: "
         "a failed run leaves OUT as it was)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted run whose finished episodes are in OUT.partial (the same agent, env "
+        "options and seed; refused otherwise): it plays only the rest, and OUT ends as an uninterrupted run's",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -84,10 +91,78 @@ def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
     return {n: v for n, v in sizes.items() if n in names}
 
 
+RUN_RECORD_SUFFIX = ".partial.run.json"
+"""Beside ``OUT.partial`` while a run writes it: what the run is (agent, env options, seed), for ``--resume``."""
+
+
+def run_identity(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    """What must match for ``--resume`` to continue a run: the agent (and its file's SHA-256), the env id and
+    options (the retriever's patience aside: it changes how long a run waits, not what it plays), the seed."""
+    from searchgym.integrity import file_sha256
+
+    path = args.agent.split(":", 1)[1] if args.agent.startswith(("checkpoint:", "sb3:")) else None
+    digest = file_sha256(path, remember=False) if path is not None and os.path.isfile(path) else None
+    env = {k: v for k, v in settings.items() if k != "retriever_patience"}
+    return {
+        "agent": args.agent,
+        "agent_sha256": digest,
+        "env": args.env,
+        "env_options": env,
+        "seed": args.seed,
+    }
+
+
+def held_episodes(partial: Path, identity: dict[str, Any], episodes: int) -> tuple[list[Any], int]:
+    """The finished episodes an interrupted run left in ``partial`` and the bytes they take (a last line
+    without its newline, the episode being written when the run stopped, is left out).
+
+    Raises:
+        ConfigError: nothing to resume, another command wrote it (the differing fields named), or it holds
+            more episodes than asked for.
+        DataFormatError: a line other than the last is not an episode record.
+    """
+    from searchgym.agents.evaluate import EpisodeRecord
+    from searchgym.errors import ConfigError, DataFormatError
+
+    record_path = partial.with_name(partial.name.removesuffix(".partial") + RUN_RECORD_SUFFIX)
+    if not record_path.is_file():
+        raise ConfigError(
+            f"--resume: no interrupted eval to continue ({record_path} is missing; it is written when an eval "
+            "--out run starts); run without --resume"
+        )
+    saved = json.loads(record_path.read_text(encoding="utf-8"))
+    differ = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
+    if differ:
+        listed = "; ".join(f"{k}: was {saved.get(k)!r}, now {identity.get(k)!r}" for k in differ)
+        raise ConfigError(
+            f"--resume: {partial} was written by another eval ({listed}); run it as it was, or without --resume"
+        )
+    raw = partial.read_bytes()
+    lines = raw.split(b"\n")
+    held, size = [], 0
+    for i, line in enumerate(lines[:-1]):  # complete lines only: the last piece has no newline
+        try:
+            held.append(EpisodeRecord.from_json(json.loads(line.decode("utf-8"))))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise DataFormatError(str(partial), i + 1, f"not an episode record ({e})") from None
+        size += len(line) + 1
+    if len(held) > episodes:
+        raise ConfigError(f"--resume: {partial} holds {len(held)} episodes, more than --episodes {episodes}")
+    return held, size
+
+
 def run(args: argparse.Namespace) -> int:
     from searchgym.agents import evaluate
     from searchgym.cli._manifest import warn_on_data_mismatch, write_run_manifest
     from searchgym.data.jsonl import replace_on_success
+    from searchgym.errors import ConfigError
+
+    if args.resume and args.out is None:
+        raise ConfigError("--resume continues an interrupted --out run: give its --out")
+    if args.resume and args.record_retrieval is not None:
+        raise ConfigError(
+            "--resume cannot be combined with --record-retrieval (the cassette would miss the searches already made)"
+        )
 
     overrides: dict[str, Any] = dict(checkpoint_env_defaults(args))
     if args.retriever_faults is not None:
@@ -109,10 +184,26 @@ def run(args: argparse.Namespace) -> int:
     else:
         # Episodes stream into OUT.partial (a crash keeps the finished ones there); OUT is replaced only
         # by a complete run, so a run that fails never destroys an earlier file.
-        with replace_on_success(args.out) as partial:
+        identity = run_identity(args, settings)
+        record_path = Path(args.out + RUN_RECORD_SUFFIX)
+        with replace_on_success(args.out, keep=args.resume) as partial:
+            held: list[Any] = []
+            if args.resume:  # read under the lock: no other run is writing it
+                held, size = held_episodes(partial, identity, args.episodes)
+                os.truncate(partial, size)
+                print(f"resuming {args.out}: {len(held)} of {args.episodes} episodes done", file=sys.stderr)
+            else:
+                record_path.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
             summary = evaluate(
-                env, agent, args.episodes, seed=args.seed, out=partial, progress=not args.no_progress
+                env,
+                agent,
+                args.episodes,
+                seed=args.seed,
+                out=partial,
+                progress=not args.no_progress,
+                held=held,
             )
+        record_path.unlink(missing_ok=True)
     env.close()
     if args.out is not None:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from searchgym.cli._common import env_kwargs, positive_int
+from searchgym.cli._common import add_retriever_patience, env_kwargs, positive_int
 from searchgym.cli._manifest import write_run_manifest
 
 COMMAND = ("export-trajectories",)
@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", default="train", help="dataset split")
     parser.add_argument("--tokenizer", default=None, help="tokenizer (default: the policy's, else built-in)")
     parser.add_argument("--retriever", default="bm25", help="retriever backend name or URL")
+    add_retriever_patience(parser)
     parser.add_argument("--topk", type=int, default=3, help="passages per search")
     parser.add_argument("--max-turns", type=int, default=4, help="turn budget per episode")
     parser.add_argument("--max-turn-tokens", type=int, default=48, help="token cap per turn")

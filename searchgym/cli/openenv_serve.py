@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from searchgym.cli._common import add_retriever_patience
+
 COMMAND = ("openenv", "serve")
 HELP = (
     "serve turn-level SearchQA (search and answer actions, the answer metric as reward) as an OpenEnv "
@@ -21,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bm25",
         help="bm25, rank_bm25, dense:INDEX_DIR, hybrid:INDEX_DIR, or the URL of a /retrieve server",
     )
+    add_retriever_patience(parser)
     parser.add_argument(
         "--index",
         default=None,
@@ -58,6 +61,7 @@ def build_app(args: argparse.Namespace) -> Any:
         world_seed=args.world_seed,
         split=args.split,
         retriever=args.retriever,
+        retriever_patience=args.retriever_patience,
         topk=args.topk,
         max_turns=args.max_turns,
         max_passage_words=args.max_passage_words,

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from searchgym.cli._common import add_retriever_patience
+
 COMMAND = ("prepare", "verl")
 HELP = "write OUT/{split}.parquet for verl's RLHFDataset: one row per question, played by the searchgym agent loop"
 
@@ -23,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bm25",
         help="retriever the workers use: a backend name (built in each worker) or a /retrieve server URL",
     )
+    add_retriever_patience(parser)
     parser.add_argument("--topk", type=int, default=3, help="passages per search")
     parser.add_argument(
         "--max-turns", type=int, default=4, help="turn budget per episode (answer turn included)"
@@ -59,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         "dataset": args.dataset,
         "world_seed": args.world_seed,
         "retriever": args.retriever,
+        "retriever_patience": args.retriever_patience,
         "topk": args.topk,
         "max_turns": args.max_turns,
         "max_turn_tokens": args.max_turn_tokens,

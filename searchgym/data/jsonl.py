@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.errors import ConfigError, DataFormatError
+from searchgym.integrity import disk_full_is_clear
 
 __all__ = ["PARTIAL_SUFFIX", "iter_jsonl", "replace_on_success"]
 
@@ -75,8 +76,11 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 @contextmanager
-def replace_on_success(path: str | Path) -> Iterator[Path]:
+def replace_on_success(path: str | Path, *, keep: bool = False) -> Iterator[Path]:
     """Yields ``PATH.partial`` to write to; renames it onto ``path`` when the block exits normally.
+
+    With ``keep``, what an earlier run left in ``PATH.partial`` stays (a resumed run appends to it);
+    otherwise the file starts empty.
 
     If the block raises (or the process is killed), ``path`` keeps its earlier content and what was written
     stays in ``PATH.partial``, so finished work is not lost either.
@@ -98,13 +102,19 @@ def replace_on_success(path: str | Path) -> Iterator[Path]:
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
     fd = _lock_partial(partial, path)
     try:
-        os.ftruncate(fd, 0)  # leftovers of an earlier, killed run: this run starts the file again
-        yield partial
+        if not keep:
+            os.ftruncate(fd, 0)  # leftovers of an earlier, killed run: this run starts the file again
+        kept = f"{path} is as it was; what was written is in {partial}"
+        with disk_full_is_clear(partial, kept=kept):
+            yield partial
         if not _same_file(fd, partial):
             raise OSError(
                 f"{partial} was replaced or removed while this run wrote it; {path} is left as it was"
             )
-        os.fsync(fd)  # on disk before the rename makes it the file (the block wrote through the same file)
+        with disk_full_is_clear(partial, kept=kept):
+            os.fsync(
+                fd
+            )  # on disk before the rename makes it the file (the block wrote through the same file)
         os.replace(partial, path)
     finally:
         os.close(fd)  # releases the lock

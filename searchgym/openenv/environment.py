@@ -36,6 +36,7 @@ class SearchQAEnvOptions:
         world_seed: Seed of the generated world (ignored with ``dataset``).
         split: The split whose questions are asked.
         retriever: Retriever backend name or ``/retrieve`` URL (as ``SearchQA-v0``).
+        retriever_patience: Seconds to wait for a URL retriever that stops answering (as ``SearchQA-v0``).
         topk: Passages per search.
         max_turns: Turns per episode, the answer included: ``max_turns - 1`` searches at most, and an
             episode whose last turn does not answer ends with reward 0.
@@ -48,6 +49,7 @@ class SearchQAEnvOptions:
     world_seed: int = 0
     split: str = "train"
     retriever: str | None = "bm25"
+    retriever_patience: float = 0.0
     topk: int = 3
     max_turns: int = 4
     max_passage_words: int | None = None

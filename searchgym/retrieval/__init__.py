@@ -50,7 +50,7 @@ __all__ = [
 BACKENDS = ("bm25", "rank_bm25")
 
 
-def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
+def make_retriever(spec: Any, passages: Sequence[Passage], *, patience: float = 0.0) -> Retriever:
     """Resolves a retriever argument.
 
     Args:
@@ -62,6 +62,8 @@ def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
             ``"cassette:PATH;record=SPEC"`` or ``"cassette:PATH;record-missing=SPEC"`` (recording SPEC).
         passages: The corpus to index for named backends. A URL's server holds its own corpus; the hits'
             ids must be those of ``passages`` for the env's gold-retrieval figures to mean anything.
+        patience: For a URL, seconds to wait for a server that stops answering before failing
+            (:class:`~searchgym.retrieval.http.HttpRetriever`'s ``patience``); ignored by local backends.
 
     Raises:
         ConfigError: ``spec`` is none of these, or a dense index does not fit ``passages`` (see
@@ -82,12 +84,12 @@ def make_retriever(spec: Any, passages: Sequence[Passage]) -> Retriever:
         assert found is not None
         return found
     if isinstance(spec, str) and spec.startswith("cassette:"):
-        return cassette_from_spec(spec, lambda inner: make_retriever(inner, passages))
+        return cassette_from_spec(spec, lambda inner: make_retriever(inner, passages, patience=patience))
     if isinstance(spec, str) and spec.startswith(("http://", "https://")):
         # Imported here: the client needs httpx (the "server" extra), which plain use must not require.
         from searchgym.retrieval.http import HttpRetriever
 
-        return HttpRetriever(spec)
+        return HttpRetriever(spec, patience=patience)
     raise ConfigError(
         f"unknown retriever {spec!r}; choose one of {list(BACKENDS)}, dense:INDEX_DIR (an index built by "
         "`searchgym index dense`), hybrid:INDEX_DIR (BM25 + that index), an http(s):// URL of a /retrieve endpoint, cassette:PATH (a "

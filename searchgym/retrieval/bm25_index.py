@@ -38,7 +38,14 @@ import scipy.sparse as sp
 
 from searchgym.data.types import Passage
 from searchgym.errors import ConfigError, DataFormatError
-from searchgym.integrity import check_seal, check_sealed_file, remove_stale_temp_files, seal, temp_path
+from searchgym.integrity import (
+    check_seal,
+    check_sealed_file,
+    disk_full_is_clear,
+    remove_stale_temp_files,
+    seal,
+    temp_path,
+)
 from searchgym.retrieval.base import Analyzer
 
 __all__ = [
@@ -229,27 +236,29 @@ def write_index(
     w = weights
     terms = sorted(vocab, key=vocab.__getitem__)
     tmp_arrays, tmp_meta = temp_path(root / _ARRAYS_FILE), temp_path(root / _META_FILE)
+    needed = w.data.nbytes + w.indices.nbytes + w.indptr.nbytes + sum(len(t) + 4 for t in terms)
     try:
-        with tmp_arrays.open("xb") as f:
-            np.savez(f, data=w.data, indices=w.indices, indptr=w.indptr)
-            f.flush()
-            os.fsync(f.fileno())
-        meta = {
-            "format": INDEX_FORMAT,
-            "params": asdict(params),
-            "analyzer": analyzer.to_dict(),
-            "corpus_hash": corpus,
-            "passages": passages,
-            "shape": list(w.shape),
-            "vocab": terms,
-        }
-        meta = seal(meta, {_ARRAYS_FILE: tmp_arrays})
-        with tmp_meta.open("x", encoding="utf-8") as f:
-            f.write(json.dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_arrays, root / _ARRAYS_FILE)
-        os.replace(tmp_meta, root / _META_FILE)
+        with disk_full_is_clear(root / _ARRAYS_FILE, needed, f"the index files in {root} are as they were"):
+            with tmp_arrays.open("xb") as f:
+                np.savez(f, data=w.data, indices=w.indices, indptr=w.indptr)
+                f.flush()
+                os.fsync(f.fileno())
+            meta = {
+                "format": INDEX_FORMAT,
+                "params": asdict(params),
+                "analyzer": analyzer.to_dict(),
+                "corpus_hash": corpus,
+                "passages": passages,
+                "shape": list(w.shape),
+                "vocab": terms,
+            }
+            meta = seal(meta, {_ARRAYS_FILE: tmp_arrays})
+            with tmp_meta.open("x", encoding="utf-8") as f:
+                f.write(json.dumps(meta))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp_arrays, root / _ARRAYS_FILE)
+            os.replace(tmp_meta, root / _META_FILE)
     except BaseException:
         tmp_arrays.unlink(missing_ok=True)
         tmp_meta.unlink(missing_ok=True)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -77,6 +78,13 @@ class HttpRetriever(Retriever):
         max_backoff: Longest pause between attempts.
         max_batch: Most queries per request; larger batches are split (servers cap their payloads).
         max_response_bytes: Largest answer body read; a larger one is an error (and is not read further).
+        patience: Seconds to keep waiting for a server that is *not there* (no connection, a timeout, a
+            status in :data:`RETRY_STATUSES`) once the ``retries`` are spent, retrying every
+            ``max_backoff`` seconds: a server being restarted is waited for, and the call returns as if
+            nothing happened. One line is written to ``log`` when the wait starts and one when the server
+            answers again. A server that *answers wrong* (another 4xx, a malformed body) is never waited
+            for. ``0`` (default): fail once the retries are spent.
+        log: Where the waiting lines go (default: standard error).
 
     Raises:
         ConfigError: the URL or a number is invalid.
@@ -94,6 +102,8 @@ class HttpRetriever(Retriever):
         max_backoff: float = 4.0,
         max_batch: int = 256,
         max_response_bytes: int = 256 * 1024 * 1024,
+        patience: float = 0.0,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         try:
             import httpx
@@ -110,6 +120,8 @@ class HttpRetriever(Retriever):
             raise ConfigError(f"retries must be an integer >= 0, got {retries!r}")
         if not (backoff >= 0 and max_backoff >= 0):
             raise ConfigError(f"backoff and max_backoff must be >= 0, got {backoff!r}, {max_backoff!r}")
+        if not (isinstance(patience, int | float) and patience >= 0 and math.isfinite(patience)):
+            raise ConfigError(f"retriever patience must be a number of seconds >= 0, got {patience!r}")
         for name, value in (("max_batch", max_batch), ("max_response_bytes", max_response_bytes)):
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -120,6 +132,8 @@ class HttpRetriever(Retriever):
         self.max_backoff = float(max_backoff)
         self.max_batch = max_batch
         self.max_response_bytes = max_response_bytes
+        self.patience = float(patience)
+        self._log = log if log is not None else _to_stderr
         self._httpx = httpx
         self._lock = threading.Lock()
         self._client = self._new_client()
@@ -164,34 +178,50 @@ class HttpRetriever(Retriever):
         return self._parse(body, len(queries), k)
 
     def _post(self, payload: bytes) -> Any:
-        """POSTs ``payload`` with retries; returns the decoded JSON body of a 200 answer."""
+        """POSTs ``payload`` with retries (and ``patience``); returns the decoded JSON body of a 200 answer."""
         attempts = self.retries + 1
         last = ""
-        for attempt in range(attempts):
+        waiting_since: float | None = None
+        attempt = 0
+        while True:
             if attempt:
                 time.sleep(self._pause(attempt - 1))
+            attempt += 1
             outcome = self._attempt(payload)
             if outcome.error is not None:
                 last = _describe(outcome.error)
-                if isinstance(outcome.error, self._httpx.TransportError | TimeoutError):
-                    continue  # refused, reset, timed out: transient
-                raise RetrieverError(f"retrieval server {self.url}: {last}") from outcome.error
-            if outcome.status in RETRY_STATUSES:
+                if not isinstance(outcome.error, self._httpx.TransportError | TimeoutError):
+                    raise RetrieverError(f"retrieval server {self.url}: {last}") from outcome.error
+            elif outcome.status in RETRY_STATUSES:
                 last = f"HTTP {outcome.status}: {_detail(outcome)}"
-                continue
-            if outcome.status != 200:
+            elif outcome.status != 200:
                 raise RetrieverError(
                     f"retrieval server {self.url} rejected the request: HTTP {outcome.status}: "
                     f"{_detail(outcome)}"
                 )
-            try:
-                return json.loads(outcome.body)
-            except (ValueError, RecursionError):  # not JSON, not UTF-8, absurdly nested
-                raise RetrieverError(f"retrieval server {self.url} answered with invalid JSON") from None
-        raise RetrieverError(
-            f"retrieval server {self.url} failed after {attempts} attempt{'s' * (attempts > 1)} "
-            f"(deadline {self.timeout:g}s each); last error: {last}"
-        )
+            else:
+                if waiting_since is not None:
+                    waited = time.monotonic() - waiting_since
+                    self._log(f"retrieval server {self.url} is back after {waited:.0f}s; continuing")
+                try:
+                    return json.loads(outcome.body)
+                except (ValueError, RecursionError):  # not JSON, not UTF-8, absurdly nested
+                    raise RetrieverError(f"retrieval server {self.url} answered with invalid JSON") from None
+            # not there (refused, reset, timed out, overloaded): transient
+            if attempt < attempts:
+                continue
+            if self.patience > 0 and waiting_since is None:
+                waiting_since = time.monotonic()
+                self._log(
+                    f"retrieval server {self.url} is not answering ({last}); waiting up to "
+                    f"{self.patience:g}s for it to come back (--retriever-patience)"
+                )
+            if waiting_since is None or time.monotonic() - waiting_since >= self.patience:
+                waited = "" if waiting_since is None else f", then waited {self.patience:g}s for it"
+                raise RetrieverError(
+                    f"retrieval server {self.url} failed after {attempts} attempt{'s' * (attempts > 1)} "
+                    f"(deadline {self.timeout:g}s each){waited}; last error: {last}"
+                )
 
     def _attempt(self, payload: bytes) -> _Outcome:
         """One request, bounded by a total deadline of ``timeout`` seconds.
@@ -284,6 +314,10 @@ class HttpRetriever(Retriever):
         elif not isinstance(pid, str | int) or isinstance(pid, bool):
             raise RetrieverError(f"retrieval server {self.url}: result {i} holds an id that is not a string")
         return Hit(str(pid), title, text, float(score), raw)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def derived_id(contents: str) -> str:

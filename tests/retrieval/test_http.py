@@ -194,6 +194,101 @@ def test_restarted_server_is_recovered_by_retrying(app: Any, retriever: BM25Retr
             srv.stop()
 
 
+def test_patience_waits_for_a_server_that_comes_back(app: Any, retriever: BM25Retriever) -> None:
+    """Retries spent, the client waits (one line when it starts, one when the server is back) and the call
+    returns the same hits as if nothing had happened."""
+    first = ServerThread(app).start()
+    port, url = first.port, first.url
+    first.stop()
+    lines: list[str] = []
+    client = HttpRetriever(
+        url, timeout=1.0, retries=1, backoff=0.05, max_backoff=0.2, patience=30, log=lines.append
+    )
+    timer = threading.Timer(1.5, lambda: restarted.append(ServerThread(app, port=port).start()))
+    restarted: list[ServerThread] = []
+    timer.start()
+    try:
+        start = time.monotonic()
+        assert client.search(["Who founded a guild?"], 3) == retriever.search(["Who founded a guild?"], 3)
+        assert time.monotonic() - start >= 1.4  # it did wait for the restart
+    finally:
+        timer.join()
+        client.close()
+        for srv in restarted:
+            srv.stop()
+    assert len(lines) == 2, lines
+    assert "is not answering (ConnectError" in lines[0] and "waiting up to 30s" in lines[0]
+    assert "is back after" in lines[1] and "continuing" in lines[1]
+
+
+def test_patience_runs_out_with_the_clear_error() -> None:
+    lines: list[str] = []
+    url = f"http://127.0.0.1:{free_port()}/retrieve"
+    client = HttpRetriever(
+        url, timeout=0.5, retries=1, backoff=0.05, max_backoff=0.1, patience=0.6, log=lines.append
+    )
+    start = time.monotonic()
+    with pytest.raises(
+        RetrieverError, match=r"failed after 2 attempts .*then waited 0.6s for it; last error: ConnectError"
+    ):
+        client.search(["q"], 3)
+    assert 0.6 <= time.monotonic() - start <= 0.6 + client.time_budget + 1.0
+    assert len(lines) == 1 and "waiting up to 0.6s" in lines[0]
+    client.close()
+
+
+def test_patience_zero_keeps_the_immediate_error() -> None:
+    lines: list[str] = []
+    client = HttpRetriever(
+        f"http://127.0.0.1:{free_port()}/retrieve", retries=2, backoff=0.01, log=lines.append
+    )
+    with pytest.raises(
+        RetrieverError, match=r"failed after 3 attempts \(deadline 10s each\); last error: ConnectError"
+    ):
+        client.search(["q"], 3)
+    assert lines == []  # nothing waited for
+    client.close()
+
+
+def test_patience_waits_for_503_but_not_for_a_wrong_answer() -> None:
+    """503 (not there yet) is waited for; a 4xx or a malformed body (answered wrong) fails at once."""
+    app, calls = scripted_app([(503, {"detail": "starting"})] * 4 + [(200, {"result": [[DOC]]})])
+    lines: list[str] = []
+    with (
+        ServerThread(app) as srv,
+        HttpRetriever(
+            srv.url, retries=1, backoff=0.01, max_backoff=0.02, patience=30, log=lines.append
+        ) as client,
+    ):
+        assert client.search(["q"], 3)[0][0].score == 2.5
+    assert calls == [503] * 4 + [200] and len(lines) == 2
+    for answers, message in (
+        ([(422, {"detail": "bad topk"})], "HTTP 422: bad topk"),
+        ([(200, {"no": "result"})], "no 'result' list"),
+    ):
+        app, calls = scripted_app(answers)
+        with (
+            ServerThread(app) as srv,
+            HttpRetriever(srv.url, retries=1, backoff=0.01, patience=30, log=lines.append) as client,
+        ):
+            start = time.monotonic()
+            with pytest.raises(RetrieverError, match=message):
+                client.search(["q"], 3)
+            assert time.monotonic() - start < 5 and len(calls) == 1
+
+
+def test_patience_is_validated_and_reaches_the_env(server: ServerThread) -> None:
+    with pytest.raises(ConfigError, match="patience"):
+        HttpRetriever(server.url, patience=-1)
+    with pytest.raises(ConfigError, match="retriever_patience"):
+        gym.make("SearchQA-v0", retriever=server.url, retriever_patience=float("nan"))
+    env = gym.make("SearchQA-v0", retriever=server.url + "/retrieve", retriever_patience=42)
+    try:
+        assert env.unwrapped.retriever.patience == 42.0
+    finally:
+        env.close()
+
+
 def test_env_episodes_over_http_equal_in_process(
     server: ServerThread, retriever: BM25Retriever, world: Any
 ) -> None:
