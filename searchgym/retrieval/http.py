@@ -217,10 +217,10 @@ class HttpRetriever(Retriever):
                     f"{self.patience:g}s for it to come back (--retriever-patience)"
                 )
             if waiting_since is None or time.monotonic() - waiting_since >= self.patience:
-                waited = "" if waiting_since is None else f", then waited {self.patience:g}s for it"
+                then = "" if waiting_since is None else f", then waited {self.patience:g}s for it"
                 raise RetrieverError(
                     f"retrieval server {self.url} failed after {attempts} attempt{'s' * (attempts > 1)} "
-                    f"(deadline {self.timeout:g}s each){waited}; last error: {last}"
+                    f"(deadline {self.timeout:g}s each){then}; last error: {last}"
                 )
 
     def _attempt(self, payload: bytes) -> _Outcome:
