@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test lint typecheck unit test-verl clean
+.PHONY: venv demo test test-fast lint typecheck unit test-verl clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ typecheck: venv
 
 unit: venv
 	$(BIN)/pytest
+
+# The working tier: lint and every test but the slow ones (subprocess runs, documented walk-throughs, servers
+# under load, benchmarks); under 3 minutes on an idle 2-core machine. `make test` is the whole suite, as CI runs.
+test-fast: lint
+	$(BIN)/pytest -m "not slow and not fuzz and not install"
 
 # verl 0.9.1 pins transformers < 5.11, so the verl integration is tested in its own virtualenv (a clean build
 # took 8-11 minutes on a busy two-core machine, 2.5 of them CPU; nothing once built). SEARCHGYM_REQUIRE_VERL=1

@@ -66,6 +66,7 @@ def test_the_check_catches_raw_errors_and_unexplained_silent_results() -> None:
         check({**clean, "families": {**clean["families"], "index/npz bytes": {"silently wrong": 1}}})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_handful_of_mutated_files_per_kind(kind: str, tmp_path: Path) -> None:
     summary = fuzz(kind, 12, tmp_path, "--derandomize")

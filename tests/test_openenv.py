@@ -172,6 +172,7 @@ def test_concurrent_sessions_stay_isolated(server: str) -> None:
     assert [r.observation.metadata["question_id"] for r in results] == list(ids)
 
 
+@pytest.mark.slow
 def test_openenv_validate_passes_on_the_server_and_the_manifest(server: str, tmp_path: Path) -> None:
     """Both run offline: the running server's endpoints, and the manifest's static checks (the image build
     and the runtime checks that need it are skipped: no Docker here)."""
@@ -228,6 +229,7 @@ def _dockerfile() -> tuple[list[str], str, dict[str, str]]:
     return runs, cmd, variables
 
 
+@pytest.mark.slow
 def test_dockerfile_commands_run_here(tmp_path: Path) -> None:
     """What the image build cannot show here: its install names a real extra, its RUN builds the index, and
     its CMD serves that index (in a folder standing for /opt/searchgym, on a free loopback port)."""

@@ -380,6 +380,7 @@ def test_overwrite_replaces_only_the_run_files(tmp_path: Path) -> None:
     assert (tmp_path / "new" / "run").is_dir()
 
 
+@pytest.mark.slow
 def test_stale_checkpoint_temp_files_are_removed_on_the_next_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

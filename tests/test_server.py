@@ -172,6 +172,7 @@ def test_missing_fastapi_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
         create_app(BM25Retriever([Passage("0", "t", "x")]), [])
 
 
+@pytest.mark.slow
 def test_load_2000_requests_from_8_clients(
     server: ServerThread, retriever: BM25Retriever, world: Any
 ) -> None:

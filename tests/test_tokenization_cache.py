@@ -27,6 +27,7 @@ def fresh(tok: Tokenizer) -> Tokenizer:
     return load_tokenizer(tok._backend) if tok._hf is None else load_tokenizer(tok._hf)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(WORDS, st.sampled_from("aZ9")), min_size=1, max_size=8), WORDS)
 def test_parts_give_the_ids_of_the_whole_text(middle: list[tuple[str, str]], last: str) -> None:

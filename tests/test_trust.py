@@ -932,6 +932,7 @@ GRPO_TINY = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resume_command(
     tmp_path: Path,
 ) -> None:

@@ -47,6 +47,7 @@ def test_eval_plays_a_checkpoint_and_its_export_identically(
     }
 
 
+@pytest.mark.slow
 def test_export_loads_with_plain_transformers_and_gives_the_same_logits(
     checkpoint: Path, tmp_path: Path
 ) -> None:

@@ -39,6 +39,7 @@ def test_draws_follow_the_tempered_distribution(temperature: float) -> None:
     assert p > 1e-3, (observed, expected)
 
 
+@pytest.mark.slow
 def test_draws_over_a_large_vocabulary_pass_a_ks_test() -> None:
     """Kolmogorov-Smirnov on the ids' discrete CDF (8192 ids, random logits): the model's size of problem."""
     gen = torch.Generator().manual_seed(1)

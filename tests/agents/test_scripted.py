@@ -3,6 +3,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 import searchgym  # noqa: F401
 from searchgym.agents import Agent, OracleAgent, RandomAgent, evaluate, run_episode
@@ -46,6 +47,7 @@ def test_oracle_reaches_em_095_on_hotpotqa(hotpot_dir: Path) -> None:
     assert summary.em >= 0.95
 
 
+@pytest.mark.slow
 def test_random_policy_5000_episodes_end_within_limits() -> None:
     max_turns, max_turn_tokens, max_context = 4, 24, 1024
     env = gym.make(

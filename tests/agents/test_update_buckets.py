@@ -71,6 +71,7 @@ def config(grpo_config: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
     return functools.partial(grpo_config, **SIZES)
 
 
+@pytest.mark.slow
 def test_bucketed_and_plain_micro_batches_make_the_same_update(
     tmp_path: Path, config: Callable[..., GRPOConfig]
 ) -> None:

@@ -21,6 +21,8 @@ from searchgym.errors import ConfigError
 from searchgym.retrieval import STOP_WORDS
 from searchgym.retrieval import bm25 as bm25_module
 
+pytestmark = pytest.mark.slow  # every backend built and timed: the long part of the suite
+
 FIGURES = ("build_s", "index_mb", "p50_ms", "p90_ms", "batch_ms")
 BACKENDS = {
     "bm25",

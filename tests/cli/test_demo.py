@@ -31,6 +31,7 @@ def test_verdict_says_when_the_budget_cannot_separate_runs() -> None:
     assert len(lines) == 3  # an unchanged answered share is not worth a line
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end_on_a_small_budget(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -61,6 +61,7 @@ def test_bad_option_is_a_config_error(capsys: pytest.CaptureFixture[str], tmp_pa
     assert "group_size must be >= 2" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_continues_from_the_saved_step(tmp_path: Path) -> None:
     run = tmp_path / "run"
     steps = 3
@@ -83,6 +84,7 @@ def test_sigkill_then_resume_continues_from_the_saved_step(tmp_path: Path) -> No
     assert steps_logged(run) == list(range(steps + 1))  # step 0 (the initial probes) and every step, once
 
 
+@pytest.mark.slow
 def test_sft_then_grpo_from_it_then_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sft = tmp_path / "sft"
     common = ["--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768", "--threads", "1"]
@@ -119,6 +121,7 @@ def test_eval_of_a_checkpoint_defaults_to_its_training_turn_sizes(tmp_path: Path
     assert len(out.read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_a_changed_lr_on_resume_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     assert main(["train", "grpo", "--run-dir", str(run), *TINY, "--steps", "1"]) == 0
