@@ -220,9 +220,8 @@ def cmd_gate(args: argparse.Namespace) -> None:
     import torch
 
     from searchgym.agents.grpo.config import SFTConfig
-    from searchgym.agents.grpo.rollout import evaluate_policy
+    from searchgym.agents.grpo.rollout import evaluate_greedy, evaluate_policy
     from searchgym.agents.grpo.runtime import build_policy
-    from searchgym.agents.grpo.sft import evaluate_checkpoint_policy
     from searchgym.agents.llm import LLMPolicy
     from searchgym.envs.vector import SearchQAVectorEnv
 
@@ -238,7 +237,7 @@ def cmd_gate(args: argparse.Namespace) -> None:
     )
     policy, _ = build_policy(cfg, max_turn_tokens=48, seed=0)
     policy.model.eval()
-    greedy = evaluate_checkpoint_policy(policy, cfg, args.questions)
+    greedy = evaluate_greedy(policy.model, policy.tokenizer, cfg, args.questions)
     sampler = LLMPolicy(policy.model, policy.tokenizer, temperature=1.0, max_turn_tokens=48, seed=0)
     env = SearchQAVectorEnv(
         100, autoreset_mode="Disabled", **{**cfg.env_kwargs(args.split), "tokenizer": policy.tokenizer}

@@ -224,6 +224,25 @@ def evaluate_policy(
     return summarize_episodes(infos)
 
 
+def evaluate_greedy(
+    model: Any, tokenizer: Any, config: Any, questions: int, episodes: list[dict[str, Any]] | None = None
+) -> dict[str, float]:
+    """The greedy evaluation every trainer runs: ``model`` plays the first ``questions`` questions of
+    ``config.eval_split`` greedily, ``config.eval_batch`` episodes at a time, in the env ``config.env_kwargs``
+    describes (``config.max_turn_tokens`` per turn). ``episodes`` receives the episodes' info dicts
+    (:func:`evaluate_policy`, whose figures it returns)."""
+    greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=config.max_turn_tokens)
+    env = SearchQAVectorEnv(
+        config.eval_batch,
+        autoreset_mode="Disabled",
+        **{**config.env_kwargs(config.eval_split), "tokenizer": tokenizer},
+    )
+    try:
+        return evaluate_policy(greedy, env, questions, episodes)
+    finally:
+        env.close()
+
+
 def summarize_episodes(infos: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Means over episodes of the figures every report uses."""
     if not infos:

@@ -15,17 +15,15 @@ from typing import Any
 import torch
 
 from searchgym.envs.episode import Source
-from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.run_lock import lock_run_dir
 
-from ..llm import LLMPolicy
 from .checkpoint import save_checkpoint
 from .config import SFTConfig
 from .losses import masked_mean
-from .rollout import evaluate_policy, pad_transcripts
+from .rollout import evaluate_greedy, pad_transcripts
 from .runtime import MetricLogger, build_policy, make_optimizer, prepare_run_dir
 
-__all__ = ["evaluate_checkpoint_policy", "load_sft_demonstrations", "sft_loss", "train_sft"]
+__all__ = ["load_sft_demonstrations", "sft_loss", "train_sft"]
 
 
 def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -57,23 +55,6 @@ def load_sft_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Any]:
         demos = list(generate_demonstrations(env, n, config.seed))
         env.close()
     return [d for d in demos if d.reward > 0]
-
-
-def evaluate_checkpoint_policy(
-    policy: LLMPolicy, config: Any, questions: int, episodes: list[dict[str, Any]] | None = None
-) -> dict[str, float]:
-    """Greedy evaluation of ``policy``'s model on ``config.eval_split`` (first ``questions`` questions);
-    ``episodes`` receives the episodes' info dicts (:func:`evaluate_policy`)."""
-    greedy = LLMPolicy(policy.model, policy.tokenizer, greedy=True, max_turn_tokens=config.max_turn_tokens)
-    env = SearchQAVectorEnv(
-        config.eval_batch,
-        autoreset_mode="Disabled",
-        **{**config.env_kwargs(config.eval_split), "tokenizer": policy.tokenizer},
-    )
-    try:
-        return evaluate_policy(greedy, env, questions, episodes)
-    finally:
-        env.close()
 
 
 def train_sft(config: SFTConfig) -> dict[str, float]:
@@ -155,7 +136,9 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
         final.update(
             {
                 f"eval/{k}": v
-                for k, v in evaluate_checkpoint_policy(policy, config, config.eval_questions).items()
+                for k, v in evaluate_greedy(
+                    policy.model, policy.tokenizer, config, config.eval_questions
+                ).items()
             }
         )
     logger.log(update, final)

@@ -52,7 +52,7 @@ from .losses import (
 )
 from .noise import MicroGradients, noise_scale_two_batch
 from .probes import onpolicy_probes, oracle_probe
-from .rollout import RolloutBatch, collect_rollouts, concat_batches, summarize_episodes
+from .rollout import RolloutBatch, collect_rollouts, concat_batches, evaluate_greedy, summarize_episodes
 from .runtime import (
     CHECKPOINT,
     EVAL_EPISODES,
@@ -65,7 +65,6 @@ from .runtime import (
     resume_init,
     write_run_record,
 )
-from .sft import evaluate_checkpoint_policy
 from .spans import llds_ma_weights, probe_masks
 from .training_state import get_rng_state, load_training_state, set_rng_state
 
@@ -663,7 +662,9 @@ class GRPOTrainer:
         question's outcome is appended to ``RUN_DIR/eval_episodes.jsonl`` (step, question id, EM, F1, the
         reward, searches, answered), so two evaluations can be compared question by question."""
         episodes: list[dict[str, Any]] = []
-        result = evaluate_checkpoint_policy(self.policy, self.config, self.config.eval_questions, episodes)
+        result = evaluate_greedy(
+            self.model, self.policy.tokenizer, self.config, self.config.eval_questions, episodes
+        )
         with open(self.run_dir / EVAL_EPISODES, "a", encoding="utf-8") as f:
             for info in episodes:
                 record = {

@@ -23,10 +23,8 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError(getattr(e, "name", None) or "trl", "trl", "The TRL integration") from e
 
-from searchgym.agents.grpo.rollout import evaluate_policy
+from searchgym.agents.grpo.rollout import evaluate_greedy
 from searchgym.agents.grpo.runtime import MetricLogger, build_policy, prepare_run_dir, read_metrics
-from searchgym.agents.llm import LLMPolicy
-from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import ConfigError
 from searchgym.run_lock import lock_run_dir
 from searchgym.tokenization import Tokenizer
@@ -129,16 +127,7 @@ def _evaluate(trainer: Any, config: TRLConfig, tokenizer: Tokenizer) -> dict[str
     evals: dict[str, float] = {}
     with _generation_model(trainer) as model:
         if state.is_main_process:
-            greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=config.max_turn_tokens)
-            eval_env = SearchQAVectorEnv(
-                config.eval_batch,
-                autoreset_mode="Disabled",
-                **{**config.env_kwargs(config.eval_split), "tokenizer": tokenizer},
-            )
-            try:
-                summary = evaluate_policy(greedy, eval_env, config.eval_questions)
-            finally:
-                eval_env.close()
+            summary = evaluate_greedy(model, tokenizer, config, config.eval_questions)
             evals = {f"eval/{k}": summary[k] for k in ("em", "f1", "searches")}
         state.wait_for_everyone()
     return evals

@@ -189,12 +189,13 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def _evaluate_untrained(config: Any) -> dict[str, float]:
     """Greedy play of the freshly initialised tiny model (the SFT run's starting point) on the eval questions."""
+    from searchgym.agents.grpo.rollout import evaluate_greedy
     from searchgym.agents.grpo.runtime import build_policy
-    from searchgym.agents.grpo.sft import evaluate_checkpoint_policy
 
     policy, _ = build_policy(config, max_turn_tokens=config.max_turn_tokens, seed=config.seed)
     return {
-        f"eval/{k}": v for k, v in evaluate_checkpoint_policy(policy, config, config.eval_questions).items()
+        f"eval/{k}": v
+        for k, v in evaluate_greedy(policy.model, policy.tokenizer, config, config.eval_questions).items()
     }
 
 
