@@ -197,5 +197,9 @@ def evaluate(
     finally:
         if sink is not None:
             sink.close()
-    summary = EvalSummary.of(records, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    summary = EvalSummary.of(records, seconds)
+    if held:  # the pace of the episodes this run played, not of the ones it found done
+        played = len(records) - len(held)
+        summary.episodes_per_s = played / seconds if seconds > 0 else float("inf")
     return summary

@@ -146,3 +146,20 @@ def test_nothing_to_resume_and_a_damaged_partial_are_clear_errors(
     partial.write_bytes(b"".join(lines))
     assert run_eval(out, "--resume", "--episodes", "2") == 2
     assert "holds 3 episodes, more than --episodes 2" in capsys.readouterr().err
+
+
+def test_the_pace_counts_only_the_episodes_a_resumed_run_played(tmp_path: Path) -> None:
+    import gymnasium as gym
+
+    from searchgym.agents import HeuristicAgent
+
+    env = gym.make("SearchQA-v0", split="test")
+    agent = HeuristicAgent(env.unwrapped.tokenizer)
+    out = tmp_path / "e.jsonl"
+    full = evaluate_module.evaluate(env, agent, 3, out=out)
+    held = [
+        evaluate_module.EpisodeRecord.from_json(json.loads(line)) for line in out.read_text().splitlines()
+    ]
+    resumed = evaluate_module.evaluate(env, agent, 3, out=out, held=held)  # nothing left to play
+    assert resumed.episodes == 3 and resumed.em == full.em and resumed.episodes_per_s == 0.0
+    env.close()
