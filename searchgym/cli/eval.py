@@ -112,7 +112,9 @@ def run_identity(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str
     }
 
 
-def held_episodes(partial: Path, identity: dict[str, Any], episodes: int) -> tuple[list[Any], int]:
+def held_episodes(
+    partial: Path, record_path: Path, identity: dict[str, Any], episodes: int
+) -> tuple[list[Any], int]:
     """The finished episodes an interrupted run left in ``partial`` and the bytes they take (a last line
     without its newline, the episode being written when the run stopped, is left out).
 
@@ -124,7 +126,6 @@ def held_episodes(partial: Path, identity: dict[str, Any], episodes: int) -> tup
     from searchgym.agents.evaluate import EpisodeRecord
     from searchgym.errors import ConfigError, DataFormatError
 
-    record_path = partial.with_name(partial.name.removesuffix(".partial") + RUN_RECORD_SUFFIX)
     if not record_path.is_file():
         raise ConfigError(
             f"--resume: no interrupted eval to continue ({record_path} is missing; it is written when an eval "
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         with replace_on_success(args.out, keep=args.resume) as partial:
             held: list[Any] = []
             if args.resume:  # read under the lock: no other run is writing it
-                held, size = held_episodes(partial, identity, args.episodes)
+                held, size = held_episodes(partial, record_path, identity, args.episodes)
                 os.truncate(partial, size)
                 print(f"resuming {args.out}: {len(held)} of {args.episodes} episodes done", file=sys.stderr)
             else:
