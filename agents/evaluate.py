@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,7 @@ def evaluate(
     out: str | Path | None = None,
     progress: bool = False,
     held: list[EpisodeRecord] | None = None,
+    on_episode: Callable[[EpisodeRecord], None] | None = None,
 ) -> EvalSummary:
     """Evaluates ``agent`` on the first ``episodes`` questions of the env's split (in order).
 
@@ -175,6 +176,7 @@ def evaluate(
         held: The records of episodes ``0 .. len(held) - 1``, already played (a resumed run: ``out`` holds
             them and is appended to); the run plays the rest, and the summary covers all ``episodes``.
             Every episode is seeded by its index alone, so the result equals an uninterrupted run's.
+        on_episode: Called with each record this run plays, once it is written (a caller's own progress).
     """
     start = time.perf_counter()
     records: list[EpisodeRecord] = list(held or [])
@@ -194,6 +196,8 @@ def evaluate(
             if sink is not None:
                 sink.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
                 sink.flush()
+            if on_episode is not None:
+                on_episode(record)
     finally:
         if sink is not None:
             sink.close()

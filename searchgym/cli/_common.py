@@ -150,7 +150,7 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_retriever_patience(parser: argparse.ArgumentParser) -> None:
+def add_retriever_patience(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--retriever-patience``: how long a command waits for a URL retriever that stops answering."""
     parser.add_argument(
         "--retriever-patience",

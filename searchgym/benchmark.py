@@ -1,0 +1,311 @@
+"""The benchmark report: per-dataset and averaged figures with intervals, paired comparisons, a markdown
+table and a plot, from the episodes each agent played on each dataset.
+
+Search-R1 (Jin et al. 2025, Table 2) groups its datasets as *general QA* (NQ, TriviaQA, PopQA) and
+*multi-hop QA* (HotpotQA, 2WikiMultiHopQA, MuSiQue, Bamboogle) and averages exact match over datasets, each
+dataset counting once whatever its size; the averages here are computed the same way, per group and over
+all datasets. Everything in this module works on plain episode records (the JSON lines ``searchgym eval
+--out`` writes); playing the episodes is the ``searchgym benchmark`` command's job.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from searchgym.errors import ConfigError
+from searchgym.stats import RESAMPLES, bootstrap_mean, bootstrap_mean_of_means, mcnemar_p
+
+__all__ = [
+    "GROUPS",
+    "METRICS",
+    "build_report",
+    "dataset_group",
+    "markdown_report",
+    "plot_report",
+    "resolve_dataset",
+]
+
+GROUPS = {
+    "general": ("nq", "triviaqa", "popqa"),
+    "multi-hop": ("hotpotqa", "2wikimultihopqa", "2wiki", "musique", "bamboogle"),
+}
+"""Search-R1's two groups and the dataset names (words of a folder's name) that place a folder in each."""
+
+AVERAGES = ("general", "multi-hop", "all")
+
+METRICS = ("em", "f1", "searches", "answered")
+"""The per-question figures of a report: exact match, token F1, searches made, and whether it answered."""
+
+
+def dataset_group(name: str) -> str:
+    """``general``, ``multi-hop`` or ``other``, from the words of a dataset folder's name.
+
+    >>> dataset_group("nq_open_oracle_2655"), dataset_group("hotpotqa_dev"), dataset_group("my_set")
+    ('general', 'multi-hop', 'other')
+    """
+    words = set(re.split(r"[^a-z0-9]+", name.lower()))
+    for group, names in GROUPS.items():
+        if words & set(names):
+            return group
+    return "other"
+
+
+def resolve_dataset(spec: str, data_root: str | Path | None) -> Path:
+    """The FlashRAG folder ``spec`` names: a folder path, or a name inside ``data_root`` — the folder of
+    that name, else the one folder whose name has ``spec`` as a word (``nq`` finds ``nq_open_oracle_2655``).
+
+    Raises:
+        ConfigError: nothing matches, or several folders do (they are listed).
+    """
+    path = Path(spec)
+    if path.is_dir():
+        return path
+    if data_root is None:
+        raise ConfigError(
+            f"--datasets {spec}: no such folder (give a path, or --data-root to look names up in)"
+        )
+    root = Path(data_root)
+    if (root / spec).is_dir():
+        return root / spec
+    if not root.is_dir():
+        raise ConfigError(f"--data-root {root}: no such folder")
+    folders = sorted(p for p in root.iterdir() if p.is_dir())
+    words = spec.lower()
+    matches = [p for p in folders if words in re.split(r"[^a-z0-9]+", p.name.lower())]
+    if len(matches) == 1:
+        return matches[0]
+    found = ", ".join(p.name for p in (matches or folders)) or "none"
+    why = "names several folders" if matches else "names no folder"
+    raise ConfigError(f"--datasets {spec} {why} in {root} ({found}); give the folder's name or path")
+
+
+def _outcomes(records: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    return {
+        "em": np.array([float(r["em"]) for r in records]),
+        "f1": np.array([float(r["f1"]) for r in records]),
+        "searches": np.array([float(r["searches"]) for r in records]),
+        "answered": np.array([float(r["end_reason"] == "answered") for r in records]),
+    }
+
+
+def _seed(*key: str) -> int:
+    """A bootstrap seed fixed by what is resampled, so adding an agent or a dataset changes no other figure."""
+    return zlib.crc32("\0".join(key).encode("utf-8"))
+
+
+def build_report(
+    episodes: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
+    datasets: Sequence[Mapping[str, Any]],
+    *,
+    resamples: int = RESAMPLES,
+    settings: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The benchmark's figures from the episode records of every (agent, dataset) pair.
+
+    Args:
+        episodes: ``episodes[agent][dataset]``: the records (``eval --out`` lines) that agent played on that
+            dataset; every agent must have played the same questions of a dataset, in the same order.
+        datasets: One mapping per dataset, in report order, with at least ``name`` and ``group``.
+        resamples: Bootstrap resamples per interval.
+        settings: What produced the episodes (agents' specs, env options, seed), kept in the report.
+
+    Returns:
+        A JSON-ready dict: ``results`` (one row per agent and dataset: ``em``, ``f1``, ``searches``,
+        ``answered``, each ``{mean, low, high}``), ``averages`` (per agent: ``general``, ``multi-hop``,
+        ``all`` — unweighted over datasets, the groups that have datasets), and ``paired`` (each agent after
+        the first against the first, per dataset and on the ``all`` average: ``em_diff`` with its paired
+        bootstrap interval, McNemar's ``p`` and the discordant counts).
+
+    Raises:
+        ConfigError: two agents' episodes of a dataset are not the same questions.
+    """
+    agents = list(episodes)
+    names = [str(d["name"]) for d in datasets]
+    outcomes = {a: {d: _outcomes(episodes[a][d]) for d in names} for a in agents}
+    for d in names:
+        ids = [[r.get("question_id") for r in episodes[a][d]] for a in agents]
+        for agent, other in zip(agents[1:], ids[1:], strict=True):
+            if other != ids[0]:
+                raise ConfigError(
+                    f"{agent} and {agents[0]} played different questions of {d} ({len(other)} and "
+                    f"{len(ids[0])} episodes): a paired comparison needs the same ones"
+                )
+    results = []
+    for a in agents:
+        for spec in datasets:
+            d = str(spec["name"])
+            row: dict[str, Any] = {
+                "agent": a,
+                "dataset": d,
+                "group": spec["group"],
+                "episodes": len(episodes[a][d]),
+            }
+            for m in METRICS:
+                row[m] = bootstrap_mean(outcomes[a][d][m], seed=_seed(a, d, m), resamples=resamples).to_json()
+            results.append(row)
+    members = {g: [str(s["name"]) for s in datasets if g == "all" or s["group"] == g] for g in AVERAGES}
+    averages = []
+    for a in agents:
+        for g in AVERAGES:
+            if not members[g]:
+                continue
+            row = {"agent": a, "group": g, "datasets": members[g]}
+            for m in ("em", "f1"):
+                groups = [outcomes[a][d][m] for d in members[g]]
+                row[m] = bootstrap_mean_of_means(groups, seed=_seed(a, g, m), resamples=resamples).to_json()
+            averages.append(row)
+    paired = []
+    baseline = agents[0]
+    for a in agents[1:]:
+        for d in names:
+            mine, theirs = outcomes[a][d]["em"], outcomes[baseline][d]["em"]
+            p, only_baseline, only_agent = mcnemar_p(theirs >= 1.0, mine >= 1.0)
+            paired.append(
+                {
+                    "agent": a,
+                    "baseline": baseline,
+                    "dataset": d,
+                    "em_diff": bootstrap_mean(
+                        mine - theirs, seed=_seed(a, baseline, d), resamples=resamples
+                    ).to_json(),
+                    "mcnemar_p": p,
+                    "only_agent": only_agent,
+                    "only_baseline": only_baseline,
+                }
+            )
+        diffs = [outcomes[a][d]["em"] - outcomes[baseline][d]["em"] for d in names]
+        paired.append(
+            {
+                "agent": a,
+                "baseline": baseline,
+                "dataset": "all",
+                "em_diff": bootstrap_mean_of_means(
+                    diffs, seed=_seed(a, baseline, "all"), resamples=resamples
+                ).to_json(),
+                "mcnemar_p": None,
+                "only_agent": None,
+                "only_baseline": None,
+            }
+        )
+    return {
+        "agents": agents,
+        "datasets": [dict(d) for d in datasets],
+        "level": 0.95,
+        "bootstrap_resamples": resamples,
+        "settings": dict(settings or {}),
+        "results": results,
+        "averages": averages,
+        "paired": paired,
+    }
+
+
+def _cell(interval: Mapping[str, float], digits: int = 3) -> str:
+    return f"{interval['mean']:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+
+
+def _p(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2g}" if value >= 1e-4 else f"{value:.1e}"
+
+
+def markdown_report(report: Mapping[str, Any]) -> str:
+    """The report as markdown: exact match per dataset and averaged (Search-R1's table), every figure per
+    dataset, and the paired comparisons against the first agent."""
+    agents, datasets = report["agents"], report["datasets"]
+    result = {(r["agent"], r["dataset"]): r for r in report["results"]}
+    average = {(r["agent"], r["group"]): r for r in report["averages"]}
+    groups = [g for g in AVERAGES if any(r["group"] == g for r in report["averages"])]
+    level = f"{report['level']:.0%}"
+    lines = [
+        f"## Exact match (mean [{level} bootstrap interval over questions])",
+        "",
+        "| agent | "
+        + " | ".join(f"{d['name']} ({d['group']})" for d in datasets)
+        + " | "
+        + " | ".join(f"{g} avg" for g in groups)
+        + " |",
+        "|---" * (1 + len(datasets) + len(groups)) + "|",
+    ]
+    for a in agents:
+        cells = [_cell(result[a, d["name"]]["em"]) for d in datasets] + [
+            _cell(average[a, g]["em"]) for g in groups
+        ]
+        lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Averages are unweighted over datasets (each counts once), as Search-R1 reports them.",
+        "",
+        "## Every figure per dataset",
+        "",
+        "| dataset | agent | episodes | EM | F1 | searches | answered |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for d in datasets:
+        for a in agents:
+            r = result[a, d["name"]]
+            figures = " | ".join(_cell(r[m], 2 if m == "searches" else 3) for m in METRICS)
+            lines.append(f"| {d['name']} | {a} | {r['episodes']} | {figures} |")
+    if report["paired"]:
+        baseline = agents[0]
+        lines += [
+            "",
+            f"## Paired against {baseline} (the same questions)",
+            "",
+            f"| dataset | agent | EM − {baseline} [{level} interval] | McNemar p | right only here / only {baseline} |",
+            "|---|---|---|---|---|",
+        ]
+        for r in report["paired"]:
+            counts = "–" if r["only_agent"] is None else f"{r['only_agent']} / {r['only_baseline']}"
+            name = "all (avg)" if r["dataset"] == "all" else r["dataset"]
+            lines.append(
+                f"| {name} | {r['agent']} | {_cell(r['em_diff'])} | {_p(r['mcnemar_p'])} | {counts} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot_report(report: Mapping[str, Any], path: str | Path) -> None:
+    """Bars of exact match per dataset and averaged, one per agent, with their intervals, saved to ``path``.
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        from searchgym.errors import MissingDependencyError
+
+        raise MissingDependencyError("matplotlib", "train", "the benchmark plot") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agents = report["agents"]
+    result = {(r["agent"], r["dataset"]): r["em"] for r in report["results"]}
+    average = {(r["agent"], r["group"]): r["em"] for r in report["averages"]}
+    columns = [(d["name"], result) for d in report["datasets"]]
+    columns += [(g, average) for g in AVERAGES if any(r["group"] == g for r in report["averages"])]
+    width = 0.8 / len(agents)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(columns) * max(1, len(agents)) ** 0.5 + 2), 4.2))
+    x = np.arange(len(columns))
+    for i, a in enumerate(agents):
+        cells = [table[a, key] for key, table in columns]
+        means = [c["mean"] for c in cells]
+        errors = [[c["mean"] - c["low"] for c in cells], [c["high"] - c["mean"] for c in cells]]
+        ax.bar(x + (i - (len(agents) - 1) / 2) * width, means, width, yerr=errors, capsize=3, label=a)
+    if len(columns) > len(report["datasets"]):  # the averages stand apart from the datasets
+        ax.axvline(len(report["datasets"]) - 0.5, color="0.6", linestyle="--", linewidth=0.8)
+    ax.set_xticks(x, [k if table is result else f"{k}\navg" for k, table in columns], fontsize=8)
+    ax.set_ylabel("exact match")
+    ax.set_ylim(0, max(1.0, math.ceil(ax.get_ylim()[1] * 10) / 10))
+    ax.set_title(f"Exact match per dataset ({report['level']:.0%} bootstrap intervals)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, format="png")
+    plt.close(fig)

@@ -1,0 +1,278 @@
+"""``searchgym benchmark``: agents × datasets in one command — Search-R1's table with intervals, paired
+comparisons, a plot — with every (agent, dataset) pair cached so that an interrupted run resumes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+from searchgym.cli._common import AGENT_FORMS, add_retriever_patience, positive_int
+
+COMMAND = ("benchmark",)
+HELP = "evaluate agents on several datasets: EM/F1 with intervals, group averages, paired differences, a plot"
+
+PAIRS_FOLDER = "pairs"
+"""Inside ``--out``: one ``AGENT/DATASET.jsonl`` of episodes per finished pair, and its ``.run.json``."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--agent",
+        action="append",
+        required=True,
+        metavar="SPEC",
+        help=f"an agent (repeat for several; the first is the baseline of the paired comparisons): {AGENT_FORMS}",
+    )
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        required=True,
+        metavar="DIR",
+        help="FlashRAG folders (corpus.jsonl, SPLIT.jsonl), or names looked up in --data-root ('nq' finds "
+        "the one folder with the word nq in its name)",
+    )
+    parser.add_argument("--data-root", default=None, help="folder where --datasets names are looked up")
+    parser.add_argument(
+        "--episodes",
+        type=positive_int,
+        default=None,
+        help="play the first N questions of each dataset (default: all of them)",
+    )
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="write benchmark.md, .json, .png and the cache here"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="DATASET=GROUP",
+        help="place a dataset in 'general', 'multi-hop' or 'other' (default: from its name, as Search-R1 "
+        "groups NQ, TriviaQA, PopQA / HotpotQA, 2Wiki, MuSiQue, Bamboogle)",
+    )
+    env = parser.add_argument_group("environment (as searchgym eval)")
+    env.add_argument("--env", default="SearchQA-v0", help="environment id")
+    env.add_argument("--split", default="test", help="question split of every dataset")
+    env.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: built-in)")
+    env.add_argument(
+        "--retriever",
+        action="append",
+        default=[],
+        metavar="SPEC | DATASET=SPEC",
+        help="the retriever of every dataset (bm25, rank_bm25, dense:INDEX_DIR, hybrid:INDEX_DIR, a /retrieve "
+        "URL), or of one dataset with DATASET=SPEC; repeatable (default: bm25 over each dataset's corpus)",
+    )
+    add_retriever_patience(env)
+    env.add_argument("--topk", type=int, default=3, help="passages per search")
+    env.add_argument("--max-turns", type=int, default=4, help="turn budget")
+    env.add_argument(
+        "--max-turn-tokens",
+        type=int,
+        default=None,
+        help="policy tokens per turn (default: the env's 512, or the training value of a checkpoint: agent)",
+    )
+    env.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=None,
+        help="transcript size (default: the env's 2048, or the training value of a checkpoint: agent)",
+    )
+    env.add_argument("--seed", type=int, default=0, help="base seed (episode i resets with seed + i)")
+
+
+def _retrievers(specs: list[str], names: list[str], paths: list[Path]) -> dict[str, str]:
+    """Each dataset's retriever spec from ``--retriever`` (one for all, and ``DATASET=SPEC`` overrides)."""
+    from searchgym.errors import ConfigError
+
+    default, chosen = "bm25", {}
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if sep and not key.startswith(("http://", "https://")) and ":" not in key:
+            match = [n for n, p in zip(names, paths, strict=True) if key in (n, str(p))]
+            if not match:
+                raise ConfigError(
+                    f"--retriever {spec}: {key!r} is not one of the datasets ({', '.join(names)})"
+                )
+            chosen[match[0]] = value
+        else:
+            default = spec
+    return {n: chosen.get(n, default) for n in names}
+
+
+def _groups(specs: list[str], names: list[str]) -> dict[str, str]:
+    from searchgym.benchmark import dataset_group
+    from searchgym.errors import ConfigError
+
+    groups = {n: dataset_group(n) for n in names}
+    for spec in specs:
+        name, _, group = spec.partition("=")
+        if name not in groups or group not in ("general", "multi-hop", "other"):
+            raise ConfigError(
+                f"--group {spec}: expected DATASET=general|multi-hop|other with DATASET one of {', '.join(names)}"
+            )
+        groups[name] = group
+    return groups
+
+
+def _slug(text: str) -> str:
+    """A file name for an agent spec: readable, and distinct for distinct specs."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:60]
+    return f"{readable}-{zlib.crc32(text.encode('utf-8')):08x}"
+
+
+def _pair_args(args: argparse.Namespace, agent: str, dataset: Path, retriever: str) -> argparse.Namespace:
+    """The ``searchgym eval`` options of one (agent, dataset) pair, for the helpers eval shares."""
+    pair = argparse.Namespace(**vars(args))
+    pair.agent, pair.dataset, pair.retriever, pair.world_seed = agent, str(dataset), retriever, 0
+    return pair
+
+
+def _play_pair(pair: argparse.Namespace, path: Path, episodes: int | None, bar: Any) -> list[dict[str, Any]]:
+    """The episode records of one (agent, dataset) pair: read from ``path`` when a finished run with the same
+    identity left it there, else played (continuing what an interrupted run left in ``path.partial``)."""
+    from searchgym.agents import evaluate
+    from searchgym.agents.evaluate import EpisodeRecord
+    from searchgym.cli._common import env_kwargs, load_agent, make_env
+    from searchgym.cli.eval import checkpoint_env_defaults, held_episodes, run_identity
+    from searchgym.data.jsonl import iter_jsonl, replace_on_success
+    from searchgym.errors import ConfigError
+
+    overrides = checkpoint_env_defaults(pair)
+    settings = {**env_kwargs(pair), **overrides}
+    identity = {**run_identity(pair, settings), "episodes": episodes}
+    record_path = path.with_name(path.name + ".run.json")
+    if path.is_file() and record_path.is_file():
+        if json.loads(record_path.read_text(encoding="utf-8")) == identity:
+            records = [record for _, record in iter_jsonl(path)]
+            bar.update(len(records))
+            return records
+        print(f"note: {path} was played with other settings; playing it again", file=sys.stderr)
+    env = make_env(pair, **overrides)
+    try:
+        agent = load_agent(pair.agent, env, seed=pair.seed)
+        questions = len(env.unwrapped.questions)
+        count = questions if episodes is None else min(episodes, questions)
+        partial_record = path.with_name(path.name + ".partial.run.json")
+        with replace_on_success(path, keep=True) as partial:
+            held: list[EpisodeRecord] = []
+            if partial_record.is_file() and partial.stat().st_size > 0:
+                try:
+                    held, size = held_episodes(partial, partial_record, identity, count)
+                    os.truncate(partial, size)  # a last line without its newline goes
+                except ConfigError:
+                    held = []  # another command's leftovers: this pair starts again (the file is rewritten)
+            partial_record.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+            bar.update(len(held))
+            evaluate(
+                env, agent, count, seed=pair.seed, out=partial, held=held, on_episode=lambda _: bar.update(1)
+            )
+        partial_record.unlink(missing_ok=True)
+        record_path.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+    finally:
+        env.close()
+    return [record for _, record in iter_jsonl(path)]
+
+
+def _suite_size(args: argparse.Namespace, paths: list[Path]) -> int:
+    """Episodes the whole suite plays (for the progress bar): per dataset, its split's size or --episodes."""
+    from searchgym.data.jsonl import iter_jsonl
+
+    total = 0
+    for path in paths:
+        split = path / f"{args.split}.jsonl"
+        n = sum(1 for _ in iter_jsonl(split)) if split.is_file() else 0
+        total += n if args.episodes is None else min(n, args.episodes)
+    return total * len(args.agent)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from searchgym.benchmark import build_report, markdown_report, plot_report, resolve_dataset
+    from searchgym.errors import ConfigError, MissingDependencyError
+
+    if len(set(args.agent)) != len(args.agent):
+        raise ConfigError(f"--agent: each agent once (got {args.agent})")
+    # A shell glob over a data folder (`--datasets data/*`) also names its files (a README): those are noted
+    # and left out, since a dataset is a folder.
+    skipped = [spec for spec in args.datasets if Path(spec).is_file()]
+    for spec in skipped:
+        print(f"note: --datasets {spec} is a file, not a FlashRAG folder; left out", file=sys.stderr)
+    paths = [resolve_dataset(spec, args.data_root) for spec in args.datasets if spec not in skipped]
+    if not paths:
+        raise ConfigError("--datasets names no folder")
+    names = [p.name for p in paths]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--datasets: two folders share a name ({', '.join(str(p) for p in paths)})")
+    retrievers = _retrievers(args.retriever, names, paths)
+    groups = _groups(args.group, names)
+    out = Path(args.out) if args.out is not None else None
+    if out is None:
+        import tempfile
+
+        scratch = tempfile.TemporaryDirectory(prefix="searchgym-benchmark-")
+        pairs_root = Path(scratch.name)
+    else:
+        pairs_root = out / PAIRS_FOLDER
+    episodes: dict[str, dict[str, list[dict[str, Any]]]] = {a: {} for a in args.agent}
+    bar = tqdm(total=_suite_size(args, paths), desc="benchmark", unit="ep", disable=args.no_progress)
+    with bar:
+        for agent in args.agent:
+            for name, path in zip(names, paths, strict=True):
+                bar.set_postfix_str(f"{agent} on {name}", refresh=True)
+                pair = _pair_args(args, agent, path, retrievers[name])
+                target = pairs_root / _slug(agent) / f"{name}.jsonl"
+                episodes[agent][name] = _play_pair(pair, target, args.episodes, bar)
+    datasets = [
+        {
+            "name": n,
+            "path": str(p),
+            "group": groups[n],
+            "retriever": retrievers[n],
+            "questions": len(episodes[args.agent[0]][n]),
+        }
+        for n, p in zip(names, paths, strict=True)
+    ]
+    settings = {
+        "agents": list(args.agent),
+        "env": args.env,
+        "split": args.split,
+        "tokenizer": args.tokenizer,
+        "topk": args.topk,
+        "max_turns": args.max_turns,
+        "max_turn_tokens": args.max_turn_tokens,
+        "max_context_tokens": args.max_context_tokens,
+        "episodes": args.episodes,
+        "seed": args.seed,
+    }
+    report = build_report(episodes, datasets, settings=settings)
+    table = markdown_report(report)
+    if out is not None:
+        from searchgym.data.jsonl import replace_on_success
+
+        with replace_on_success(out / "benchmark.json") as partial:
+            partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        with replace_on_success(out / "benchmark.md") as partial:
+            partial.write_text(table, encoding="utf-8")
+        wrote = [out / "benchmark.md", out / "benchmark.json"]
+        try:
+            with replace_on_success(out / "benchmark.png") as partial:
+                plot_report(report, partial)
+            wrote.append(out / "benchmark.png")
+        except MissingDependencyError as e:
+            print(f"note: no plot ({e})", file=sys.stderr)
+        print("wrote " + ", ".join(str(p) for p in wrote), file=sys.stderr)
+    else:
+        scratch.cleanup()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        sys.stdout.write(table)
+    return 0

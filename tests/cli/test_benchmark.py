@@ -1,0 +1,184 @@
+"""``searchgym benchmark`` on the shared FlashRAG samples: the table, JSON and plot; a killed run resumes
+without replaying finished pairs; options that pick retrievers and groups."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from searchgym.cli import main
+
+from ..conftest import HOTPOT, NQ, QUICKSTART, SHARED_DATA, require
+
+# An agent that plays as the heuristic does, logs every episode it starts, and SIGKILLs its own process at
+# the episode named in KILL_AT ("DATASET_SIZE:INDEX"), as a machine that goes down mid-run would.
+COUNTING_AGENT = textwrap.dedent(
+    """
+    import os, signal
+    from searchgym.agents.heuristic import HeuristicAgent
+
+    class Counting(HeuristicAgent):
+        def __init__(self, env):
+            super().__init__(env.unwrapped.tokenizer)
+            self.questions = len(env.unwrapped.questions)
+            self.episode = -1
+
+        def reset(self, info, seed=None):
+            super().reset(info, seed=seed)
+            self.episode += 1
+            with open(os.environ["PLAYS"], "a") as f:
+                f.write(f"{self.questions}:{self.episode}\\n")
+            if os.environ.get("KILL_AT") == f"{self.questions}:{self.episode}":
+                os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def benchmark(
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "searchgym.cli", "benchmark", "--no-progress", *extra],
+        cwd=tmp_path,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_two_agents_on_the_shared_data_write_the_table_json_and_plot(tmp_path: Path) -> None:
+    require(HOTPOT), require(NQ), require(QUICKSTART)
+    datasets = [str(p) for p in sorted(SHARED_DATA.iterdir())]  # as the shell expands ../shared/data/*
+    done = benchmark(
+        tmp_path, "--agent", "oracle", "--agent", "heuristic", "--datasets", *datasets, "--episodes", "40",
+        "--out", "B",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "README.md is a file, not a FlashRAG folder; left out" in done.stderr
+    out = tmp_path / "B"
+    report = json.loads((out / "benchmark.json").read_text())
+    assert report["agents"] == ["oracle", "heuristic"]
+    names = [d["name"] for d in report["datasets"]]
+    assert names == ["flashrag_quickstart_nq", "hotpotqa_dev_distractor_1100", "nq_open_oracle_2655"]
+    assert [d["group"] for d in report["datasets"]] == ["general", "multi-hop", "general"]
+    assert [d["questions"] for d in report["datasets"]] == [17, 40, 40]
+    rows = {(r["agent"], r["dataset"]): r for r in report["results"]}
+    for name in names:  # the oracle answers from the gold passages; the heuristic answers a passage's word
+        assert rows["oracle", name]["em"]["mean"] == 1.0
+        assert rows["heuristic", name]["em"]["mean"] < 0.5
+        assert rows["heuristic", name]["answered"]["mean"] == 1.0
+    paired = {r["dataset"]: r for r in report["paired"]}
+    assert set(paired) == {*names, "all"}
+    hot = paired["hotpotqa_dev_distractor_1100"]
+    right = round(rows["heuristic", "hotpotqa_dev_distractor_1100"]["em"]["mean"] * 40)
+    assert (hot["only_agent"], hot["only_baseline"]) == (0, 40 - right)
+    assert hot["em_diff"]["high"] < 0 and hot["mcnemar_p"] < 1e-6
+    table = (out / "benchmark.md").read_text()
+    assert table == done.stdout
+    assert "| oracle | 1.000 [1.000, 1.000] |" in table
+    assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The pairs' episodes are eval --out records, one line per question.
+    pair_files = sorted((out / "pairs").glob("*/*.jsonl"))
+    assert len(pair_files) == 6
+    assert all(len(p.read_text().splitlines()) in (17, 40) for p in pair_files)
+
+
+@pytest.mark.slow
+def test_a_killed_benchmark_resumes_without_replaying_finished_pairs(tmp_path: Path) -> None:
+    quick, hot = require(QUICKSTART), require(HOTPOT)
+    (tmp_path / "counting.py").write_text(COUNTING_AGENT)
+    plays = tmp_path / "plays.txt"
+    args = ["--agent", "heuristic", "--agent", "counting:Counting", "--datasets", str(quick), str(hot)]
+    args += ["--episodes", "30", "--out", "B"]
+    # Killed in the counting agent's second pair (hotpotqa, 30 questions), at its episode 12.
+    killed = benchmark(tmp_path, *args, env={"PLAYS": str(plays), "KILL_AT": "1100:12"})
+    assert killed.returncode == -9
+    first = plays.read_text().splitlines()
+    assert first == [f"17:{i}" for i in range(17)] + [f"1100:{i}" for i in range(13)]
+    assert not (tmp_path / "B" / "benchmark.json").exists()
+    pair_times = {p: p.stat().st_mtime_ns for p in (tmp_path / "B" / "pairs").glob("*/*.jsonl")}
+    assert len(pair_times) == 3  # heuristic's two pairs and counting's first: finished; the fourth is partial
+
+    plays.unlink()
+    resumed = benchmark(tmp_path, *args, env={"PLAYS": str(plays)})
+    assert resumed.returncode == 0, resumed.stderr
+    # Only the interrupted pair's remaining episodes were played (its 12 finished ones were kept).
+    assert plays.read_text().splitlines() == [f"1100:{i}" for i in range(18)]
+    assert all(p.stat().st_mtime_ns == t for p, t in pair_times.items())
+    resumed_report = json.loads((tmp_path / "B" / "benchmark.json").read_text())
+
+    # An uninterrupted run in another folder gives the same report.
+    whole = benchmark(tmp_path, *args[:-1], "C", env={"PLAYS": str(tmp_path / "plays2.txt")})
+    assert whole.returncode == 0, whole.stderr
+    assert json.loads((tmp_path / "C" / "benchmark.json").read_text()) == resumed_report
+    assert (tmp_path / "B" / "benchmark.md").read_text() == (tmp_path / "C" / "benchmark.md").read_text()
+
+
+def test_changed_settings_replay_a_cached_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    quick = require(QUICKSTART)
+    out = tmp_path / "B"
+    base = ["benchmark", "--no-progress", "--agent", "heuristic", "--datasets", str(quick), "--out", str(out)]
+    assert main([*base, "--episodes", "5"]) == 0
+    pair = next((out / "pairs").glob("*/*.jsonl"))
+    before = pair.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main([*base, "--episodes", "5"]) == 0  # same settings: read back, not played
+    assert pair.stat().st_mtime_ns == before
+    assert main([*base, "--episodes", "7", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "was played with other settings; playing it again" in captured.err
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert report["results"][0]["episodes"] == 7
+    assert len(pair.read_text().splitlines()) == 7
+
+
+def test_retrievers_and_groups_per_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    quick, hot = require(QUICKSTART), require(HOTPOT)
+    args = [
+        "benchmark",
+        "--no-progress",
+        "--json",
+        "--agent",
+        "heuristic",
+        "--datasets",
+        str(quick),
+        str(hot),
+    ]
+    args += ["--episodes", "3", "--retriever", "rank_bm25", "--retriever", f"{hot.name}=bm25"]
+    args += ["--group", f"{quick.name}=other"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    by_name = {d["name"]: d for d in report["datasets"]}
+    assert by_name[quick.name]["retriever"] == "rank_bm25" and by_name[hot.name]["retriever"] == "bm25"
+    assert by_name[quick.name]["group"] == "other"
+    assert {r["group"] for r in report["averages"]} == {"multi-hop", "all"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--agent", "heuristic"], "each agent once"),
+        (["--group", "nowhere=general"], "--group nowhere=general"),
+        (["--retriever", "nowhere=bm25"], "'nowhere' is not one of the datasets"),
+    ],
+)
+def test_bad_options_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    quick = require(QUICKSTART)
+    assert main(["benchmark", "--agent", "heuristic", "--datasets", str(quick), *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_file_alone_is_no_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "README.md").write_text("not data")
+    assert main(["benchmark", "--agent", "heuristic", "--datasets", str(tmp_path / "README.md")]) == 2
+    assert "--datasets names no folder" in capsys.readouterr().err
