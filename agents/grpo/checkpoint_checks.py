@@ -212,9 +212,9 @@ def _config_parameters(values: Any, path: str | Path) -> int:
             raise CheckpointError(f"{path}: arch config field {key!r} is {value!r:.40}, out of range")
         if isinstance(value, float) and not math.isfinite(value):
             raise CheckpointError(f"{path}: arch config field {key!r} is {value!r}, not a finite number")
-    from ..llm import _import_transformers
+    from ..llm.model import import_transformers
 
-    tf = _import_transformers("Checking a checkpoint's model config")
+    tf = import_transformers("Checking a checkpoint's model config")
     fields = {
         k: v for k, v in values.items() if k not in ("model_type", "architectures", "transformers_version")
     }

@@ -146,9 +146,9 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
     elif arch["kind"] == "config":
         model = causal_lm_from_config(arch["config"], tokenizer, config.seed)
     else:
-        from ..llm import _import_transformers
+        from ..llm.model import import_transformers
 
-        tf = _import_transformers(f"Loading model {arch['name']!r}")
+        tf = import_transformers(f"Loading model {arch['name']!r}")
         model = tf.AutoModelForCausalLM.from_pretrained(arch["name"], dtype=_DTYPES[config.dtype])
     if state is not None:
         try:

@@ -29,18 +29,10 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError("torch", "train", "The LLM policy") from e
 
-from .model import _import_transformers as _import_transformers
 from .model import tiny_causal_lm
 from .policy import LLMPolicy, Segment
 from .sampling import sample_tokens
 from .scoring import DEFAULT_SCORING, ScoringOptions, token_logprobs
-
-# Private names other modules and tests import from here (re-exported, so those imports keep working).
-from .scoring import _log_probs as _log_probs
-from .scoring import _picked_logprobs as _picked_logprobs
-from .scoring import _picked_logprobs_reference as _picked_logprobs_reference
-from .scoring import _PickedLogProb as _PickedLogProb
-from .scoring import _shared_prefix as _shared_prefix
 
 __all__ = [
     "DEFAULT_SCORING",

@@ -21,7 +21,7 @@ from searchgym.errors import ConfigError, MissingDependencyError
 __all__ = ["causal_lm_from_config", "load_pretrained", "tiny_causal_lm"]
 
 
-def _import_transformers(purpose: str) -> Any:
+def import_transformers(purpose: str) -> Any:
     try:
         import transformers
     except ImportError as e:
@@ -59,7 +59,7 @@ def tiny_causal_lm(
     Returns:
         A ``transformers.Qwen2ForCausalLM`` in eval mode.
     """
-    tf = _import_transformers("Building the tiny model")
+    tf = import_transformers("Building the tiny model")
     config = tf.Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -90,7 +90,7 @@ def causal_lm_from_config(values: Mapping[str, Any], tokenizer: Any, seed: int) 
     Raises:
         ConfigError: ``transformers`` cannot build a config of that type from ``values``.
     """
-    tf = _import_transformers("Building a model from a config")
+    tf = import_transformers("Building a model from a config")
     fields = {
         k: v for k, v in values.items() if k not in ("model_type", "architectures", "transformers_version")
     }
@@ -116,7 +116,7 @@ def load_pretrained(name_or_path: str, *, dtype: Any = None, device: str | None 
     Raises:
         MissingDependencyError: ``transformers`` is not installed (the ``train`` extra).
     """
-    tf = _import_transformers(f"Loading model {name_or_path!r}")
+    tf = import_transformers(f"Loading model {name_or_path!r}")
     model = tf.AutoModelForCausalLM.from_pretrained(name_or_path, **({"dtype": dtype} if dtype else {}))
     if device is not None:
         model = model.to(device)

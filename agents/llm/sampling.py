@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .scoring import _log_probs
+from .scoring import vocab_log_probs
 
 __all__ = ["sample_tokens"]
 
@@ -42,7 +42,7 @@ def sample_tokens(
         draw comes from the truncated distribution, so these are not the behaviour policy's exact
         probabilities).
     """
-    logp = _log_probs(logits, vocab_size, temperature)
+    logp = vocab_log_probs(logits, vocab_size, temperature)
     if greedy:
         ids = logp.argmax(dim=-1)
     else:

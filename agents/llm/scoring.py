@@ -29,7 +29,7 @@ def _scaled_logits(logits: Tensor, vocab_size: int, temperature: float) -> Tenso
     return z if temperature == 1.0 else z / temperature
 
 
-def _log_probs(logits: Tensor, vocab_size: int, temperature: float) -> Tensor:
+def vocab_log_probs(logits: Tensor, vocab_size: int, temperature: float) -> Tensor:
     return torch.log_softmax(_scaled_logits(logits, vocab_size, temperature), dim=-1)
 
 
@@ -84,7 +84,7 @@ def _picked_logprobs_reference(
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`_picked_logprobs` by plain autograd through ``log_softmax``: the test oracle, and the reference
     update path (``searchgym bench update``'s *before*)."""
-    logp = _log_probs(logits, vocab_size, temperature)
+    logp = vocab_log_probs(logits, vocab_size, temperature)
     picked = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     return picked, -(logp.exp() * logp).sum(-1) if with_entropy else None
 

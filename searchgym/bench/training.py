@@ -65,10 +65,10 @@ def _multinomial_sampler(policy: Any) -> Callable[..., Any]:
     """The sampler rollouts used before the inverse-CDF one (the baseline of the comparison)."""
     import torch
 
-    from searchgym.agents.llm import _log_probs
+    from searchgym.agents.llm.scoring import vocab_log_probs
 
     def sample(logits: Any, generator: Any = None) -> tuple[Any, Any]:
-        logp = _log_probs(logits, policy.vocab_size, policy.temperature)
+        logp = vocab_log_probs(logits, policy.vocab_size, policy.temperature)
         if policy.greedy:
             ids = logp.argmax(dim=-1)
         else:

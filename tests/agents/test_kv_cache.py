@@ -175,7 +175,7 @@ def test_scoring_reads_a_shared_prefix_once_with_the_same_values_and_gradients(b
 
 
 def test_shared_prefix_length() -> None:
-    from searchgym.agents.llm import _shared_prefix
+    from searchgym.agents.llm.scoring import _shared_prefix
 
     ids = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 5, 6], [1, 2, 3, 4, 7]])
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1]])

@@ -249,7 +249,7 @@ def test_bad_arguments() -> None:
 def test_fused_logprob_and_entropy_match_plain_autograd(temperature: float) -> None:
     """The hand-written backward is the gradient of the plain formula: values and gradients of every input,
     for any mix of weights on the picked log-prob and on the entropy, with ids beyond ``vocab`` dropped."""
-    from searchgym.agents.llm import _picked_logprobs, _picked_logprobs_reference, _PickedLogProb
+    from searchgym.agents.llm.scoring import _picked_logprobs, _picked_logprobs_reference, _PickedLogProb
 
     gen = torch.Generator().manual_seed(0)
     logits = (3 * torch.randn(2, 7, 40, generator=gen, dtype=torch.float64)).requires_grad_()
@@ -277,7 +277,7 @@ def test_fused_logprob_and_entropy_match_plain_autograd(temperature: float) -> N
 def test_fused_scoring_equals_plain_scoring_without_gradients() -> None:
     """No-grad and entropy-free calls skip the autograd function: the same values, and the picked log-prob
     bit for bit equal to the gradient path's (``pi_old`` may come from a forward with or without grad)."""
-    from searchgym.agents.llm import _picked_logprobs, _picked_logprobs_reference
+    from searchgym.agents.llm.scoring import _picked_logprobs, _picked_logprobs_reference
 
     gen = torch.Generator().manual_seed(1)
     logits = 4 * torch.randn(64, 50, generator=gen)
