@@ -213,6 +213,8 @@ def _cell(interval: Mapping[str, float], digits: int = 3) -> str:
 def _p(value: float | None) -> str:
     if value is None:
         return "–"
+    if value == 0.0:  # below the smallest double: McNemar's p for thousands of one-sided discordant questions
+        return "< 1e-300"
     return f"{value:.2g}" if value >= 1e-4 else f"{value:.1e}"
 
 

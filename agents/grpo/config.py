@@ -44,7 +44,7 @@ REWARDS: tuple[str, ...] = get_args(Reward)
 """``--reward`` values: the env's answer metrics (exact match, substring EM, token F1)."""
 Advantage: TypeAlias = Literal["group", "mean", "sign"]
 ADVANTAGE_CHOICES: tuple[str, ...] = get_args(Advantage)
-"""``--advantage`` values (see :func:`searchgym.agents.grpo.losses.compute_advantages`)."""
+"""``--advantage`` values (see :func:`searchgym.agents.grpo.advantages.compute_advantages`)."""
 
 SAPO_THRESHOLD = 0.8
 """Default ratio threshold of SAPO's conditional KL: the lower edge of the default PPO clip range."""

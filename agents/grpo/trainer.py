@@ -37,6 +37,7 @@ from searchgym.errors import CheckpointError
 from searchgym.run_lock import lock_run_dir
 
 from ..llm import DEFAULT_SCORING, ScoringOptions, token_logprobs
+from .advantages import compute_advantages
 from .batching import call_overhead_tokens, length_buckets, minibatch_plan
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import GRPOConfig
@@ -44,7 +45,6 @@ from .diagnostics import lld_warning
 from .displacement import displacement_by_advantage, ledger_displacement, likelihood_metrics, probe_metrics
 from .ledger import Ledger
 from .losses import (
-    compute_advantages,
     grpo_llds_loss,
     ledger_llds_loss,
     llds_loss,

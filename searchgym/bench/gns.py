@@ -32,7 +32,7 @@ def run_gns_benchmark(
 
     import torch
 
-    from searchgym.agents.grpo.losses import compute_advantages
+    from searchgym.agents.grpo.advantages import compute_advantages
     from searchgym.agents.grpo.noise import GradientMoments, flat_grad
     from searchgym.agents.grpo.trainer import GRPOTrainer
     from searchgym.errors import ConfigError

@@ -274,8 +274,8 @@ def run_update_benchmark(
     """
     import torch
 
+    from searchgym.agents.grpo.advantages import group_advantages
     from searchgym.agents.grpo.config import GRPOConfig
-    from searchgym.agents.grpo.losses import group_advantages
     from searchgym.agents.grpo.trainer import GRPOTrainer
     from searchgym.agents.llm import DEFAULT_SCORING, ScoringOptions
 

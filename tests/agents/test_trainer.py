@@ -13,9 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from searchgym.agents.grpo.advantages import group_advantages  # noqa: E402
 from searchgym.agents.grpo.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from searchgym.agents.grpo.config import GRPOConfig, SFTConfig  # noqa: E402
-from searchgym.agents.grpo.losses import group_advantages  # noqa: E402
 from searchgym.agents.grpo.rollout import RolloutBatch  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer, minibatch_plan  # noqa: E402
 from searchgym.agents.llm import ScoringOptions  # noqa: E402

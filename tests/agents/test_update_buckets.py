@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from searchgym.agents.grpo.advantages import group_advantages  # noqa: E402
 from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
-from searchgym.agents.grpo.losses import group_advantages  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer, length_buckets  # noqa: E402
 
 
