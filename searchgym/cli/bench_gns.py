@@ -25,7 +25,8 @@ _KEYS = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The GRPO options (model, env, group size, temperature, reward, advantage, mini-batch) are train grpo's.
-    from searchgym.agents.grpo.config import GRPOConfig, add_config_arguments
+    from searchgym.agents.grpo.config import GRPOConfig
+    from searchgym.cli._options import add_config_arguments
 
     add_config_arguments(parser, GRPOConfig)
     parser.add_argument("--groups", type=int, default=64, help="groups sampled, one gradient each")
@@ -33,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from searchgym.agents.grpo.config import GRPOConfig, config_from_args
+    from searchgym.agents.grpo.config import GRPOConfig
     from searchgym.bench.gns import run_gns_benchmark
+    from searchgym.cli._options import config_from_args
 
     config = config_from_args(GRPOConfig, args, probe_size=0, onpolicy_probe_size=0, ledger_size=0)
     if config.threads:

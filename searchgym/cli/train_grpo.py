@@ -13,14 +13,16 @@ HELP = "train a policy with GRPO (+LLDS: --llds action|response|token, or none f
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The options are the fields of GRPOConfig: the help is written once, in the dataclass.
-    from searchgym.agents.grpo.config import GRPOConfig, add_config_arguments
+    from searchgym.agents.grpo.config import GRPOConfig
+    from searchgym.cli._options import add_config_arguments
 
     add_config_arguments(parser, GRPOConfig)
 
 
 def run(args: argparse.Namespace) -> int:
-    from searchgym.agents.grpo.config import GRPOConfig, config_from_args
+    from searchgym.agents.grpo.config import GRPOConfig
     from searchgym.agents.grpo.trainer import train_grpo
+    from searchgym.cli._options import config_from_args
 
     config = config_from_args(GRPOConfig, args)
     metrics = train_grpo(config)

@@ -12,14 +12,16 @@ HELP = "warm-start a policy on oracle demonstrations (generated from the trainin
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from searchgym.agents.grpo.config import SFTConfig, add_config_arguments
+    from searchgym.agents.grpo.config import SFTConfig
+    from searchgym.cli._options import add_config_arguments
 
     add_config_arguments(parser, SFTConfig)
 
 
 def run(args: argparse.Namespace) -> int:
-    from searchgym.agents.grpo.config import SFTConfig, config_from_args
+    from searchgym.agents.grpo.config import SFTConfig
     from searchgym.agents.grpo.sft import train_sft
+    from searchgym.cli._options import config_from_args
 
     config = config_from_args(SFTConfig, args)
     metrics = train_sft(config)

@@ -14,8 +14,8 @@ HELP = "train a policy with TRL's GRPOTrainer on SearchQA episodes (+LLDS: --lld
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The options are the fields of TRLConfig: the help is written once, in the dataclass.
-    from searchgym.agents.grpo.config import add_config_arguments
     from searchgym.agents.integrations.config import TRLConfig
+    from searchgym.cli._options import add_config_arguments
 
     add_config_arguments(parser, TRLConfig)
     parser.add_argument(
@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from searchgym.agents.grpo.config import config_from_args
     from searchgym.agents.integrations.config import TRLConfig, parse_trl_args
+    from searchgym.cli._options import config_from_args
 
     config = config_from_args(TRLConfig, args)
     overrides = parse_trl_args(args.trl_arg)
