@@ -1,0 +1,635 @@
+"""The checks of ``searchgym doctor``: is this installation ready to run, and what can it do.
+
+Each check returns a :class:`Check`; :func:`run_checks` runs them all in order. Heavy dependencies (torch,
+transformers, the environments) are imported inside the check that needs them, so a missing one is a report
+line, not a crash. Everything runs offline: a model or tokenizer is loaded with ``HF_HUB_OFFLINE=1``.
+"""
+
+from __future__ import annotations
+
+import configparser
+import contextlib
+import importlib
+import json
+import os
+import platform
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from functools import partial
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from searchgym.errors import SearchGymError
+
+__all__ = ["TAGS", "Check", "exit_code", "format_check", "report_json", "run_checks"]
+
+Status = Literal["ok", "fail", "warn", "skip"]
+
+DISTRIBUTION = "searchgym"
+TAGS = (
+    "<search>",
+    "</search>",
+    "<answer>",
+    "</answer>",
+    "<information>",
+    "</information>",
+    "<think>",
+    "</think>",
+)
+"""The protocol's tags (:mod:`searchgym.protocol`): the policy writes them and the env writes the tool's."""
+
+#: Extras that are no feature of their own: ``all`` is the union of the others, ``dev`` the test tooling.
+NOT_FEATURES = ("all", "dev")
+#: Distributions with a check of their own, left out of the extras' lines.
+OWN_CHECK = ("torch",)
+#: What each extra enables, for its report line.
+EXTRA_PURPOSE = {
+    "server": "searchgym serve and --retriever URL",
+    "parquet": "parquet datasets",
+    "train": "LLM agents, train sft/grpo, --model/--tokenizer by name",
+    "sb3": "train sb3",
+    "bench": "bench retrieval (bm25s, numba)",
+    "dense": "index dense, dense: and hybrid: retrievers",
+    "tensorboard": "TensorBoard logging",
+    "openenv": "openenv serve",
+    "trl": "train trl",
+    "verl": "the verl integration",
+}
+VERL_VENV = ".venv-verl"
+SEARCH_TURN = "<search> Lyku Works </search>"
+ANSWER_TURN = "<answer> Drelmont </answer>"
+MARKS: dict[str, str] = {"ok": "ok", "fail": "FAIL", "warn": "warn", "skip": "skip"}
+REINSTALL = "run `make venv` in the repository (or pip install -c constraints.txt -e '.[all,dev]')"
+#: What to run when the env or a search fails: Python's own error, with its traceback.
+TRACEBACK = "`searchgym eval --agent oracle --episodes 1` shows the full traceback"
+TOKENIZER_FIX = (
+    "pass a local folder holding a fast tokenizer (tokenizer.json), or a Hub name already in the Hugging Face "
+    "cache (the load runs with HF_HUB_OFFLINE=1)"
+)
+MODEL_FIX = (
+    "pass a local model folder (config.json and weights) that AutoModelForCausalLM loads, or a Hub name "
+    "already in the Hugging Face cache (the load runs with HF_HUB_OFFLINE=1)"
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one check.
+
+    Attributes:
+        name: What was checked (``"python"``, ``"torch"``, ``"extra trl"`` …).
+        status: ``"ok"``; ``"fail"``; ``"warn"`` (works, with a caveat); ``"skip"`` (not asked for, or an
+            optional part that is not installed).
+        required: A failure makes ``searchgym doctor`` exit 1; an optional check never does.
+        detail: What was found.
+        fix: What to do about a failure, a warning or a missing optional part (``None``: nothing to do).
+    """
+
+    name: str
+    status: Status
+    required: bool
+    detail: str
+    fix: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """A required check that failed."""
+        return self.required and self.status == "fail"
+
+
+def run_checks(
+    retriever: str | None = None, model: str | None = None, tokenizer: str | None = None
+) -> list[Check]:
+    """Runs every check, in report order.
+
+    Args:
+        retriever: URL of a ``/retrieve`` server to try (``None``: that check is skipped).
+        model: Model name or path to load offline (``None``: skipped).
+        tokenizer: Tokenizer name or path to load offline (``None``: ``model``'s, or skipped without one).
+
+    Returns:
+        One :class:`Check` per line of the report.
+    """
+    checks = [
+        _guarded("python", check_python),
+        _guarded("requirements", check_requirements),
+        _guarded("torch", check_torch),
+        *check_extras(),
+        _guarded("env", check_env, f"{REINSTALL}; {TRACEBACK}"),
+        _guarded("bm25", check_bm25, f"{REINSTALL}; {TRACEBACK}"),
+        _guarded("retriever", lambda: check_retriever(retriever)),
+    ]
+    loaded: list[Any] = []
+    checks.append(_guarded("tokenizer", lambda: check_tokenizer(tokenizer or model, loaded), TOKENIZER_FIX))
+    checks.append(_guarded("model", lambda: check_model(model, loaded[0] if loaded else None), MODEL_FIX))
+    return checks
+
+
+def exit_code(checks: list[Check]) -> int:
+    """1 when a required check failed, else 0."""
+    return int(any(c.failed for c in checks))
+
+
+def format_check(check: Check) -> str:
+    """One report line: the status mark, the check's name, what was found and what to do."""
+    line = f"{MARKS[check.status]:<4}  {check.name:<18} {check.detail}"
+    if check.fix:
+        line += f"; {'to enable' if check.status == 'skip' else 'fix'}: {check.fix}"
+    return line
+
+
+def report_json(checks: list[Check]) -> str:
+    """The report as one JSON object: ``ok`` (no required check failed) and the list of ``checks``."""
+    return json.dumps({"ok": exit_code(checks) == 0, "checks": [asdict(c) for c in checks]}, indent=2)
+
+
+def _ok(name: str, detail: str) -> Check:
+    """A required check that passed."""
+    return Check(name, "ok", True, detail)
+
+
+def _fail(name: str, detail: str, fix: str | None = None) -> Check:
+    """A required check that failed."""
+    return Check(name, "fail", True, detail, fix)
+
+
+def _guarded(name: str, check: Callable[[], Check], fix: str = REINSTALL, required: bool = True) -> Check:
+    """Runs one check; an error it did not foresee becomes its line (failed, or a warning for an optional
+    check), so the other checks still run."""
+    try:
+        return check()
+    except Exception as e:  # reported, not swallowed: the line names the error
+        return Check(name, "fail" if required else "warn", required, f"{type(e).__name__}: {e}", fix)
+
+
+# -- what is installed -------------------------------------------------------------------------------------
+
+
+def checkout_root() -> Path | None:
+    """The repository folder of an editable install from a checkout (``None`` for a wheel install)."""
+    import searchgym
+
+    root = Path(searchgym.__file__).resolve().parent.parent
+    return root if (root / "setup.cfg").is_file() and (root / "Makefile").is_file() else None
+
+
+def install_command(extra: str | None = None) -> str:
+    """The command that installs searchgym with ``extra``: from the checkout with its constraints, or PyPI."""
+    if checkout_root() is not None:
+        return (
+            f"pip install -c constraints.txt -e '.[{extra}]'"
+            if extra
+            else "pip install -c constraints.txt -e ."
+        )
+    return f"pip install 'searchgym[{extra}]'" if extra else "pip install searchgym"
+
+
+def installed_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, or ``None`` when it is not installed."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def requirements() -> list[Requirement]:
+    """The requirements of the installed ``searchgym`` (core and every extra, with their markers).
+
+    In an editable checkout the ``install_requires`` of ``setup.cfg`` are added: a requirement added there
+    since the install is missing from the installed metadata.
+    """
+    found = [Requirement(text) for text in metadata.requires(DISTRIBUTION) or []]
+    root = checkout_root()
+    if root is not None:
+        config = configparser.ConfigParser(interpolation=None)
+        config.read(root / "setup.cfg", encoding="utf-8")
+        lines = config.get("options", "install_requires", fallback="").splitlines()
+        listed = {str(r) for r in found}
+        for line in lines:
+            text = line.split("#", 1)[0].strip()
+            if text and str(Requirement(text)) not in listed:
+                found.append(Requirement(text))
+    return found
+
+
+def python_requires() -> str:
+    """The ``Requires-Python`` of the installed ``searchgym`` (``""`` when it has none)."""
+    return str((metadata.metadata(DISTRIBUTION).get_all("Requires-Python") or [""])[0])
+
+
+def _extra_of(requirement: Requirement) -> str | None:
+    """The extra a requirement belongs to, or ``None`` for a core requirement."""
+    if requirement.marker is None:
+        return None
+    for extra in metadata.metadata(DISTRIBUTION).get_all("Provides-Extra") or []:
+        if requirement.marker.evaluate({"extra": extra}) and not requirement.marker.evaluate({"extra": ""}):
+            return str(extra)
+    return None
+
+
+def _satisfies(version: str, specifier: SpecifierSet) -> bool:
+    try:
+        return specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _wanted(requirement: Requirement) -> str:
+    """A requirement without its marker: ``trl<2,>=1.16``."""
+    return f"{requirement.name}{requirement.specifier}"
+
+
+def _pin(requirement: Requirement) -> str:
+    """The command that installs a version ``requirement`` accepts (within the checkout's constraints)."""
+    constraints = "-c constraints.txt " if checkout_root() is not None else ""
+    return f"pip install {constraints}'{_wanted(requirement)}'"
+
+
+# -- the checks --------------------------------------------------------------------------------------------
+
+
+def check_python() -> Check:
+    """This interpreter against the package's ``python_requires``."""
+    version, wanted = platform.python_version(), python_requires()
+    if wanted and not _satisfies(version, SpecifierSet(wanted)):
+        return _fail(
+            "python",
+            f"Python {version} does not satisfy {wanted}",
+            f"use a Python {wanted} (in the repository: `make venv PYTHON=python3.11`)",
+        )
+    return _ok("python", f"Python {version} ({platform.python_implementation()}), needs {wanted}")
+
+
+def check_requirements() -> Check:
+    """The installed versions of the core requirements (``install_requires``) against their specifiers."""
+    core = [r for r in requirements() if r.marker is None or r.marker.evaluate({"extra": ""})]
+    found, problems, fixes = [], [], []
+    for requirement in core:
+        version = installed_version(requirement.name)
+        if version is None:
+            problems.append(f"{_wanted(requirement)} is not installed")
+        elif not _satisfies(version, requirement.specifier):
+            problems.append(f"{requirement.name} {version} does not satisfy {_wanted(requirement)}")
+        else:
+            found.append(f"{requirement.name} {version}")
+            continue
+        fixes.append(_pin(requirement))
+    if problems:
+        return _fail("requirements", "; ".join(problems), " && ".join(fixes))
+    return _ok("requirements", ", ".join(found))
+
+
+def check_torch() -> Check:
+    """torch: installed and importable, its version and build, the devices it sees."""
+    fix = f"{install_command('train')} (the CPU build `make venv` pins; for CUDA, the build for your driver)"
+    try:
+        import torch
+    except ImportError as e:
+        return _fail("torch", f"not importable ({type(e).__name__}: {e}); the agents need it", fix)
+    version = str(torch.__version__)
+    wanted = [r for r in requirements() if r.name == "torch" and _extra_of(r) == "train"]
+    if wanted and not _satisfies(version, wanted[0].specifier):
+        return _fail("torch", f"torch {version} does not satisfy {_wanted(wanted[0])}", _pin(wanted[0]))
+    cuda = torch.version.cuda
+    build = f"CUDA {cuda} build" if cuda else "CPU build"
+    devices = ["cpu"]
+    if cuda and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
+        devices.append(f"{count} CUDA device{'s' * (count > 1)} ({', '.join(names)})")
+    elif cuda:
+        devices.append("no CUDA device visible")
+    if torch.backends.mps.is_available():
+        devices.append("mps")
+    return _ok("torch", f"torch {version} ({build}); devices: {', '.join(devices)}")
+
+
+def check_extras() -> list[Check]:
+    """One optional line per extra of ``setup.cfg``: installed, partly, or not (and how to install it)."""
+    by_extra: dict[str, list[Requirement]] = {}
+    for requirement in requirements():
+        extra = _extra_of(requirement)
+        if extra is not None and extra not in NOT_FEATURES and requirement.name not in OWN_CHECK:
+            by_extra.setdefault(extra, []).append(requirement)
+    return [
+        _guarded(f"extra {extra}", partial(check_extra, extra, reqs), install_command(extra), False)
+        for extra, reqs in by_extra.items()
+    ]
+
+
+def check_extra(extra: str, wanted: list[Requirement]) -> Check:
+    """Whether an extra's distributions are installed at versions its specifiers accept (never required)."""
+    name, purpose = f"extra {extra}", EXTRA_PURPOSE.get(extra, extra)
+    found, missing, wrong = [], [], []
+    for requirement in wanted:
+        version = installed_version(requirement.name)
+        if version is None:
+            missing.append(requirement.name)
+        elif not _satisfies(version, requirement.specifier):
+            wrong.append(f"{requirement.name} {version} does not satisfy {_wanted(requirement)}")
+        else:
+            found.append(f"{requirement.name} {version}")
+    if extra == "verl" and "verl" in missing:
+        return _verl_elsewhere(name)
+    if wrong:
+        fix = " && ".join(_pin(r) for r in wanted if any(w.startswith(f"{r.name} ") for w in wrong))
+        return Check(name, "warn", False, f"{purpose}: {'; '.join(wrong)}", fix)
+    if missing:
+        have = f" (installed: {', '.join(found)})" if found else ""
+        return Check(
+            name,
+            "skip",
+            False,
+            f"{purpose}: not installed: {', '.join(missing)}{have}",
+            install_command(extra),
+        )
+    return Check(name, "ok", False, f"{purpose}: {', '.join(found)}")
+
+
+def _verl_elsewhere(name: str) -> Check:
+    """verl pins an older transformers than the main virtualenv's: it lives in its own, ``.venv-verl``."""
+    why = "not in this virtualenv: verl pins transformers < 5.11, so it has its own, .venv-verl"
+    root = checkout_root()
+    if root is None:
+        return Check(name, "skip", False, why, "pip install 'searchgym[verl]' in a separate virtualenv")
+    versions = [
+        dist.version
+        for packages in sorted((root / VERL_VENV).glob("lib/python*/site-packages"))
+        for dist in metadata.distributions(path=[str(packages)])
+        if dist.metadata["Name"] == "verl"
+    ]
+    if versions:
+        return Check(
+            name, "skip", False, f"{why} (found there: verl {versions[0]}; `make test-verl` tests it)"
+        )
+    return Check(name, "skip", False, f"{why} (not built)", "make test-verl (builds .venv-verl)")
+
+
+def check_env() -> Check:
+    """``gym.make("SearchQA-v0")`` on the default world: reset, then one step."""
+    import gymnasium as gym
+
+    import searchgym  # noqa: F401 - registers the env ids
+
+    start = time.perf_counter()
+    env = gym.make("SearchQA-v0")
+    try:
+        obs, info = env.reset(seed=0)
+        length = int(obs["length"][0])
+        obs, *_ = env.step(int(obs["tokens"][0]))
+        after = int(obs["length"][0])
+    finally:
+        env.close()
+    took = time.perf_counter() - start
+    if after != length + 1:
+        fix = f"{REINSTALL}; {TRACEBACK}"
+        return _fail("env", f"one step made the transcript {after} tokens, not {length + 1}", fix)
+    return _ok("env", f"SearchQA-v0: reset ({length}-token prompt) and one step in {took:.2f}s")
+
+
+def check_bm25() -> Check:
+    """A BM25 search on the default world returns passages (and where the question's gold passage ranks)."""
+    from searchgym.data import load_dataset
+    from searchgym.retrieval import make_retriever
+
+    dataset = load_dataset(None)
+    question = next(q for q in dataset.questions("test") if q.supporting_ids)
+    start = time.perf_counter()
+    retriever = make_retriever("bm25", dataset.passages)
+    try:
+        hits = retriever.search([question.question], 3)[0]
+    finally:
+        retriever.close()
+    took = time.perf_counter() - start
+    if not hits:
+        return _fail(
+            "bm25",
+            f"no passage for {question.question!r} over {len(dataset.passages)}",
+            REINSTALL,
+        )
+    ids = [h.passage_id for h in hits]
+    gold = next((i for i, pid in enumerate(ids, 1) if pid in question.supporting_ids), None)
+    where = f"gold passage at rank {gold}" if gold else "gold passage not in the top 3"
+    return _ok(
+        "bm25",
+        f"{len(hits)} passages for {question.question!r} ({where}) over {len(dataset.passages)} passages, "
+        f"index and search in {took:.2f}s",
+    )
+
+
+def check_retriever(url: str | None) -> Check:
+    """Whether a ``/retrieve`` server is reachable, then one search through
+    :class:`~searchgym.retrieval.http.HttpRetriever`, which checks the reply against the wire format."""
+    if url is None:
+        return Check("retriever", "skip", False, "skipped: no --retriever given")
+    from searchgym.errors import ConfigError, MissingDependencyError, RetrieverError
+    from searchgym.retrieval.http import HttpRetriever
+
+    query = "In which country is Distul?"
+    try:
+        client = HttpRetriever(url, timeout=5.0, retries=0)
+    except MissingDependencyError as e:
+        return _fail("retriever", str(e).split(".")[0], install_command("server"))
+    except ConfigError as e:
+        return _fail("retriever", str(e), "pass --retriever http://HOST:PORT[/retrieve]")
+    with client:
+        parts = urlsplit(client.url)
+        address = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+        try:
+            socket.create_connection(address, timeout=client.timeout).close()
+        except OSError as e:
+            return _fail(
+                "retriever",
+                f"{client.url} is not reachable ({type(e).__name__}: {e})",
+                "start a server (`searchgym serve --corpus DIR --port PORT`) or correct the URL",
+            )
+        start = time.perf_counter()
+        try:
+            hits = client.search([query], 3)[0]
+        except RetrieverError as e:
+            return _fail(
+                "retriever",
+                str(e),
+                "the server does not answer the /retrieve protocol (POST {queries, topk, return_scores} -> "
+                "{result: [[{document: {id, contents}, score}]]}); point --retriever at `searchgym serve` or a "
+                "Search-R1 retrieval server",
+            )
+        took = time.perf_counter() - start
+    if not hits:
+        detail = f"{client.url} answers the protocol but returned no passage for {query!r}"
+        return Check("retriever", "warn", True, detail)
+    detail = f"{client.url}: {len(hits)} passages for {query!r} in {took:.2f}s (top: {hits[0].title!r})"
+    return _ok("retriever", detail)
+
+
+@contextlib.contextmanager
+def offline() -> Iterator[None]:
+    """``HF_HUB_OFFLINE=1`` for the duration: loads read local folders and the cache, never the network.
+
+    ``huggingface_hub`` reads the variable when it is imported, so its module constant is set too.
+    """
+    saved = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants: Any = None
+    with contextlib.suppress(ImportError):
+        constants = importlib.import_module("huggingface_hub.constants")
+    previous = getattr(constants, "HF_HUB_OFFLINE", None)
+    if constants is not None:
+        constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        if constants is not None:
+            constants.HF_HUB_OFFLINE = previous
+        if saved is None:
+            del os.environ["HF_HUB_OFFLINE"]
+        else:
+            os.environ["HF_HUB_OFFLINE"] = saved
+
+
+def _missing_path(name: str) -> bool:
+    """``name`` is written as a file system path (not a Hub ``org/name``) and nothing is there."""
+    return name.startswith(("/", "./", "../", "~", os.sep)) and not Path(name).expanduser().exists()
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No ``transformers`` progress bar (its weight-loading bar) for the duration."""
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
+
+
+def check_tokenizer(name: str | None, loaded: list[Any]) -> Check:
+    """Loads a tokenizer offline as ``--tokenizer`` does and checks the protocol's tags in it.
+
+    The env finds tags in the bytes of the policy's tokens (``Tokenizer.token_bytes``), never in re-decoded
+    text, so each tag must encode to tokens whose bytes are the tag again (a special or unknown token has
+    other bytes, or none); and a search turn, then an answer turn, played token by token in SearchQA-v0
+    with this tokenizer must end where their closing tags complete.
+
+    Args:
+        name: Tokenizer name or path (``None``: skipped).
+        loaded: The loaded tokenizer is appended here, for :func:`check_model`.
+    """
+    if name is None:
+        return Check("tokenizer", "skip", False, "skipped: no --tokenizer or --model given")
+    from searchgym.errors import ConfigError, MissingDependencyError
+    from searchgym.tokenization import load_tokenizer
+
+    if _missing_path(name):
+        return _fail("tokenizer", f"{name}: no such folder", "pass a folder that holds a tokenizer")
+    try:
+        with offline():
+            tok = load_tokenizer(name)
+    except MissingDependencyError as e:
+        return _fail("tokenizer", str(e).split(".")[0], install_command("train"))
+    except ConfigError as e:
+        return _fail(
+            "tokenizer",
+            str(e),
+            "pass a local folder holding a fast tokenizer (tokenizer.json), or a Hub name already in the "
+            "Hugging Face cache (the load runs with HF_HUB_OFFLINE=1)",
+        )
+    loaded.append(tok)
+    problems = [
+        f"{tag} -> {got!r}"
+        for tag in TAGS
+        if (got := tok.decode_bytes(tok.encode(tag))).strip() != tag.encode()
+    ]
+    if problems:
+        return _fail(
+            "tokenizer",
+            f"{name}: tags that do not decode to themselves (the env would not see them): {', '.join(problems)}",
+            "use a tokenizer in which the tags are plain text, not special or unknown tokens (remove added "
+            "tag tokens, or keep them with special=False)",
+        )
+    turn = _play_turns(tok)
+    if turn:
+        return _fail("tokenizer", f"{name}: {turn}", "use the tokenizer the model was trained with")
+    eos = (
+        f"EOS id {tok.eos_token_id}"
+        if tok.eos_token_id is not None
+        else "no EOS token (turns end at tags only)"
+    )
+    return _ok(
+        "tokenizer",
+        f"{tok.name}: {tok.vocab_size} ids, {eos}; the {len(TAGS)} tags round-trip and SearchQA-v0 ends a "
+        "search turn and an answer turn at their closing tags",
+    )
+
+
+def _play_turns(tok: Any) -> str | None:
+    """Plays a search turn, then an answer turn, in SearchQA-v0 with ``tok``; what went wrong, or ``None``."""
+    import gymnasium as gym
+
+    import searchgym  # noqa: F401 - registers the env ids
+
+    env = gym.make("SearchQA-v0", tokenizer=tok, max_context_tokens=8192)
+    try:
+        env.reset(seed=0)
+        for text, kind in ((SEARCH_TURN, "search"), (ANSWER_TURN, "answer")):
+            ids = tok.encode(text)
+            for i, token in enumerate(ids):
+                _, _, terminated, truncated, info = env.step(token)
+                if truncated:
+                    return f"the transcript filled the context during {text!r}"
+                if info.get("turn_end", False) != (i == len(ids) - 1):
+                    return f"{text!r} ({len(ids)} tokens) ended its turn at token {i + 1}"
+            if kind == "search" and info["queries"] != ["Lyku Works"]:
+                return f"{text!r} searched {info['queries']!r}"
+            if kind == "answer" and not (terminated and info["answer"] == "Drelmont"):
+                return f"{text!r} answered {info['answer']!r} (episode over: {terminated})"
+    finally:
+        env.close()
+    return None
+
+
+def check_model(name: str | None, tok: Any) -> Check:
+    """Loads a model offline (:func:`~searchgym.agents.llm.model.load_pretrained`, on the CPU) and builds the
+    LLM policy over it and the tokenizer, which checks that the model has a logit for every token id."""
+    if name is None:
+        return Check("model", "skip", False, "skipped: no --model given")
+    try:
+        from searchgym.agents.llm.model import load_pretrained
+        from searchgym.agents.llm.policy import LLMPolicy
+    except ImportError as e:
+        return _fail("model", f"the LLM agents cannot be imported ({e})", install_command("train"))
+    if _missing_path(name):
+        return _fail("model", f"{name}: no such folder", "pass a folder that holds a model")
+    start = time.perf_counter()
+    try:
+        with offline(), _quiet_transformers():
+            model = load_pretrained(name)
+    except (OSError, ValueError) as e:  # not found, not in the cache, not a model folder
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        return _fail(
+            "model",
+            f"{name} cannot be loaded offline: {first}",
+            "pass a local model folder (config.json and weights), or a Hub name already in the Hugging Face "
+            "cache (the load runs with HF_HUB_OFFLINE=1)",
+        )
+    took = time.perf_counter() - start
+    params = sum(p.numel() for p in model.parameters())
+    loaded = f"{name}: {model.config.model_type}, {params / 1e6:.1f}M parameters, loaded in {took:.1f}s"
+    if tok is None:
+        return _ok("model", f"{loaded}; its logits not checked: no tokenizer (see its line)")
+    try:
+        LLMPolicy(model, tok)
+    except SearchGymError as e:
+        return _fail("model", f"{name}: {e}", "pass --tokenizer with the model's own tokenizer")
+    return _ok("model", f"{loaded}; a logit for each of the tokenizer's {tok.vocab_size} ids")
