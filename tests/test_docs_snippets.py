@@ -103,7 +103,7 @@ BUDGETS: dict[tuple[str, ...], list[str]] = {
         "train sft": "--demo-episodes 24 --epochs 1 --eval-questions 0 --tiny-layers 1",
         "train grpo": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0 --probe-size 0 "
         "--onpolicy-probe-size 0",
-        "train trl": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0",
+        "train trl": "--updates 1 --questions-per-step 1 --group-size 2 --eval-questions 0",
         "train sb3": "--timesteps 64 --eval-episodes 1",
         "export-trajectories": "--episodes 4",
         "index dense": "--max-length 32 --no-progress",

@@ -99,7 +99,7 @@ TINY += ["--eval-questions", "0", "--no-progress", "--no-tensorboard"]
     [
         ["train", "grpo", "--questions-per-step", "2", "--group-size", "2", "--steps", "1"],
         ["train", "sft", "--demo-episodes", "4", "--epochs", "1"],
-        ["train", "trl", "--questions-per-step", "2", "--group-size", "2", "--steps", "1"],
+        ["train", "trl", "--questions-per-step", "2", "--group-size", "2", "--updates", "1"],
     ],
     ids=["grpo", "sft", "trl"],
 )

@@ -44,10 +44,12 @@ SAPO_THRESHOLD = 0.8
 """Default ratio threshold of SAPO's conditional KL: the lower edge of the default PPO clip range."""
 
 
-def option(default: Any, help: str, *flags: str) -> Any:
+def option(default: Any, help: str, *flags: str, deprecated: tuple[str, ...] = ()) -> Any:
     """A config field with its CLI help (and optional extra flags, e.g. ``--lambda``): every entry point's
-    dataclass (here, and the engine integrations) declares its fields with it, so ``--help`` is written once."""
-    return field(default=default, metadata={"help": help, "flags": flags})
+    dataclass (here, and the engine integrations) declares its fields with it, so ``--help`` is written once.
+
+    ``deprecated`` flags still set the field, and say on stderr which flag to use instead."""
+    return field(default=default, metadata={"help": help, "flags": flags, "deprecated": deprecated})
 
 
 @dataclass

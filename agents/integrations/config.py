@@ -24,17 +24,22 @@ TRL_LOSS_TYPES: tuple[str, ...] = ("dapo", "bnpo", "grpo", "dr_grpo")
 class TRLConfig(GroupedLLDS, CommonConfig):
     """GRPO (optionally with LLDS) on SearchQA, trained by TRL's ``GRPOTrainer``.
 
-    One *step* is one optimizer update, as in TRL (``max_steps``). One rollout batch is
-    ``questions_per_step`` questions × ``group_size`` responses, across all processes; it is cut into
-    mini-batches of ``minibatch_size`` responses (also across all processes) and used for ``num_iterations``
-    passes, so each rollout batch makes ``updates_per_rollout`` optimizer updates whatever the number of
-    processes. LLDS needs at least two: with one, ``pi_theta == pi_old`` at every update and the term is
-    identically zero (the trainer warns). Each process forwards ``micro_batch`` responses at a time and
-    accumulates gradients up to the mini-batch.
+    The run lasts ``updates`` optimizer updates, as TRL counts them (``max_steps``; ``train grpo``'s
+    ``steps`` count rollout batches instead). One rollout batch is ``questions_per_step`` questions ×
+    ``group_size`` responses, across all processes; it is cut into mini-batches of ``minibatch_size``
+    responses (also across all processes) and used for ``epochs`` passes, so each rollout batch makes
+    ``updates_per_rollout`` optimizer updates whatever the number of processes. LLDS needs at least two:
+    with one, ``pi_theta == pi_old`` at every update and the term is identically zero (the trainer warns).
+    Each process forwards ``micro_batch_size`` responses at a time and accumulates gradients up to the
+    mini-batch. The options shared with ``train grpo`` have its names.
     """
 
     run_dir: str = option("runs/trl", "folder for TRL's output, metrics.jsonl and the final model")
-    steps: int = option(20, "optimizer updates (TRL's max_steps)")
+    updates: int = option(
+        20,
+        "optimizer updates to train for (TRL's max_steps; train grpo's --steps counts rollout batches)",
+        deprecated=("--steps",),
+    )
     questions_per_step: int = option(2, "questions per rollout batch, across all processes")
     group_size: int = option(4, "responses per question (G, TRL's num_generations)")
     minibatch_size: int | None = option(
@@ -42,12 +47,15 @@ class TRLConfig(GroupedLLDS, CommonConfig):
         "responses per optimizer update, across all processes (default: one group, G); must divide the "
         "rollout batch, and be a multiple of the number of processes",
     )
-    micro_batch: int | None = option(
+    micro_batch_size: int | None = option(
         None,
         "responses per forward pass on each process; gradients accumulate up to the mini-batch (default: "
         "minibatch_size / processes, no accumulation)",
+        deprecated=("--micro-batch",),
     )
-    num_iterations: int = option(1, "passes over each rollout batch (TRL's num_iterations, mu)")
+    epochs: int = option(
+        1, "passes over each rollout batch (TRL's num_iterations, mu)", deprecated=("--num-iterations",)
+    )
     temperature: float = option(1.0, "sampling temperature of the rollouts")
     loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo"] = option(
         "dapo", "TRL's loss aggregation (dapo: token mean over the update, as train grpo)"
@@ -73,8 +81,11 @@ class TRLConfig(GroupedLLDS, CommonConfig):
     use_vllm: bool = option(False, "generate each turn with TRL's vLLM backend (GPU; needs vllm installed)")
     vllm_mode: Literal["colocate", "server"] = option("colocate", "TRL's vllm_mode")
     save_model: bool = option(True, "save the final model and tokenizer to RUN_DIR/model (save_pretrained)")
-    save_steps: int = option(
-        0, "save a TRL checkpoint (model, optimizer, scheduler, RNG) to RUN_DIR/checkpoint-N every N updates"
+    save_every: int = option(
+        0,
+        "save a TRL checkpoint (model, optimizer, scheduler, RNG) to RUN_DIR/checkpoint-N every N updates "
+        "(0: none)",
+        deprecated=("--save-steps",),
     )
     save_total_limit: int | None = option(None, "keep only the newest N checkpoints (default: all)")
     resume: bool = option(False, "continue the run in RUN_DIR from its newest checkpoint-N")
@@ -88,19 +99,20 @@ class TRLConfig(GroupedLLDS, CommonConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_groups_and_llds()
-        for name in ("steps", "num_iterations", "warning_window"):
+        for name in ("updates", "epochs", "warning_window"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.loss_type not in TRL_LOSS_TYPES:
             raise ConfigError(f"unknown loss_type {self.loss_type!r}; choose one of {list(TRL_LOSS_TYPES)}")
-        if self.micro_batch is not None and (
-            self.micro_batch < 1 or self.minibatch_responses % self.micro_batch
+        if self.micro_batch_size is not None and (
+            self.micro_batch_size < 1 or self.minibatch_responses % self.micro_batch_size
         ):
             raise ConfigError(
-                f"micro_batch {self.micro_batch} must be >= 1 and divide minibatch_size {self.minibatch_responses}"
+                f"micro_batch_size {self.micro_batch_size} must be >= 1 and divide minibatch_size "
+                f"{self.minibatch_responses}"
             )
-        if self.save_steps < 0:
-            raise ConfigError(f"save_steps must be >= 0 (0: no checkpoints), got {self.save_steps}")
+        if self.save_every < 0:
+            raise ConfigError(f"save_every must be >= 0 (0: no checkpoints), got {self.save_every}")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise ConfigError(f"save_total_limit must be >= 1, got {self.save_total_limit}")
         if self.resume and self.overwrite:
@@ -112,8 +124,8 @@ class TRLConfig(GroupedLLDS, CommonConfig):
 
     @property
     def updates_per_rollout(self) -> int:
-        """Optimizer updates per rollout batch: ``num_iterations * batch_size / minibatch_size``."""
-        return self.num_iterations * (self.batch_size // self.minibatch_responses)
+        """Optimizer updates per rollout batch: ``epochs * batch_size / minibatch_size``."""
+        return self.epochs * (self.batch_size // self.minibatch_responses)
 
     def env_kwargs(self, split: str | None = None) -> dict[str, Any]:
         """The shared env options (the reward among them) plus the observation cut and the prompt style."""
@@ -128,7 +140,7 @@ class TRLConfig(GroupedLLDS, CommonConfig):
 
         Returns:
             ``(per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation)``: each
-            process forwards ``micro_batch`` responses at a time, accumulates ``gradient_accumulation_steps``
+            process forwards ``micro_batch_size`` responses at a time, accumulates ``gradient_accumulation_steps``
             of them per update, and gets ``batch_size / num_processes`` responses per rollout batch.
 
         Raises:
@@ -140,10 +152,10 @@ class TRLConfig(GroupedLLDS, CommonConfig):
                 f"minibatch_size {mb} must be a multiple of the number of processes ({num_processes}): "
                 "every process takes an equal share of each optimizer update"
             )
-        micro = self.micro_batch if self.micro_batch is not None else mb // num_processes
+        micro = self.micro_batch_size if self.micro_batch_size is not None else mb // num_processes
         if (mb // num_processes) % micro:
             raise ConfigError(
-                f"micro_batch {micro} must divide each process's share of the mini-batch "
+                f"micro_batch_size {micro} must divide each process's share of the mini-batch "
                 f"(minibatch_size {mb} / {num_processes} processes = {mb // num_processes})"
             )
         accumulation = mb // (num_processes * micro)

@@ -219,8 +219,8 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
         if self.llds.enabled and not self.llds_can_act:
             warnings.warn(
                 f"LLDS is identically zero here: each rollout batch makes {self.updates_per_rollout:g} "
-                "optimizer update, so TRL's pi_old is the current policy. Use num_iterations > 1, or "
-                "steps_per_generation > gradient_accumulation_steps (several mini-batch updates per batch).",
+                "optimizer update, so TRL's pi_old is the current policy. Use --epochs > 1 (TRL's num_iterations), "
+                "or a --minibatch-size below the rollout batch (steps_per_generation > gradient_accumulation_steps).",
                 LLDSInactiveWarning,
                 stacklevel=2,
             )
@@ -402,13 +402,13 @@ class _LLDFlushCallback(transformers.TrainerCallback):
 # GRPOConfig fields that trl_args derives from searchgym's options: --trl-arg refuses them.
 _MANAGED: dict[str, str] = {
     "output_dir": "--run-dir",
-    "max_steps": "--steps",
-    "per_device_train_batch_size": "--micro-batch",
-    "gradient_accumulation_steps": "--micro-batch and --minibatch-size",
+    "max_steps": "--updates",
+    "per_device_train_batch_size": "--micro-batch-size",
+    "gradient_accumulation_steps": "--micro-batch-size and --minibatch-size",
     "steps_per_generation": "--questions-per-step and --minibatch-size",
     "generation_batch_size": "--questions-per-step and --group-size",
     "num_generations": "--group-size",
-    "num_iterations": "--num-iterations",
+    "num_iterations": "--epochs",
     "learning_rate": "--lr",
     "weight_decay": "--weight-decay",
     "warmup_steps": "--warmup-steps",
@@ -420,8 +420,8 @@ _MANAGED: dict[str, str] = {
     "temperature": "--temperature",
     "entropy_coef": "--entropy-coef",
     "seed": "--seed",
-    "save_strategy": "--save-steps",
-    "save_steps": "--save-steps",
+    "save_strategy": "--save-every",
+    "save_steps": "--save-every",
     "save_total_limit": "--save-total-limit",
     "use_cpu": "--device",
     "bf16": "--dtype",
@@ -458,9 +458,10 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
 
     One rollout batch (``questions_per_step * group_size`` responses over all processes) is TRL's generation
     batch; an optimizer update takes ``minibatch_size`` responses over all processes. Each process forwards
-    ``micro_batch`` of them at a time (``per_device_train_batch_size``) and accumulates
-    ``minibatch_size / (processes * micro_batch)`` micro-batches per update, so
-    ``steps_per_generation = batch / (processes * micro_batch)``; ``num_iterations`` passes.
+    ``micro_batch_size`` of them at a time (``per_device_train_batch_size``) and accumulates
+    ``minibatch_size / (processes * micro_batch_size)`` micro-batches per update, so
+    ``steps_per_generation = batch / (processes * micro_batch_size)``; ``epochs`` passes (TRL's
+    ``num_iterations``).
 
     Args:
         config: The run's configuration.
@@ -471,12 +472,12 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
     micro, accumulation, per_generation = config.process_batches(processes)
     kwargs: dict[str, Any] = {
         "output_dir": config.run_dir,
-        "max_steps": config.steps,
+        "max_steps": config.updates,
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": accumulation,
         "steps_per_generation": per_generation,
         "num_generations": config.group_size,
-        "num_iterations": config.num_iterations,
+        "num_iterations": config.epochs,
         "learning_rate": config.lr,
         "weight_decay": config.weight_decay,
         "warmup_steps": config.warmup_steps,
@@ -489,7 +490,7 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
         "entropy_coef": config.entropy_coef,
         "seed": config.seed,
         "logging_steps": 1,
-        "save_strategy": "steps" if config.save_steps else "no",
+        "save_strategy": "steps" if config.save_every else "no",
         "report_to": "none",  # metrics.jsonl and TensorBoard come from searchgym's MetricLogger
         "use_cpu": config.device == "cpu",
         "bf16": config.dtype == "bfloat16",
@@ -501,8 +502,8 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
         "vllm_mode": config.vllm_mode,
         "dataloader_num_workers": 0,
     }
-    if config.save_steps:
-        kwargs["save_steps"] = config.save_steps
+    if config.save_every:
+        kwargs["save_steps"] = config.save_every
         kwargs["save_total_limit"] = config.save_total_limit
     if config.use_vllm:
         kwargs["generation_kwargs"] = {"stop": ["</search>", "</answer>"], "include_stop_str_in_output": True}

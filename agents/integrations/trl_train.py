@@ -185,7 +185,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     checkpoint = last_checkpoint(run_dir) if config.resume else None
     if config.resume and checkpoint is None:
         raise ConfigError(
-            f"--resume: no checkpoint-N folder in {str(run_dir)!r} (save them with --save-steps)"
+            f"--resume: no checkpoint-N folder in {str(run_dir)!r} (save them with --save-every)"
         )
     resume_step = int(checkpoint.name.split("-")[1]) if checkpoint is not None else None
     if config.threads is not None:

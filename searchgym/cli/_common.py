@@ -105,7 +105,7 @@ def saved_and_resume(args: argparse.Namespace) -> str | None:
             return f"{checkpoint} holds {holds}; continue with: {resume}"
     return (
         f"stopped before its first checkpoint; nothing to resume in {run_dir} "
-        "(--save-every/--save-steps N writes one every N steps)"
+        "(--save-every N writes one every N steps)"
     )
 
 

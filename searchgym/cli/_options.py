@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import types
 import typing
 from typing import Any, Literal, TypeVar, get_args, get_origin
@@ -31,7 +32,6 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "progress",
         "tensorboard",
         "save_every",
-        "save_steps",
         "save_total_limit",
         "save_model",
     ),
@@ -63,14 +63,13 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "batches": (
         "steps",
+        "updates",
         "questions_per_step",
         "group_size",
         "epochs",
-        "num_iterations",
         "minibatch_size",
         "minibatch_plan",
         "micro_batch_size",
-        "micro_batch",
         "length_buckets",
         "filter_groups",
         "max_gen_batches",
@@ -120,6 +119,24 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 "other options")."""
 
 
+class _Deprecated(argparse.Action):
+    """An old flag that still sets its field, and says once on stderr which flag replaced it."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"searchgym: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig]) -> None:
     """Adds one option per field of ``cls``, with the field's help, type, choices and default, in the
     :data:`SECTIONS` of ``--help``.
@@ -147,6 +164,15 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig
         else:
             kwargs["type"] = kind
         groups[title].add_argument(*flags, **kwargs)
+        for old in f.metadata.get("deprecated", ()):
+            parser.add_argument(
+                old,
+                dest=f.name,
+                type=kwargs.get("type"),
+                action=_Deprecated,
+                help=argparse.SUPPRESS,
+                new=flags[0],
+            )
 
 
 def config_from_args(cls: type[C], args: argparse.Namespace, **overrides: Any) -> C:

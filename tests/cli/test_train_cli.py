@@ -56,6 +56,45 @@ def test_help_reads_in_sections(capsys: pytest.CaptureFixture[str], command: str
     assert ("LLDS" in titles) == (command != "sft")
 
 
+SHARED_IDEAS = ("--epochs", "--micro-batch-size", "--save-every", "--minibatch-size", "--questions-per-step")
+
+
+def test_train_trl_and_train_grpo_share_option_names(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = {}
+    for command in ("grpo", "trl"):
+        with pytest.raises(SystemExit):
+            main(["train", command, "--help"])
+        lines = capsys.readouterr().out.splitlines()  # an option's line starts with its flag
+        flags[command] = {line.split()[0] for line in lines if line.startswith("  --")}
+    for flag in SHARED_IDEAS:
+        assert flag in flags["grpo"] and flag in flags["trl"], flag
+    # --steps counts rollout batches in train grpo; train trl counts optimizer updates, under its own name.
+    assert "--steps" in flags["grpo"] and "--updates" in flags["trl"] and "--steps" not in flags["trl"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "value"),
+    [
+        ("--steps", "--updates", "updates", 7),
+        ("--num-iterations", "--epochs", "epochs", 2),
+        ("--micro-batch", "--micro-batch-size", "micro_batch_size", 1),
+        ("--save-steps", "--save-every", "save_every", 3),
+    ],
+)
+def test_old_train_trl_option_names_still_work_and_say_their_new_name(
+    capsys: pytest.CaptureFixture[str], old: str, new: str, field: str, value: int
+) -> None:
+    from searchgym.agents.integrations.config import TRLConfig
+    from searchgym.cli import build_parser
+    from searchgym.cli._options import config_from_args
+
+    args = build_parser().parse_args(["train", "trl", old, str(value)])
+    assert getattr(config_from_args(TRLConfig, args), field) == value
+    assert f"searchgym: {old} is deprecated; use {new}" in capsys.readouterr().err
+    build_parser().parse_args(["train", "trl", new, str(value)])
+    assert "deprecated" not in capsys.readouterr().err
+
+
 def test_bad_option_is_a_config_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["train", "grpo", "--group-size", "1", "--run-dir", str(tmp_path)]) == 2
     assert "group_size must be >= 2" in capsys.readouterr().err

@@ -65,7 +65,7 @@ def _trainer(
     *,
     minibatch: int = 2,
     iterations: int = 2,
-    micro_batch: int | None = None,
+    micro_batch_size: int | None = None,
     loss_type: str = "dapo",
     **llds: Any,
 ) -> Any:
@@ -74,11 +74,11 @@ def _trainer(
         questions_per_step=2,
         group_size=2,
         minibatch_size=minibatch,
-        micro_batch=micro_batch,
-        num_iterations=iterations,
+        micro_batch_size=micro_batch_size,
+        epochs=iterations,
         loss_type=loss_type,  # type: ignore[arg-type]
         kl_coef=0.0,
-        steps=2,
+        updates=2,
         progress=False,
         **ENV,
     )
@@ -278,7 +278,7 @@ def test_llds_under_gradient_accumulation_adds_up_to_the_whole_update(
 ) -> None:
     """--micro-batch: the shares of the accumulated micro-batches add up to the mini-batch's LLDS term."""
     whole = _trainer(tok, tmp_path, loss_type=loss_type, gate="action", coef=0.2)
-    split = _trainer(tok, tmp_path, loss_type=loss_type, micro_batch=1, gate="action", coef=0.2)
+    split = _trainer(tok, tmp_path, loss_type=loss_type, micro_batch_size=1, gate="action", coef=0.2)
     assert (whole.args.per_device_train_batch_size, whole.args.gradient_accumulation_steps) == (2, 1)
     assert (split.args.per_device_train_batch_size, split.args.gradient_accumulation_steps) == (1, 2)
     assert whole.updates_per_rollout == split.updates_per_rollout == 4  # 2 mini-batches x 2 passes
@@ -300,7 +300,9 @@ def test_batch_sizes_keep_their_meaning_across_processes() -> None:
     assert config.process_batches(1) == (4, 1, 2)  # (per device, accumulation, steps per generation)
     assert config.process_batches(2) == (2, 1, 2)
     assert config.process_batches(4) == (1, 1, 2)
-    micro = TRLConfig(questions_per_step=4, group_size=2, minibatch_size=4, micro_batch=1, progress=False)
+    micro = TRLConfig(
+        questions_per_step=4, group_size=2, minibatch_size=4, micro_batch_size=1, progress=False
+    )
     assert micro.process_batches(2) == (1, 2, 4)
     for processes in (1, 2):
         per_device, accumulation, steps = micro.process_batches(processes)
@@ -308,8 +310,8 @@ def test_batch_sizes_keep_their_meaning_across_processes() -> None:
         assert per_device * processes * accumulation == micro.minibatch_responses  # one update
     with pytest.raises(ConfigError, match="multiple of the number of processes"):
         config.process_batches(3)
-    with pytest.raises(ConfigError, match="micro_batch 3 must be >= 1 and divide"):
-        TRLConfig(questions_per_step=4, group_size=2, minibatch_size=4, micro_batch=3)
+    with pytest.raises(ConfigError, match="micro_batch_size 3 must be >= 1 and divide"):
+        TRLConfig(questions_per_step=4, group_size=2, minibatch_size=4, micro_batch_size=3)
     args = trl_args(config, num_processes=1)
     assert (args.generation_batch_size, args.steps_per_generation) == (8, 2)
 
@@ -440,8 +442,8 @@ def test_exported_trl_rows_are_what_trls_rollout_func_returns(tok: Any, tmp_path
         questions_per_step=2,
         group_size=2,
         minibatch_size=4,
-        num_iterations=1,
-        steps=1,
+        epochs=1,
+        updates=1,
         kl_coef=0.0,
         progress=False,
         **ENV,
@@ -516,7 +518,7 @@ SMOKE += ["--no-progress", "--max-turn-tokens", "16", "--max-context-tokens", "3
 def test_train_trl_on_two_processes(tmp_path: Path) -> None:
     """torchrun, 2 processes: one metrics line per step from the main process, 4 responses per step."""
     run = tmp_path / "run"
-    argv = ["-m", "searchgym.cli", "train", "trl", "--run-dir", str(run), "--steps", "2", *SMOKE]
+    argv = ["-m", "searchgym.cli", "train", "trl", "--run-dir", str(run), "--updates", "2", *SMOKE]
     out = _torchrun([*argv, "--eval-questions", "2", "--eval-batch", "2"], tmp_path)
     records = _records(run)
     steps = [r for r in records if "train/llds_loss" in r]
@@ -533,17 +535,17 @@ def test_train_trl_end_to_end_saves_and_resumes(tmp_path: Path, capsys: Any) -> 
 
     run = tmp_path / "run"
     argv = ["train", "trl", "--run-dir", str(run), *SMOKE, "--eval-questions", "0"]
-    argv += ["--save-steps", "2", "--max-obs-tokens", "40", "--reward", "f1"]
+    argv += ["--save-every", "2", "--max-obs-tokens", "40", "--reward", "f1"]
     argv += ["--trl-arg", "shuffle_dataset=false"]
-    assert main([*argv, "--steps", "2"]) == 0
+    assert main([*argv, "--updates", "2"]) == 0
     steps = [r for r in _records(run) if "train/llds_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     # A 2-step run (one rollout batch of 2 updates) logs its LLD: flushed at the batch's last update.
     assert "lld/delta_adv_zero" not in steps[0] and steps[1]["lld/delta_adv_zero"] is not None
     assert (run / "checkpoint-2").is_dir() and (run / "model" / "config.json").is_file()
-    assert main([*argv, "--steps", "3"]) != 0  # a new run in a folder that holds one is refused
+    assert main([*argv, "--updates", "3"]) != 0  # a new run in a folder that holds one is refused
     assert "already holds" in capsys.readouterr().err
-    assert main([*argv, "--steps", "3", "--resume", "--eval-questions", "2", "--eval-batch", "2"]) == 0
+    assert main([*argv, "--updates", "3", "--resume", "--eval-questions", "2", "--eval-batch", "2"]) == 0
     records = _records(run)
     steps = [r for r in records if "train/llds_loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]  # continued from checkpoint-2, nothing repeated
