@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-fast lint typecheck unit test-verl clean
+.PHONY: venv demo test test-fast lint typecheck browser unit test-verl clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,7 +34,12 @@ typecheck: venv
 	ln -s $(CURDIR)/agents build/typecheck/searchgym/agents
 	cd build/typecheck && MYPYPATH=. $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p searchgym
 
-unit: venv
+# Debian's Chromium for the headless-browser test of `searchgym view`'s page (tests/cli/test_view.py), driven
+# through Playwright (dev extra); installed with apt when missing (CI runs as root on Debian).
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+
+unit: venv browser
 	$(BIN)/pytest
 
 # The working tier: lint and every test but the slow ones (subprocess runs, documented walk-throughs, servers
