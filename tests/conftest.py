@@ -118,3 +118,12 @@ def scripted_tool_grpo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         return trainer, model
 
     return make
+
+
+def searchr1_client(url: str, queries: list[str], topk: int = 3) -> list[list[dict[str, Any]]]:
+    """What Search-R1's generation loop does: POST all queries, read ``result`` (no error handling)."""
+    import httpx
+
+    payload = {"queries": queries, "topk": topk, "return_scores": True}
+    response = httpx.post(url + "/retrieve", json=payload, timeout=120)
+    return response.json()["result"]  # type: ignore[no-any-return]

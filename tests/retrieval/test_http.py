@@ -5,10 +5,11 @@ Importing searchgym registers the env ids.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -17,7 +18,7 @@ import pytest
 from searchgym.agents import OracleAgent, run_episode
 from searchgym.errors import ConfigError, RetrieverError
 from searchgym.retrieval import BM25Retriever, make_retriever
-from searchgym.retrieval.http import HttpRetriever
+from searchgym.retrieval.http import HttpRetriever, derived_id
 from searchgym.server import ServerThread, create_app
 
 
@@ -313,3 +314,214 @@ def test_make_retriever_url_is_http(server: ServerThread, world: Any) -> None:
     client = make_retriever(server.url + "/retrieve", world.passages)
     assert isinstance(client, HttpRetriever)
     client.close()
+
+
+# -- Search-R1-shaped servers on raw sockets: every byte under the test's control ------------------------------
+
+
+class StubServer:
+    """A Search-R1-shaped server on a raw socket: ``respond(conn)`` writes whatever bytes the test wants."""
+
+    def __init__(self, respond: Callable[[socket.socket], None]) -> None:
+        self.respond = respond
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/retrieve"
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                read_request(conn)
+                self.respond(conn)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def read_request(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        body += conn.recv(65536)
+    return body
+
+
+def http_answer(body: bytes, status: str = "200 OK") -> bytes:
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode() + body
+
+
+def json_server(answer: Any) -> StubServer:
+    body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+    return StubServer(lambda conn: conn.sendall(http_answer(body)))
+
+
+def test_documents_without_an_id_are_accepted_with_a_stable_id() -> None:
+    docs = [{"contents": '"Paris"\ncapital of France'}, {"contents": '"Lyon"\na city'}]
+    stub = json_server({"result": [[{"document": d, "score": 1.0} for d in docs]]})
+    try:
+        with HttpRetriever(stub.url, retries=0) as client:
+            first = client.search(["q"], 3)[0]
+            second = client.search(["q"], 3)[0]
+    finally:
+        stub.close()
+    assert [h.passage_id for h in first] == [derived_id(d["contents"]) for d in docs]
+    assert [h.passage_id for h in first] == [h.passage_id for h in second]
+    assert first[0].passage_id.startswith("sha1-") and first[0].passage_id != first[1].passage_id
+    assert (first[0].title, first[0].text, first[0].contents) == (
+        "Paris",
+        "capital of France",
+        docs[0]["contents"],
+    )
+
+
+@pytest.mark.parametrize("where", ["body", "headers"])
+def test_a_slow_drip_server_cannot_outlast_the_deadline(where: str) -> None:
+    body = json.dumps({"result": [[]]}).encode() + b" " * 400  # 40 s of dripping in all
+    answer = http_answer(body)
+    split = answer.index(b"\r\n\r\n") + 4 if where == "body" else 10
+    stop = threading.Event()
+
+    def drip(conn: socket.socket) -> None:
+        conn.sendall(answer[:split])
+        for byte in answer[split:]:
+            if stop.wait(0.1):  # one byte every 0.1 s: each read is well within the timeout
+                return
+            conn.sendall(bytes([byte]))
+
+    stub = StubServer(drip)
+    client = HttpRetriever(stub.url, timeout=0.5, retries=1, backoff=0.05)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RetrieverError, match="Timeout"):
+            client.search(["q"], 3)
+        elapsed = time.monotonic() - start
+    finally:
+        stop.set()
+        client.close()
+        stub.close()
+    # Slack for a loaded machine; the drip alone would take over 40 s.
+    assert elapsed <= client.time_budget + 3.0, (elapsed, client.time_budget)
+
+
+BAD_ANSWERS: list[tuple[str, Callable[[socket.socket], None]]] = [
+    ("not json", lambda c: c.sendall(http_answer(b"<html>oops</html>"))),
+    ("invalid utf-8", lambda c: c.sendall(http_answer(b'{"result": [["\xff"]]}'))),
+    ("deep nesting", lambda c: c.sendall(http_answer(b"[" * 100_000))),
+    ("a list body", lambda c: c.sendall(http_answer(b"[]"))),
+    ("result not a list", lambda c: c.sendall(http_answer(b'{"result": 3}'))),
+    ("wrong number of lists", lambda c: c.sendall(http_answer(b'{"result": [[], []]}'))),
+    ("entries not a list", lambda c: c.sendall(http_answer(b'{"result": [{"a": 1}]}'))),
+    ("document not an object", lambda c: c.sendall(http_answer(b'{"result": [[3]]}'))),
+    ("no contents", lambda c: c.sendall(http_answer(b'{"result": [[{"document": {"id": "1"}}]]}'))),
+    ("contents not a string", lambda c: c.sendall(http_answer(b'{"result": [[{"contents": 5}]]}'))),
+    (
+        "score a string",
+        lambda c: c.sendall(http_answer(b'{"result": [[{"document": {"contents": "x"}, "score": "1"}]]}')),
+    ),
+    ("id an object", lambda c: c.sendall(http_answer(b'{"result": [[{"id": {}, "contents": "x"}]]}'))),
+    (
+        "too many documents",
+        lambda c: c.sendall(http_answer(json.dumps({"result": [[{"contents": "x"}] * 9]}).encode())),
+    ),
+    ("status 404", lambda c: c.sendall(http_answer(b'{"detail": "Not Found"}', "404 Not Found"))),
+    ("status 500", lambda c: c.sendall(http_answer(b"Internal Server Error", "500 Internal Server Error"))),
+    ("redirect", lambda c: c.sendall(http_answer(b"", "307 Temporary Redirect"))),
+    ("garbage status line", lambda c: c.sendall(b"NOT HTTP AT ALL\r\n\r\n")),
+    ("closed without answer", lambda c: None),
+    ("truncated body", lambda c: c.sendall(http_answer(b'{"result": [[]]}')[:-5])),
+]
+
+
+@pytest.mark.parametrize("respond", [b[1] for b in BAD_ANSWERS], ids=[b[0] for b in BAD_ANSWERS])
+def test_every_bad_answer_follows_on_retrieval_error(
+    respond: Callable[[socket.socket], None], world: Any
+) -> None:
+    stub = StubServer(respond)
+    client = HttpRetriever(stub.url, timeout=2.0, retries=0)
+    try:
+        with pytest.raises(RetrieverError):
+            client.search(["q"], 3)
+        for mode in ("raise", "observe"):
+            env = gym.make(
+                "SearchQA-v0", dataset=world, split="test", retriever=client, on_retrieval_error=mode
+            )
+            base: Any = env.unwrapped
+            env.reset(options={"question_index": 0})
+            tokens = base.tokenizer.encode("<search> q </search>")
+            for t in tokens[:-1]:
+                env.step(t)
+            if mode == "raise":
+                with pytest.raises(RetrieverError):
+                    env.step(tokens[-1])
+            else:
+                _, _, terminated, truncated, info = env.step(tokens[-1])
+                text = base.tokenizer.decode(base.episode.tokens[: base.episode.length])
+                assert "<information>Search failed: " in text and not (terminated or truncated)
+                assert info["retrieved_ids"] == [[]]
+            env.close()
+    finally:
+        client.close()
+        stub.close()
+
+
+def test_vector_env_observes_bad_answers_too(world: Any) -> None:
+    stub = json_server({"result": "broken"})
+    client = HttpRetriever(stub.url, timeout=2.0, retries=0)
+    try:
+        envs = gym.make_vec(
+            "SearchQA-v0",
+            num_envs=2,
+            dataset=world,
+            split="test",
+            retriever=client,
+            on_retrieval_error="observe",
+        )
+        base: Any = envs.unwrapped
+        envs.reset(seed=0)
+        result = base.step_segments([base.tokenizer.encode("<search> q </search>")] * 2)
+        assert all("Search failed" in base.tokenizer.decode(ep.tokens[: ep.length]) for ep in base.episodes)
+        assert not result.terminated.any()
+        envs.close()
+    finally:
+        client.close()
+        stub.close()
+
+
+def test_env_over_a_search_r1_server_without_ids_runs(world: Any) -> None:
+    hits = [{"document": {"contents": '"Distul"\nDistul is a city.'}, "score": 3.0}]
+    stub = json_server({"result": [hits]})
+    try:
+        env = gym.make("SearchQA-v0", dataset=world, split="test", retriever=stub.url)
+        base: Any = env.unwrapped
+        env.reset(options={"question_index": 0})
+        for t in base.tokenizer.encode("<search> Distul </search>"):
+            _, _, _, _, info = env.step(t)
+        assert info["retrieved_ids"] == [[derived_id('"Distul"\nDistul is a city.')]]
+        assert base.tokenizer.decode(base.episode.tokens[: base.episode.length]).endswith(
+            '<information>Doc 1(Title: "Distul") Distul is a city.</information>\n\n'
+        )
+        env.close()
+    finally:
+        stub.close()

@@ -1,8 +1,10 @@
-"""``searchgym serve`` (with the blocking server replaced) and ``searchgym bench retrieval`` at small scale."""
+"""``searchgym serve`` (with the blocking server replaced): a folder with an index, a corpus file, bad paths, the
+slow-client options, the corpus contents served byte for byte, and a port already taken."""
 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ import pytest
 from searchgym import server as server_module
 from searchgym.cli import main
 from searchgym.server import ServerThread
+
+from ..conftest import searchr1_client
 
 
 @pytest.fixture
@@ -69,3 +73,41 @@ def test_serve_options_for_slow_clients(tmp_path: Path, served: list[tuple[Any, 
     limits = served[-1][0].state.limits
     assert (limits.read_timeout, limits.write_timeout, limits.max_connections) == (2.5, 60.0, 64)
     assert main(["serve", "--corpus", str(folder), "--read-timeout", "0"]) == 2  # a ConfigError, one line
+
+
+def write_raw_corpus(folder: Path, contents: list[str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    """A corpus whose records' ``contents`` are the strings given, as they are."""
+    lines = [json.dumps({"id": str(i), "contents": c}) for i, c in enumerate(contents)]
+    (folder / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_contents_come_back_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    contents = [
+        "Bare Title\nunquoted title lines, as 121 of FlashRAG's quick-start records",
+        '"Quoted"\nends in white space  ',
+        '  "Padded" \nthe title line has spaces',
+        'DPR ""doubled"" quotes\nand a second\nline',
+        "no newline at all",
+    ]
+    folder = write_raw_corpus(tmp_path / "c", contents)
+    apps: list[Any] = []
+    monkeypatch.setattr(server_module, "run_server", lambda app, **kwargs: apps.append(app))
+    assert main(["serve", "--corpus", str(folder)]) == 0
+    with ServerThread(apps[0]) as srv:
+        result = searchr1_client(srv.url, ["unquoted", "white space", "padded", "doubled", "newline"], topk=5)
+    served_contents = {e["document"]["id"]: e["document"]["contents"] for hits in result for e in hits}
+    assert served_contents == {str(i): c for i, c in enumerate(contents)}
+
+
+def test_serve_prints_serving_only_after_the_bind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = write_raw_corpus(tmp_path / "c", ['"T"\nsome text'])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert main(["serve", "--corpus", str(folder), "--port", str(port)]) == 2
+    captured = capsys.readouterr()
+    assert "serving" not in captured.out
+    assert f"cannot listen on 127.0.0.1:{port}" in captured.err
