@@ -1,5 +1,5 @@
-"""The page of ``searchgym view``: episodes read from eval and export-trajectories JSONL files, the data the
-page shows for each, and the self-contained HTML page around that data.
+"""The data of ``searchgym view``'s page: episodes read from eval and export-trajectories JSONL files, and
+what the page shows for each (:mod:`._view_html` writes the page around it).
 
 Two record formats are read:
 
@@ -9,17 +9,15 @@ Two record formats are read:
   marks the policy's tokens, the rollout's log-probabilities and the episode's fields. Their ids are
   decoded with a tokenizer.
 
-Everything here is pure (records in, dicts and text out), so the page's content is tested without a browser.
+Everything here is pure (records in, dicts out), so the page's content is tested without a browser.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,11 +32,9 @@ if TYPE_CHECKING:
 __all__ = [
     "Episode",
     "Segment",
-    "embed_json",
     "page_episodes",
     "policy_token_values",
     "read_episodes",
-    "render_page",
     "segment_ids",
     "split_transcript_text",
     "token_pieces",
@@ -589,35 +585,3 @@ def _passages(
         elif r < len(shown):
             out.append(_passage_dict(r + 1, pid, *shown[r], support))
     return out
-
-
-# -- the page -----------------------------------------------------------------------------------------------
-
-_DATA_MARK = "__SEARCHGYM_VIEW_DATA__"
-
-_JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
-
-
-def embed_json(value: Any) -> str:
-    """``value`` as JSON that is safe inside an HTML ``<script>`` element: ``<``, ``>`` and ``&`` (and the
-    two line separators JavaScript once treated as line ends) are written as ``\\uXXXX`` escapes, so no
-    text in the data (``</script>``, ``<!--``) can end the element; ``JSON.parse`` reads back the same value."""
-    text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return re.sub("[<>&\u2028\u2029]", lambda m: _JSON_ESCAPES[m.group(0)], text)
-
-
-def render_page(episodes: Iterable[dict[str, Any]], meta: Mapping[str, Any]) -> str:
-    """The self-contained HTML page: the template (``searchgym/assets/view.html``: its CSS and script
-    inline) with the data embedded as JSON.
-
-    Args:
-        episodes: From :func:`page_episodes`.
-        meta: ``title``, ``files`` and ``colour`` (``None``, or ``mode``: ``"logp"`` / ``"delta"``, and
-            ``label``: what the values are).
-    """
-    template = resources.files("searchgym").joinpath("assets/view.html").read_text(encoding="utf-8")
-    if template.count(_DATA_MARK) != 1:
-        raise RuntimeError(f"the view template must hold {_DATA_MARK} once")
-    data = embed_json({"meta": dict(meta), "episodes": list(episodes)})
-    head, tail = template.split(_DATA_MARK)
-    return head + data + tail

@@ -85,7 +85,8 @@ def manifest_tokenizer(path: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from searchgym.cli._view_page import page_episodes, read_episodes, render_page
+    from searchgym.cli._view_html import render_page
+    from searchgym.cli._view_page import page_episodes, read_episodes
     from searchgym.data.jsonl import replace_on_success
     from searchgym.errors import ConfigError
 

@@ -12,14 +12,8 @@ from typing import Any
 import pytest
 
 from searchgym.cli import main
-from searchgym.cli._view_page import (
-    embed_json,
-    outcome,
-    page_episodes,
-    read_episodes,
-    render_page,
-    split_transcript_text,
-)
+from searchgym.cli._view_html import embed_json, render_page
+from searchgym.cli._view_page import outcome, page_episodes, read_episodes, split_transcript_text
 from searchgym.data import load_dataset
 from searchgym.errors import DataFormatError
 from searchgym.protocol import format_prompt
@@ -637,7 +631,8 @@ def test_the_page_works_in_a_headless_browser(records: list[dict[str, Any]], tmp
             assert item.locator(".turn").count() == 0
             item.locator("summary").click()
             turns = item.locator(".turn")
-            assert turns.count() == len(episodes[0]["turns"]) and turns.first.is_visible()
+            turns.first.wait_for(state="visible")  # the body is built by the toggle event, which is queued
+            assert turns.count() == len(episodes[0]["turns"])
             assert SCRIPT_BREAKER in (item.locator("ol.passages li").first.text_content() or "")
             assert page.title().startswith("searchgym view")  # the passage's script never ran
             shot = tmp_path / "page.png"
