@@ -35,9 +35,11 @@ typecheck: venv
 	cd build/typecheck && MYPYPATH=. $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p searchgym
 
 # Debian's Chromium for the headless-browser test of `searchgym view`'s page (tests/cli/test_view.py), driven
-# through Playwright (dev extra); installed with apt when missing (CI runs as root on Debian).
+# through Playwright (dev extra); installed with apt when missing (CI runs as root on Debian). Where it cannot
+# be installed (no root, no apt), the suite goes on and that test skips, saying why.
 browser:
-	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) || \
+		echo "note: Chromium is not installed and could not be; the headless-browser test will skip"
 
 unit: venv browser
 	$(BIN)/pytest

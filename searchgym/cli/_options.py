@@ -165,13 +165,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig
             kwargs["type"] = kind
         groups[title].add_argument(*flags, **kwargs)
         for old in f.metadata.get("deprecated", ()):
+            extra = {"type": kwargs["type"]} if "type" in kwargs else {}
             parser.add_argument(
-                old,
-                dest=f.name,
-                type=kwargs.get("type"),
-                action=_Deprecated,
-                help=argparse.SUPPRESS,
-                new=flags[0],
+                old, dest=f.name, action=_Deprecated, help=argparse.SUPPRESS, new=flags[0], **extra
             )
 
 
