@@ -127,3 +127,13 @@ def searchr1_client(url: str, queries: list[str], topk: int = 3) -> list[list[di
     payload = {"queries": queries, "topk": topk, "return_scores": True}
     response = httpx.post(url + "/retrieve", json=payload, timeout=120)
     return response.json()["result"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def python_sigint() -> Any:
+    """SIGINT raises KeyboardInterrupt in this test, as in a terminal (a background CI start ignores it)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

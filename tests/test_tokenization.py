@@ -1,3 +1,9 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,3 +79,26 @@ def test_sentencepiece_style_tokenizer_detects_tags() -> None:
     for t in ids:
         obs, r, term, trunc, info = env.step(t)
     assert info["turn_end"] and info["queries"] == ["Lyku Works"]
+
+
+def test_an_unavailable_hub_tokenizer_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    argv = [
+        sys.executable,
+        "-m",
+        "searchgym.cli",
+        "eval",
+        "--agent",
+        "random",
+        "--episodes",
+        "1",
+        "--no-progress",
+    ]
+    proc = subprocess.run(
+        [*argv, "--tokenizer", "no-such-org/no-such-tokenizer"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]
+    assert "not available offline" in lines[0] and "no-such-org/no-such-tokenizer" in lines[0]

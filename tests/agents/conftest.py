@@ -1,4 +1,5 @@
-"""What the agents' tests share: one torch thread, and the GRPO configuration of a few-second run."""
+"""What the agents' tests share: one torch thread, the GRPO configuration of a few-second run, and what the
+loaders' tests feed in (a GRPO checkpoint's payload, an object whose unpickling runs code)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,42 @@ def grpo_config() -> Callable[..., Any]:
         return GRPOConfig(**{"run_dir": str(folder / "run"), **GRPO_TEST_RUN, **values})
 
     return make
+
+
+class RunsCode:
+    """Unpickling this object runs ``exec``: what a malicious checkpoint, weights file or SB3 zip would carry."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
+
+
+def linear_run(seed: int = 0) -> tuple[Any, Any, Any]:
+    """A model, its AdamW after one step, and a scheduler: the states a GRPO checkpoint holds."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return model, optimizer, scheduler
+
+
+def grpo_payload(**changes: Any) -> dict[str, Any]:
+    """A GRPO checkpoint's payload of :func:`linear_run`'s states, with ``changes`` set over it."""
+    model, optimizer, scheduler = linear_run()
+    payload = {
+        "kind": "grpo",
+        "step": 1,
+        "model": model.state_dict(),
+        "arch": {"kind": "tiny", "layers": 1, "hidden": 4, "tokenizer": None},
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "config": {"lr": 1e-3, "seed": 0, "max_turn_tokens": 48, "max_context_tokens": 1024},
+    }
+    payload.update(changes)
+    return payload

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,8 @@ from searchgym.agents.grpo.export import export_pretrained, load_policy  # noqa:
 from searchgym.agents.grpo.runtime import build_policy  # noqa: E402
 from searchgym.cli import main  # noqa: E402
 from searchgym.errors import CheckpointError, ConfigError  # noqa: E402
+
+from .conftest import RunsCode  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +86,56 @@ def test_export_and_load_errors(checkpoint: Path, tmp_path: Path) -> None:
         load_policy(tmp_path / "busy")
     with pytest.raises(CheckpointError, match="no checkpoint"):
         load_policy(tmp_path / "missing.pt")
+
+
+def test_an_exported_folder_plays_exactly_as_its_checkpoint(tmp_path: Path) -> None:
+    sft = tmp_path / "sft"
+    sizes = ["--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768"]
+    args = ["train", "sft", "--run-dir", str(sft), *sizes, "--demo-episodes", "8", "--epochs", "1"]
+    assert main([*args, "--eval-questions", "0", "--threads", "1", "--no-progress", "--no-tensorboard"]) == 0
+    assert main(["export", str(sft / "checkpoint.pt"), str(tmp_path / "hf")]) == 0
+    note = json.loads((tmp_path / "hf" / "searchgym_export.json").read_text())
+    assert note["env"] == {"max_turn_tokens": 8, "max_context_tokens": 768}
+    transcripts = {}
+    for name, agent in (("ckpt", sft / "checkpoint.pt"), ("hf", tmp_path / "hf")):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["eval", "--agent", f"checkpoint:{agent}", "--max-turns", "2", "--episodes", "6",
+                     "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+        transcripts[name] = [json.loads(line) for line in out.read_text().splitlines()]
+    strip = ("seconds", "agent")
+    assert [{k: v for k, v in r.items() if k not in strip} for r in transcripts["hf"]] == [
+        {k: v for k, v in r.items() if k not in strip} for r in transcripts["ckpt"]
+    ]
+
+
+@pytest.mark.parametrize(
+    "env", [{"max_turn_tokens": "abc"}, {"max_context_tokens": 10**12}, [], {"max_turn_tokens": 0}]
+)
+def test_a_bad_export_note_is_a_checkpoint_error(tmp_path: Path, env: Any) -> None:
+    from searchgym.agents.grpo.export import export_env_sizes
+
+    (tmp_path / "searchgym_export.json").write_text(json.dumps({"env": env}))
+    with pytest.raises(CheckpointError, match=r"searchgym_export\.json"):
+        export_env_sizes(tmp_path)
+    (tmp_path / "searchgym_export.json").write_text('{"env": {"max_turn_tokens": 1' + "0" * 5000 + "}}")
+    with pytest.raises(CheckpointError, match="not a readable export note"):
+        export_env_sizes(tmp_path)
+
+
+def test_a_pickled_pytorch_model_bin_in_a_hf_folder_is_a_typed_error(tmp_path: Path) -> None:
+    from searchgym.agents.llm import tiny_causal_lm
+
+    folder = tmp_path / "hf"
+    tiny_causal_lm(512, layers=1, hidden=16).save_pretrained(folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    marker = tmp_path / "pwned"
+    torch.save({"model.embed_tokens.weight": RunsCode(marker)}, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="cannot be loaded safely") as err:
+        load_policy(folder)
+    assert (
+        "pytorch_model.bin" in str(err.value)
+        or "UnpicklingError" in str(err.value)
+        or "weights" in str(err.value)
+    )
+    assert not marker.exists()

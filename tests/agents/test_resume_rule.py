@@ -64,3 +64,15 @@ def test_the_documented_list_is_the_rule() -> None:
     paragraph = text.split("These may change", 1)[1].split("\n\n", 1)[0]
     documented = {m.replace("-", "_") for m in re.findall(r"`--([a-z-]+)`", paragraph)}
     assert documented == RESUMABLE_OPTIONS - {"resume", "overwrite"}
+
+
+def test_changed_options_on_resume_are_refused_or_applied_and_reported() -> None:
+    saved = {"lr": 3e-4, "seed": 0, "steps": 10, "eval_every": 0, "resume": False, "run_dir": "r"}
+    with pytest.raises(ConfigError, match=r"--lr: saved 0.0003, now 0.1.*--seed: saved 0, now 1"):
+        check_resume_config(saved, {**saved, "lr": 0.1, "seed": 1, "resume": True})
+    with pytest.warns(UserWarning, match=r"steps: 10 -> 20"):
+        applied = check_resume_config(saved, {**saved, "steps": 20, "resume": True, "new_field": 1})
+    assert applied == {"steps": (10, 20)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_resume_config(saved, {**saved, "resume": True}) == {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,8 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from searchgym.agents.grpo.config import SFTConfig  # noqa: E402
-from searchgym.agents.grpo.runtime import build_policy  # noqa: E402
-from searchgym.errors import ConfigError  # noqa: E402
+from searchgym.agents.grpo.runtime import MetricLogger, build_policy, prepare_run_dir, read_metrics  # noqa: E402
+from searchgym.cli import main  # noqa: E402
+from searchgym.errors import ConfigError, DataFormatError  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: --device cuda is valid here")
@@ -104,3 +107,66 @@ def test_a_checkpoint_with_a_malformed_config_arch_is_refused(tmp_path: Any) -> 
         )
         with pytest.raises(CheckpointError, match="'model_type'"):
             build_policy(SFTConfig(init=str(ckpt)))
+
+
+# -- the run folder --------------------------------------------------------------------------------------------
+
+
+def fake_run(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.pt").write_bytes(b"weights")
+    (folder / "metrics.jsonl").write_text('{"step": 1}\n')
+    (folder / "notes.txt").write_text("mine")
+
+
+@pytest.mark.parametrize("command", ["sft", "grpo"])
+def test_training_refuses_to_overwrite_a_run(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    fake_run(run)
+    assert main(["train", command, "--run-dir", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--resume" in err and "--overwrite" in err
+    assert (run / "checkpoint.pt").read_bytes() == b"weights"
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_overwrite_replaces_only_the_run_files(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    fake_run(run)
+    (run / "tb").mkdir()
+    with pytest.raises(ConfigError, match="choose one"):
+        prepare_run_dir(run, resume=True, overwrite=True)
+    prepare_run_dir(run, resume=False, overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+    prepare_run_dir(run, resume=False)  # nothing of a run left: a new run may start
+    prepare_run_dir(tmp_path / "new" / "run", resume=False)
+    assert (tmp_path / "new" / "run").is_dir()
+
+
+# -- the metric log --------------------------------------------------------------------------------------------
+
+
+def test_torn_last_metrics_line_is_dropped_on_resume(tmp_path: Path) -> None:
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1, "x": 1.0}\n{"step": 2, "x": 2.0}\n{"step": 3, "x"')
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:3: torn last line"):
+        assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    with pytest.warns(UserWarning, match="torn last line"):
+        logger = MetricLogger(tmp_path, resume_step=2, tensorboard=False)
+    logger.log(3, {"x": 3.0})
+    logger.close()
+    assert [r["step"] for r in read_metrics(log)] == [1, 2, 3]
+
+
+def test_corrupt_metrics_line_before_the_last_is_an_error(tmp_path: Path) -> None:
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1}\n{"step": 2, "x\n{"step": 3}\n')
+    with pytest.raises(DataFormatError, match=r"metrics\.jsonl:2: corrupt metrics record") as err:
+        MetricLogger(tmp_path, resume_step=3, tensorboard=False)
+    assert err.value.line == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        log.write_text('{"step": 1}\n{"step": 2}\n')
+        assert len(read_metrics(log)) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ from searchgym.agents.sb3 import (
     token_policy_kwargs,
 )
 from searchgym.cli import main
+from searchgym.errors import CheckpointError, ConfigError
+
+from .conftest import RunsCode
 
 # Small transcripts keep the token view fast; the prompt (~170 tokens) still fits.
 TOKEN_KWARGS: dict[str, Any] = {"max_context_tokens": 256, "max_turn_tokens": 16}
@@ -161,3 +165,155 @@ def test_cli_trains_checkpoints_and_evaluates_through_searchgym_eval(
             "--no-progress", "--json"]  # fmt: skip
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["em"] == figures["em"]
+
+
+# -- safe loading: no file is unpickled ------------------------------------------------------------------------
+
+
+def _sb3_model(tmp_path: Path, policy_kwargs: dict[str, Any] | None = None) -> tuple[Path, Any]:
+    env = gym.make("SearchQAMacro-v0", split="test")
+    model = ALGORITHMS["ppo"](
+        "MlpPolicy", env, device="cpu", n_steps=8, batch_size=8, seed=0, policy_kwargs=policy_kwargs
+    )
+    path = tmp_path / "model.zip"
+    model.save(path)
+    return path, model
+
+
+def _rewrite_data(path: Path, change: Any) -> None:
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    data = json.loads(members["data"])
+    change(data)
+    members["data"] = json.dumps(data).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+
+
+def _poison(data: dict[str, Any], marker: Path) -> None:
+    import base64
+    import pickle
+
+    evil = base64.b64encode(pickle.dumps(RunsCode(marker))).decode()
+    for value in data.values():  # every serialized field, the policy class among them
+        if isinstance(value, dict) and ":serialized:" in value:
+            value[":serialized:"] = evil
+    data["policy_class"][":serialized:"] = evil
+
+
+def test_an_sb3_zip_with_a_code_running_pickle_plays_without_running_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stable_baselines3 import PPO
+
+    path, _ = _sb3_model(tmp_path)
+    marker = tmp_path / "pwned"
+    _rewrite_data(path, lambda data: _poison(data, marker))
+    code = main(
+        [
+            "eval",
+            "--env",
+            "SearchQAMacro-v0",
+            "--agent",
+            f"sb3:{path}",
+            "--episodes",
+            "2",
+            "--no-progress",
+            "--json",
+        ]
+    )
+    assert code == 0 and json.loads(capsys.readouterr().out)["episodes"] == 2
+    assert not marker.exists()
+    # The same file does run code through stable-baselines3's own loader: the input is a real exploit.
+    with pytest.raises(Exception):  # noqa: B017 - what fails after the payload ran does not matter
+        PPO.load(path, device="cpu")
+    assert marker.read_text() == "pwned"
+
+
+def test_an_sb3_model_without_an_env_needs_its_run_config(tmp_path: Path) -> None:
+    path, _ = _sb3_model(tmp_path)
+    with pytest.raises(ConfigError, match="pass the env"):
+        load_model(path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"algo": "ppo", "env_id": "SearchQAMacro-v0", "env": {}})
+    )
+    assert type(load_model(path)).__name__ == "PPO"
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        (
+            lambda d: d.update(policy_kwargs={"net_arch": [10**6, 10**6]}),
+            CheckpointError,
+            r"at least 1,000,\d{3},\d{3},\d{3} parameters but the file stores",
+        ),
+        (
+            lambda d: d.update(policy_kwargs={"activation_fn": "<class 'os.system'>"}),
+            ConfigError,
+            "names os.system",
+        ),
+        (
+            lambda d: d.update(
+                policy_kwargs={
+                    ":type:": "<class 'dict'>",
+                    ":serialized:": "x",
+                    "optimizer_class": "<class 'builtins.eval'>",
+                }
+            ),
+            ConfigError,
+            "names builtins.eval",
+        ),
+        (lambda d: d.update(n_steps=int("9" * 5000)), CheckpointError, "not valid JSON"),
+    ],
+    ids=["net_arch bomb", "unknown activation", "serialized eval", "integer bomb"],
+)
+def test_crafted_sb3_data_is_a_typed_error(tmp_path: Path, change: Any, error: type, message: str) -> None:
+    path, _ = _sb3_model(tmp_path)
+    if "integer bomb" in message or message == "not valid JSON":
+        with zipfile.ZipFile(path) as archive:
+            members = {name: archive.read(name) for name in archive.namelist()}
+        members["data"] = members["data"].replace(b'"n_steps": 8', b'"n_steps": ' + b"9" * 5000)
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, content in members.items():
+                archive.writestr(name, content)
+    else:
+        _rewrite_data(path, change)
+    with pytest.raises(error, match=message):
+        load_model(path, env=gym.make("SearchQAMacro-v0"))
+
+
+def test_an_sb3_token_model_rebuilds_its_features_extractor(tmp_path: Path) -> None:
+    env = gym.make("SearchQA-v0", max_context_tokens=256, max_turn_tokens=16)
+    kwargs = token_policy_kwargs(embed_dim=8, last_k=2, features_dim=16)
+    model = ALGORITHMS["ppo"](
+        "MultiInputPolicy", env, device="cpu", n_steps=8, batch_size=8, policy_kwargs=kwargs
+    )
+    model.save(tmp_path / "model.zip")
+    loaded = load_model(tmp_path / "model.zip", env=env)
+    saved, rebuilt = model.policy.state_dict(), loaded.policy.state_dict()
+    assert saved.keys() == rebuilt.keys() and all(torch.equal(saved[k], rebuilt[k]) for k in saved)
+    with pytest.raises(ConfigError, match="observation_space differs from the env's"):
+        load_model(
+            tmp_path / "model.zip", env=gym.make("SearchQA-v0", max_context_tokens=300, max_turn_tokens=16)
+        )
+
+
+def test_train_sb3_into_an_existing_run_is_refused_without_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sb3"
+    args = ["train", "sb3", "--algo", "a2c", "--timesteps", "16", "--eval-episodes", "0", "--out", str(out)]
+    assert main(args) == 0
+    stale = out / "checkpoints" / "a2c_999_steps.zip"  # a checkpoint of the run the folder holds
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"earlier run")
+    before = (out / "model.zip").read_bytes()
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--overwrite" in err
+    assert (out / "model.zip").read_bytes() == before and stale.exists()  # nothing touched
+    assert main([*args, "--overwrite"]) == 0
+    assert not stale.exists(), "the replaced run's checkpoints must not mix with the new run's"

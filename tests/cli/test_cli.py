@@ -1,8 +1,12 @@
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from searchgym.cli import main
@@ -108,3 +112,156 @@ def test_user_agent_module_in_the_current_directory(
             sys.modules.pop(module, None)
     assert json.loads(capsys.readouterr().out)["episodes"] == 2
     assert sys.path == path_before  # the working directory was added for that import only
+
+
+# -- --episodes, and more episodes than questions --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command", ["eval --agent oracle", "demos --out d.jsonl", "export-trajectories --out t.jsonl"]
+)
+@pytest.mark.parametrize("episodes", ["0", "-5"])
+def test_episodes_below_one_is_a_usage_error(
+    command: str, episodes: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command.split(), "--episodes", episodes])
+    assert exit_info.value.code == 2
+    assert f"--episodes: must be >= 1, got {episodes}" in capsys.readouterr().err
+
+
+def test_more_episodes_than_questions_says_so_and_reports_distinct_questions(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        main(
+            [
+                "eval",
+                "--agent",
+                "oracle",
+                "--split",
+                "validation",
+                "--episodes",
+                "1100",
+                "--json",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    captured = capsys.readouterr()
+    figures = json.loads(captured.out)
+    assert figures["episodes"] == 1100 and figures["questions"] == 500
+    assert "1100 episodes over the 500 questions of split 'validation'" in captured.err
+    assert "2 or 3 times" in captured.err
+    assert main(["eval", "--agent", "oracle", "--episodes", "20", "--json", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["questions"] == 20 and "note:" not in captured.err
+
+
+def test_demos_beyond_the_split_say_that_questions_repeat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.agents.demonstrations import read_demonstrations
+
+    out = tmp_path / "d.jsonl"
+    argv = ["demos", "--split", "validation", "--out", str(out)]
+    assert main([*argv, "--episodes", "502"]) == 0
+    err = capsys.readouterr().err
+    assert "502 episodes over the 500 questions of split 'validation'" in err and "1 or 2 times" in err
+    demos = read_demonstrations(out)
+    assert len(demos) == 502 and demos[500].question_id == demos[0].question_id
+    assert main([*argv, "--episodes", "500"]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_eval_help_lists_every_agent_form(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    agent_help = capsys.readouterr().out.split("--agent AGENT", 2)[-1].split("--episodes")[0]
+    words = " ".join(agent_help.split())
+    for form in ("random", "oracle", "heuristic", "checkpoint:PATH", "sb3:PATH", "package.module:Class"):
+        assert form in words
+
+
+# -- --out never loses a file ----------------------------------------------------------------------------------
+
+
+def test_failed_eval_keeps_the_earlier_out_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "crashing_agent.py").write_text(
+        "from searchgym.agents.base import Agent\n"
+        "class Crash(Agent):\n"
+        "    def __init__(self, env): pass\n"
+        "    def act(self, observation, info):\n"
+        "        raise RuntimeError('agent bug')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "results.jsonl"
+    earlier = "".join(json.dumps({"episode": i}) + "\n" for i in range(2932))
+    out.write_text(earlier)
+    with pytest.raises(RuntimeError, match="agent bug"):
+        main(
+            ["eval", "--agent", "crashing_agent:Crash", "--episodes", "3", "--no-progress", "--out", str(out)]
+        )
+    assert out.read_text() == earlier
+    assert (
+        main(["eval", "--agent", "oracle", "--episodes", "3", "--no-progress", "--json", "--out", str(out)])
+        == 0
+    )
+    assert len(out.read_text().splitlines()) == 3 and not Path(f"{out}.partial").exists()
+
+
+def test_failed_demos_keep_the_earlier_out_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from searchgym.agents import scripted
+
+    out = tmp_path / "demos.jsonl"
+    out.write_text('{"kept": true}\n')
+
+    def crash(*args: Any, **kwargs: Any) -> int:
+        raise RuntimeError("oracle bug")
+
+    monkeypatch.setattr(scripted.OracleAgent, "act", crash)
+    with pytest.raises(RuntimeError, match="oracle bug"):
+        main(["demos", "--episodes", "2", "--out", str(out)])
+    assert out.read_text() == '{"kept": true}\n'
+
+
+def test_two_concurrent_eval_out_runs_lose_no_transcripts(tmp_path: Path) -> None:
+    out = tmp_path / "transcripts.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "searchgym.cli", "eval", "--env", "SearchQAMacro-v0", "--agent", "random",
+            "--episodes", "60", "--no-progress", "--out", str(out)]  # fmt: skip
+    procs = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=600), p.stderr.read() if p.stderr else "") for p in procs]
+    for code, err in results:
+        assert code == 0 or "another run is writing" in err, err[-2000:]
+    assert any(code == 0 for code, _ in results)
+    lines = out.read_text().splitlines()
+    assert len(lines) == 60 and all(json.loads(line) for line in lines)
+
+
+# -- checkpoint upgrade ----------------------------------------------------------------------------------------
+
+
+def test_upgrade_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    from searchgym.agents.grpo.checkpoint import load_checkpoint
+
+    old = tmp_path / "v1.pt"
+    torch.save(
+        {
+            "format": "searchgym-checkpoint-v1",
+            "kind": "sft",
+            "step": 1,
+            "rng": {"numpy": np.random.get_state()},
+        },
+        old,
+    )
+    assert main(["checkpoint", "upgrade", str(old), str(tmp_path / "new.pt")]) == 0
+    assert load_checkpoint(tmp_path / "new.pt")["kind"] == "sft"
+    assert f"wrote {tmp_path / 'new.pt'}" in capsys.readouterr().out
+    assert main(["checkpoint", "upgrade", str(tmp_path / "new.pt"), str(tmp_path / "v3.pt")]) == 2
+    assert "not a legacy searchgym checkpoint" in capsys.readouterr().err

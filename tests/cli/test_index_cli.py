@@ -146,3 +146,25 @@ def test_index_bm25_saves_what_serve_and_load_read(
     assert "recall" not in capsys.readouterr().out
     assert main(["index", "bm25", "--corpus", "world", "--out", str(tmp_path / "w"), "--no-progress"]) == 0
     assert BM25Retriever.load(tmp_path / "w", generate_world(seed=0).passages).nbytes > 0
+
+
+def test_index_bm25_over_another_index_is_refused_without_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": str(i), "contents": f'"T{i}"\nword{i} text'}) + "\n" for i in range(5))
+    )
+    out = tmp_path / "index"
+    assert main(["index", "bm25", "--corpus", "world", "--out", str(out), "--no-progress"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(["index", "bm25", "--corpus", str(corpus), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds files" in err and "bm25.json" in err and "--overwrite" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the world's index is untouched
+    assert (
+        main(["index", "bm25", "--corpus", str(corpus), "--out", str(out), "--overwrite", "--no-progress"])
+        == 0
+    )
+    assert len(BM25Retriever.load(out, read_corpus(corpus)).passages) == 5

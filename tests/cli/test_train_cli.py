@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,3 +170,75 @@ def test_a_changed_lr_on_resume_is_refused(tmp_path: Path, capsys: pytest.Captur
         main(["train", "grpo", "--run-dir", str(run), *TINY, "--steps", "2", "--resume", "--lr", "0.5"]) == 2
     )
     assert "--lr: saved 0.0003, now 0.5" in capsys.readouterr().err
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resume_command(
+    tmp_path: Path,
+) -> None:
+    from searchgym.agents.grpo.checkpoint import load_checkpoint
+
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-X",
+        "faulthandler",
+        "-m",
+        "searchgym.cli",
+        "train",
+        "grpo",
+        "--run-dir",
+        str(run),
+    ]
+    cmd += [*TINY, "--probe-size", "0", "--onpolicy-probe-size", "0", "--steps", "500", "--save-every", "1"]
+    # As from a terminal: a parent started in the background without job control (a CI runner) hands its
+    # children SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    checkpoint = run / "checkpoint.pt"
+    deadline = time.monotonic() + 180
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert checkpoint.exists() and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # a hang: fail with what every thread was doing
+        proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+        _, err = proc.communicate(timeout=60)
+        pytest.fail(f"train grpo still running 120 s after Ctrl-C; its threads:\n{err[-8000:]}")
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    last = lines[-1]
+    assert last.startswith("searchgym: train grpo interrupted;") and str(checkpoint) in last
+    saved = load_checkpoint(checkpoint)["step"]
+    assert f"holds step {saved};" in last
+    assert last.endswith(f"continue with: searchgym train grpo --run-dir {run} --resume")
+
+
+def test_ctrl_c_messages_of_each_training_command(tmp_path: Path) -> None:
+    from searchgym.cli._common import interrupted_message
+
+    def message(*command: str, **fields: Any) -> str:
+        return interrupted_message(argparse.Namespace(_command=command, run_dir=str(tmp_path), **fields))
+
+    assert "before its first checkpoint; nothing to resume" in message("train", "grpo", resume=False)
+    assert message("train", "sft").endswith(
+        f"start again with: searchgym train sft --run-dir {tmp_path} --overwrite ..."
+    )
+    for step in (2, 10):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    trl = message("train", "trl", resume=False)
+    assert f"newest checkpoint is {tmp_path / 'checkpoint-10'};" in trl
+    assert trl.endswith(f"continue with: searchgym train trl --run-dir {tmp_path} --resume")
+    assert interrupted_message(argparse.Namespace(_command=("eval",))) == "searchgym: eval interrupted"

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from searchgym.data import load_dataset, load_searchr1
+from searchgym.data.searchr1 import read_searchr1
 from searchgym.errors import ConfigError, DataFormatError
 
 TEMPLATE = (
@@ -124,3 +125,59 @@ def test_file_level_errors(tmp_path: Path) -> None:
         load_searchr1(write(tmp_path / "sub.parquet", [row("q", ["a"])]), corpus=tmp_path / "none.jsonl")
     with pytest.raises(ConfigError, match="no split"):
         load_searchr1(tmp_path, splits=["nope"])
+
+
+def test_a_parquet_row_bomb_is_refused_before_its_rows_are_decoded(tmp_path: Path) -> None:
+    row = {
+        "data_source": "nq",
+        "prompt": [{"role": "user", "content": "Question: where?"}],
+        "reward_model": {"style": "rule", "ground_truth": {"target": ["x"]}},
+        "extra_info": {"split": "test", "index": 0},
+    }
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.Table.from_pylist([row] * 5000), path)  # identical rows compress to almost nothing
+    assert path.stat().st_size < 20_000
+    with pytest.raises(DataFormatError, match=r"holds 5,000 rows, more than the 1,000 searchgym reads"):
+        read_searchr1(path, max_rows=1000)
+    # Under the cap, the first duplicate fails at its row, in the first decoded batch.
+    with pytest.raises(DataFormatError, match=r"bomb\.parquet:2: duplicate question id"):
+        read_searchr1(path)
+
+
+# -- supporting passage ids ------------------------------------------------------------------------------------
+
+CORPUS_LINE = json.dumps({"id": "0", "contents": '"Alpha"\nAlpha is a letter.'})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("12", ("12",)), (0, ("0",)), (["3", "4"], ("3", "4")), (None, ())]
+)
+def test_searchr1_rows_read_supporting_ids(tmp_path: Path, value: Any, expected: tuple[str, ...]) -> None:
+    row = {
+        "data_source": "nq",
+        "prompt": [{"role": "user", "content": "Question: who?"}],
+        "reward_model": {"style": "rule", "ground_truth": {"target": ["x"]}},
+        "extra_info": {"index": 0, "supporting_passage_ids": value},
+    }
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "test.parquet")
+    (tmp_path / "corpus.jsonl").write_text(CORPUS_LINE + "\n")
+    (question,) = load_searchr1(tmp_path / "test.parquet").questions("test")
+    assert question.supporting_ids == expected
+
+
+def test_searchr1_rows_with_bad_supporting_ids_name_file_and_row(tmp_path: Path) -> None:
+    rows = [
+        {
+            "data_source": "nq",
+            "prompt": [{"role": "user", "content": f"Question: q{i}?"}],
+            "reward_model": {"style": "rule", "ground_truth": {"target": ["x"]}},
+            "extra_info": {"index": i, "supporting_passage_ids": value},
+        }
+        for i, value in enumerate([1.0, 2.5])
+    ]
+    path = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    (tmp_path / "corpus.jsonl").write_text(CORPUS_LINE + "\n")
+    with pytest.raises(DataFormatError, match=r"metadata\.supporting_passage_ids") as err:
+        load_searchr1(path)
+    assert err.value.path == str(path) and err.value.line == 1

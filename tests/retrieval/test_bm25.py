@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+import zipfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,8 @@ from searchgym.retrieval.base import s_stem
 from searchgym.retrieval.bm25 import corpus_hash, top_k_sparse
 from searchgym.retrieval.http import HttpRetriever
 from searchgym.retrieval.rank_bm25 import top_k_indices
+
+from .conftest import bm25_index
 
 #: Query engines (same results): numpy always, the compiled kernel where numba is installed.
 ENGINES = ["numpy"] + (["numba"] if bm25_module.numba_kernel() is not None else [])
@@ -328,3 +334,169 @@ def test_hotpotqa_top3_recall_with_default_parameters(hotpot_dir: Path) -> None:
     ]
     recall = float(np.mean(found))
     assert recall >= 0.90, f"top-3 recall {recall:.3f}"
+
+
+# -- crafted and damaged index files ---------------------------------------------------------------------------
+
+
+def saved_index(tmp_path: Path) -> tuple[Path, list[Passage]]:
+    passages = [Passage(str(i), f"title {i}", f"alpha beta gamma {i} delta {i % 3}") for i in range(30)]
+    folder = BM25Retriever(passages).save(tmp_path / "index")
+    return folder, passages
+
+
+def rewrite_arrays(folder: Path, **arrays: np.ndarray) -> None:
+    """Rewrites arrays as an attacker would: the manifest re-sealed, so the checks behind the hash run."""
+    with np.load(folder / "bm25.npz") as f:
+        current = {k: f[k] for k in f.files}
+    np.savez(folder / "bm25.npz", **{**current, **arrays})
+    reseal(folder)
+
+
+def reseal(folder: Path, **changes: Any) -> None:
+    """``bm25.json`` with ``changes`` and fresh hashes (what a crafted index carries)."""
+    from searchgym.integrity import seal
+
+    meta = json.loads((folder / "bm25.json").read_text())
+    (folder / "bm25.json").write_text(
+        json.dumps(seal({**meta, **changes}, {"bm25.npz": folder / "bm25.npz"}))
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda a: {
+                "indices": np.where(a["indices"] == 0, 10**6, a["indices"]).astype(a["indices"].dtype)
+            },
+            "outside",
+        ),
+        (lambda a: {"indices": -a["indices"] - 1}, "outside"),
+        (lambda a: {"indptr": a["indptr"][::-1].copy()}, "indptr"),
+        (lambda a: {"indptr": a["indptr"][:-1]}, "indptr"),
+        (lambda a: {"indices": a["indices"][::-1].copy()}, "not sorted"),
+        (lambda a: {"data": a["data"].astype(np.float32)}, "float64"),
+        (lambda a: {"indices": a["indices"].astype(np.float64)}, "int32 or int64"),
+        (lambda a: {"data": a["data"].reshape(1, -1)}, "1-D"),
+        (lambda a: {"data": a["data"][:-1]}, "weights for"),
+        (lambda a: {"data": np.full_like(a["data"], np.nan)}, "not finite"),
+        (lambda a: {"data": np.array([object()], dtype=object)}, "float64"),
+    ],
+    ids=[
+        "index too large",
+        "negative index",
+        "indptr decreasing",
+        "indptr short",
+        "unsorted",
+        "data dtype",
+        "indices dtype",
+        "2-D",
+        "short data",
+        "nan",
+        "object",
+    ],
+)
+def test_crafted_bm25_arrays_are_refused(tmp_path: Path, change: Any, message: str) -> None:
+    folder, passages = saved_index(tmp_path)
+    with np.load(folder / "bm25.npz") as f:
+        arrays = {k: f[k] for k in f.files}
+    rewrite_arrays(folder, **change(arrays))
+    with pytest.raises(DataFormatError, match=message) as err:
+        BM25Retriever.load(folder, passages)
+    assert "bm25.npz" in str(err.value)
+
+
+def test_truncated_or_bit_flipped_bm25_index_is_a_typed_error(tmp_path: Path) -> None:
+    folder, passages = saved_index(tmp_path)
+    npz = folder / "bm25.npz"
+    whole = npz.read_bytes()
+    weights = BM25Retriever.load(folder, passages).weights.data.tobytes()
+    npz.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataFormatError, match=r"bm25\.npz"):
+        BM25Retriever.load(folder, passages)
+    flipped = bytearray(whole)
+    flipped[whole.index(weights) + 5] ^= 1  # one bit of one weight
+    npz.write_bytes(bytes(flipped))
+    with pytest.raises(DataFormatError, match=r"bm25\.npz"):
+        BM25Retriever.load(folder, passages)
+    npz.write_bytes(whole)
+    meta = json.loads((folder / "bm25.json").read_text())
+    reseal(folder, shape=[meta["shape"][0] + 1, meta["shape"][1]])
+    with pytest.raises(DataFormatError, match="shape"):
+        BM25Retriever.load(folder, passages)
+
+
+def test_a_crafted_index_cannot_crash_the_process(tmp_path: Path) -> None:
+    """Indices at the int32 maximum, in a child process (a segfault fails the test, not the run): a typed error."""
+    folder, passages = saved_index(tmp_path)
+    with np.load(folder / "bm25.npz") as f:
+        indices = f["indices"].copy()
+    indices[:] = 2**31 - 1
+    rewrite_arrays(folder, indices=indices)
+    script = (
+        "from searchgym.data import Passage\nfrom searchgym.retrieval import BM25Retriever\n"
+        "from searchgym.errors import DataFormatError\n"
+        f"p = [Passage(str(i), f'title {{i}}', f'alpha beta gamma {{i}} delta {{i % 3}}') for i in range(30)]\n"
+        f"try:\n    r = BM25Retriever.load({str(folder)!r}, p)\n    print(r.search(['alpha beta'] * 50, 3))\n"
+        "except DataFormatError:\n    print('typed error')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "typed error" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_one_flipped_bit_in_bm25_json_is_refused(tmp_path: Path) -> None:
+    folder, passages = bm25_index(tmp_path)
+    text = (folder / "bm25.json").read_text()
+    i = text.index('"k1": 0.9') + len('"k1": 0.')
+    flipped = text[:i] + chr(ord(text[i]) ^ 1) + text[i + 1 :]  # 0.9 -> 0.8: still valid JSON, other scores
+    (folder / "bm25.json").write_text(flipped)
+    assert json.loads(flipped)["params"]["k1"] == 0.8
+    with pytest.raises(DataFormatError, match=r"bm25\.json: fails its checksum"):
+        BM25Retriever.load(folder, passages)
+
+
+def test_a_npy_header_numpy_cannot_tokenize_is_a_typed_error(tmp_path: Path) -> None:
+    """A damaged ``.npy`` header in ``bm25.npz`` that NumPy's header parser cannot tokenize
+    (``tokenize.TokenError``), in a re-sealed index: a ``DataFormatError``."""
+    folder, passages = bm25_index(tmp_path)
+    with zipfile.ZipFile(folder / "bm25.npz") as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    damaged = bytearray(members["data.npy"])
+    damaged[damaged.index(b"}")] = ord(" ")
+    members["data.npy"] = bytes(damaged)
+    with zipfile.ZipFile(folder / "bm25.npz", "w", zipfile.ZIP_STORED) as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    reseal(folder)  # crafted: the hash matches, the header check must still hold
+    with pytest.raises(DataFormatError, match="corrupt BM25 index arrays"):
+        BM25Retriever.load(folder, passages)
+
+
+def test_a_bm25_write_killed_between_its_renames_is_refused_not_mixed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import searchgym.retrieval.bm25_index as index_files
+
+    folder, passages = bm25_index(tmp_path, k1=0.9)
+    before = BM25Retriever.load(folder, passages).search(["alpha beta 3"], 3)
+    real_replace = os.replace
+    calls: list[str] = []
+
+    def killed_after_the_first(src: Any, dst: Any) -> None:
+        calls.append(str(dst))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies here: new bm25.npz in place, bm25.json still the old one
+        real_replace(src, dst)
+
+    monkeypatch.setattr(index_files.os, "replace", killed_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        BM25Retriever(passages, k1=2.0).save(folder)
+    monkeypatch.undo()
+    assert calls[0].endswith("bm25.npz")
+    with pytest.raises(DataFormatError, match=r"bm25\.npz: does not match .* different builds"):
+        BM25Retriever.load(folder, passages)
+    BM25Retriever(passages, k1=0.9).save(folder)  # rebuilding repairs it
+    assert BM25Retriever.load(folder, passages).search(["alpha beta 3"], 3) == before

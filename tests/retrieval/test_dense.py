@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import mmap
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +29,8 @@ from searchgym.retrieval.dense import (
     read_manifest,
     tiny_encoder,
 )
+
+from .conftest import bm25_index
 
 pytest.importorskip("faiss", reason="the dense extra (faiss-cpu) is not installed")
 pytest.importorskip("transformers", reason="the dense extra (transformers) is not installed")
@@ -566,3 +570,177 @@ def test_the_module_does_not_import_torch_or_faiss_at_import_time() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", dense_module.__name__
+
+
+# -- crafted and damaged index files ---------------------------------------------------------------------------
+
+BOMB = "9" * 5000  # an integer of more than 4,300 digits: Python's int() refuses it with a ValueError
+
+
+@pytest.fixture(scope="module")
+def dense_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], list[Passage]]:
+    """Flat, IVF and HNSW indexes of 200 passages, shared read-only (tests edit copies)."""
+    passages = [
+        Passage(str(i), f"title {i}", f"alpha beta gamma {i} delta {i % 3} w{i % 7}") for i in range(200)
+    ]
+    root = tmp_path_factory.mktemp("dense")
+    encoder = tiny_encoder()
+    dirs = {
+        kind: build_dense_index(passages, encoder, root / kind, index_type=kind, progress=False)
+        for kind in ("flat", "ivf", "hnsw")
+    }
+    return dirs, passages
+
+
+def reseal(manifest: Path, **changes: Any) -> None:
+    """The manifest with ``changes`` and fresh hashes of its files: what a crafted index carries."""
+    from searchgym.integrity import seal
+
+    meta = json.loads(manifest.read_text())
+    files = {name: manifest.parent / name for name in meta.get("files", {})}
+    manifest.write_text(json.dumps(seal({**meta, **changes}, files)))
+
+
+def test_an_integer_bomb_in_each_json_file_is_a_typed_error(
+    tmp_path: Path, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    from searchgym.data import load_flashrag
+
+    folder, passages = bm25_index(tmp_path)
+    meta = (folder / "bm25.json").read_text()
+    (folder / "bm25.json").write_text(meta.replace('"passages": 40', f'"passages": {BOMB}'))
+    with pytest.raises(DataFormatError, match=r"bm25\.json.*Exceeds the limit"):
+        BM25Retriever.load(folder, passages)
+    dirs, dense_passages = dense_dirs
+    out = copy_index(dirs["flat"], tmp_path / "dense")
+    manifest = (out / "dense.json").read_text()
+    (out / "dense.json").write_text(manifest.replace('"count": 200', f'"count": {BOMB}'))
+    with pytest.raises(DataFormatError, match=r"dense\.json.*Exceeds the limit"):
+        DenseRetriever.load(out, dense_passages)
+    data = tmp_path / "data"
+    data.mkdir()
+    good_corpus = '{"id": "0", "contents": "\\"T\\"\\ntext"}\n'
+    good_split = '{"id": "q0", "question": "q?", "golden_answers": ["a"]}\n'
+    for name, line in (
+        ("corpus.jsonl", f'{{"id": "1", "contents": "x", "n": {BOMB}}}\n'),
+        ("test.jsonl", f'{{"id": {BOMB}}}\n'),
+    ):
+        (data / "corpus.jsonl").write_text(good_corpus + (line if name == "corpus.jsonl" else ""))
+        (data / "test.jsonl").write_text(good_split + (line if name == "test.jsonl" else ""))
+        with pytest.raises(DataFormatError, match=rf"{name}:2: invalid JSON \(Exceeds the limit"):
+            load_flashrag(data, splits=("test",))
+
+
+def test_dense_manifest_field_changes_are_typed_errors(
+    tmp_path: Path, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    dirs, passages = dense_dirs
+    # Changed by hand: the manifest's own checksum refuses it.
+    out = copy_index(dirs["hnsw"], tmp_path / "edited")
+    text = (out / "dense.json").read_text()
+    (out / "dense.json").write_text(text.replace('"index_type": "hnsw"', '"index_type": "ivf"'))
+    with pytest.raises(DataFormatError, match="fails its checksum"):
+        DenseRetriever.load(out, passages)
+    # Changed and re-sealed (a crafted index): each field is checked for what it is.
+    cases = [
+        (
+            "hnsw",
+            {"index_type": "ivf"},
+            r"index_params \['M', 'ef_construction', 'ef_search'\] are not those of a ivf",
+        ),
+        ("hnsw", {"index_params": {"M": 32, "ef_construction": 80, "ef_search": 1.5}}, "'ef_search' is 1.5"),
+        (
+            "hnsw",
+            {"index_type": "ivf", "index_params": {"nlist": 4, "nprobe": 2}},
+            "holds a IndexHNSWFlat, not the ivf",
+        ),
+        ("flat", {"index_type": "nope"}, "unknown index type 'nope'"),
+        ("flat", {"dim": True}, "dim must be a positive integer"),
+        ("flat", {"encoder": []}, "encoder must be an object"),
+    ]
+    for i, (kind, change, message) in enumerate(cases):
+        out = copy_index(dirs[kind], tmp_path / f"crafted{i}")
+        reseal(out / "dense.json", **change)
+        with pytest.raises(DataFormatError, match=message):
+            DenseRetriever.load(out, passages)
+
+
+@pytest.mark.parametrize("bad", [10**6, -2])  # faiss's "none" is -1 only: -2 is damage too
+def test_faiss_ids_outside_the_corpus_are_a_typed_error(
+    bad: int, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    import faiss
+
+    dirs, passages = dense_dirs
+    retriever = DenseRetriever.load(dirs["ivf"], passages)
+    # A corrupted IVF index whose lists hold ids outside the corpus (what a damaged file returns).
+    ids = faiss.extract_index_ivf(retriever.index).invlists
+    list_no = next(i for i in range(ids.nlist) if ids.list_size(i))
+    faiss.rev_swig_ptr(ids.get_ids(list_no), ids.list_size(list_no))[0] = bad
+    retriever.index.nprobe = ids.nlist
+    with pytest.raises(
+        DataFormatError, match=rf"index\.faiss.*returned passage id {bad}, but the corpus holds 200"
+    ):
+        retriever.search([p.text for p in passages[:50]], 200)
+
+
+def test_a_npy_header_numpy_cannot_tokenize_is_a_typed_error(
+    tmp_path: Path, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    """A damaged ``embeddings.npy`` header that NumPy's header parser cannot tokenize (``tokenize.TokenError``):
+    a ``DataFormatError``."""
+    dirs, passages = dense_dirs
+    out = copy_index(dirs["flat"], tmp_path / "dense")
+    data = bytearray((out / "embeddings.npy").read_bytes())
+    data[data.index(b"}")] = ord(" ")  # the header dict never closes
+    (out / "embeddings.npy").write_bytes(bytes(data))
+    with pytest.raises(DataFormatError, match="corrupt embeddings file"):
+        DenseRetriever.load(out, passages)
+
+
+def test_dense_files_are_checked_by_hash_and_embeddings_for_non_finite_values(
+    tmp_path: Path, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    dirs, passages = dense_dirs
+    for kind, name in (("flat", "embeddings.npy"), ("hnsw", "index.faiss")):
+        out = copy_index(dirs[kind], tmp_path / f"flip-{kind}")
+        data = bytearray((out / name).read_bytes())
+        data[len(data) - 9] ^= 0x10  # same size: a size check alone would pass it
+        (out / name).write_bytes(bytes(data))
+        with pytest.raises(
+            DataFormatError, match=rf"{name}: does not match the size and hash dense\.json records"
+        ):
+            DenseRetriever.load(out, passages)
+    out = copy_index(dirs["flat"], tmp_path / "nan")
+    embeddings = np.load(out / "embeddings.npy")
+    embeddings[123, 7] = np.nan
+    np.save(out / "embeddings.npy", embeddings)
+    reseal(out / "dense.json")  # a crafted index: the hash fits, the values do not
+    with pytest.raises(DataFormatError, match=r"embeddings\.npy: holds a non-finite value"):
+        DenseRetriever.load(out, passages)
+
+
+def dead_pid() -> int:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(proc.stdout)
+
+
+def test_leftover_temp_files_of_dead_writers_are_removed(
+    tmp_path: Path, dense_dirs: tuple[dict[str, Path], list[Passage]]
+) -> None:
+    pid = dead_pid()
+    folder, passages = bm25_index(tmp_path)
+    stale = [f".bm25.json.{pid}", f".bm25.npz.{pid}.npz", f".bm25.json.{pid}.1a2b3c4d.tmp"]
+    live = f".bm25.json.{os.getppid()}.1a2b3c4d.tmp"  # a live process's write is kept
+    for name in (*stale, live, "notes.txt"):
+        (folder / name).write_text("x")
+    BM25Retriever(passages).save(folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([live, "bm25.json", "bm25.npz", "notes.txt"])
+    dirs, dense_passages = dense_dirs
+    out = copy_index(dirs["flat"], tmp_path / "dense")
+    for name in (f".dense.building.json.{pid}.tmp", f".index.faiss.{pid}.tmp", f".dense.json.{pid}.cafe.tmp"):
+        (out / name).write_text("x")
+    build_dense_index(dense_passages, tiny_encoder(), out, progress=False)
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]

@@ -1,0 +1,144 @@
+"""``agents/grpo/checkpoint_checks.py``: what a checkpoint may describe, checked before anything is built from
+it — the architecture bounded by the weights the file stores, every config field held to its declared type and
+range (also when ``eval`` loads it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from searchgym.errors import CheckpointError
+
+from .conftest import grpo_payload
+
+torch = pytest.importorskip("torch")
+
+from searchgym.agents.grpo.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from searchgym.agents.grpo.checkpoint_checks import MAX_CONTEXT_TOKENS, check_config  # noqa: E402
+
+# -- the architecture ------------------------------------------------------------------------------------------
+
+
+def test_a_small_checkpoint_describing_a_huge_tiny_model_is_refused(tmp_path: Path) -> None:
+    from searchgym.agents.grpo.config import SFTConfig
+    from searchgym.agents.grpo.runtime import build_policy
+
+    arch = {"kind": "tiny", "layers": 65536, "hidden": 65536, "tokenizer": None}
+    path = save_checkpoint(tmp_path / "c.pt", grpo_payload(arch=arch))
+    assert path.stat().st_size < 8 << 10
+    with pytest.raises(CheckpointError, match="'layers'"):
+        load_checkpoint(path)
+    # Within the layer bound, the size is checked against the weights the file stores.
+    arch = {"kind": "tiny", "layers": 2, "hidden": 65536, "tokenizer": None}
+    path = save_checkpoint(tmp_path / "c.pt", grpo_payload(arch=arch))
+    with pytest.raises(CheckpointError, match=r"at least 17,179,869,184 parameters.*stores 72 weights"):
+        build_policy(SFTConfig(init=str(path)))
+
+
+def test_a_config_architecture_is_bounded_before_it_is_built(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    config = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+    }
+    path = save_checkpoint(tmp_path / "c.pt", grpo_payload(arch={"kind": "config", "config": config}))
+    with pytest.raises(CheckpointError, match=r"parameters but the checkpoint stores 72 weights"):
+        load_checkpoint(path)
+    for field, value in (("num_hidden_layers", 10**6), ("hidden_size", 10**12), ("hidden_size", 2**40)):
+        bomb = {**config, field: value}
+        path = save_checkpoint(tmp_path / "c.pt", grpo_payload(arch={"kind": "config", "config": bomb}))
+        with pytest.raises(CheckpointError, match=field):
+            load_checkpoint(path)
+
+
+def test_a_real_tiny_checkpoint_passes_the_size_check(tmp_path: Path) -> None:
+    from searchgym.agents.grpo.config import SFTConfig
+    from searchgym.agents.grpo.runtime import build_policy
+
+    policy, arch = build_policy(SFTConfig(tiny_layers=2, tiny_hidden=32))
+    path = save_checkpoint(
+        tmp_path / "c.pt", {"kind": "sft", "step": 0, "model": policy.model.state_dict(), "arch": arch}
+    )
+    loaded, _ = build_policy(SFTConfig(init=str(path)))
+    assert all(
+        torch.equal(a, b) for a, b in zip(policy.model.parameters(), loaded.model.parameters(), strict=True)
+    )
+
+
+def test_a_crafted_architecture_is_refused_before_building_a_model(tmp_path: Path) -> None:
+    from searchgym.agents.grpo.config import SFTConfig
+    from searchgym.agents.grpo.runtime import build_policy
+
+    path = save_checkpoint(
+        tmp_path / "c.pt",
+        {
+            "kind": "sft",
+            "step": 0,
+            "model": {},
+            "arch": {"kind": "tiny", "layers": 10**9, "hidden": 8, "tokenizer": None},
+        },
+    )
+    with pytest.raises(CheckpointError, match="'layers'"):
+        build_policy(SFTConfig(init=str(path)))
+
+
+# -- the config ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_turn_tokens", "abc", r"'max_turn_tokens' is 'abc' \(str\), expected int"),
+        (
+            "max_context_tokens",
+            10**12,
+            rf"'max_context_tokens' is 1000000000000, more than the {MAX_CONTEXT_TOKENS}",
+        ),
+        ("max_turn_tokens", 0, "max_turn_tokens must be >= 1"),
+        ("lr", float("nan"), "'lr' is nan, not a finite number"),
+        ("lr", "0.1", r"'lr' is '0.1' \(str\), expected float"),
+        ("progress", 1, r"'progress' is 1 \(int\), expected bool"),
+        ("seed", 10**30, "does not fit in 64 bits"),
+        ("dtype", "float64", r"'dtype' is 'float64'.*Literal\['float32', 'bfloat16', 'float16'\]"),
+    ],
+)
+def test_a_bad_checkpoint_config_field_is_named(tmp_path: Path, field: str, value: Any, message: str) -> None:
+    payload = grpo_payload()
+    payload["config"] = {**payload["config"], field: value}
+    path = save_checkpoint(tmp_path / "c.pt", payload)
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_checkpoint(path)
+    assert str(path) in str(err.value)
+
+
+def test_fields_added_to_the_config_dataclass_are_checked_by_their_type_hint() -> None:
+    from searchgym.agents.grpo.config import GRPOConfig
+
+    hints = {f.name: f.type for f in dataclasses.fields(GRPOConfig)}
+    # Every int field refuses a string: no hard-coded list decides which fields are checked.
+    int_fields = [name for name, hint in hints.items() if hint == "int"]
+    assert len(int_fields) >= 10
+    for name in int_fields:
+        with pytest.raises(CheckpointError, match=repr(name)):
+            check_config({name: "7"}, "grpo", "c.pt")
+    check_config({"unknown_field_of_another_version": "x"}, "grpo", "c.pt")  # ignored, not an error
+
+
+def test_eval_with_a_bad_checkpoint_config_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.cli import main
+
+    for field, value in (("max_turn_tokens", "abc"), ("max_context_tokens", 10**12)):
+        payload = grpo_payload()
+        payload["config"] = {**payload["config"], field: value}
+        path = save_checkpoint(tmp_path / "c.pt", payload)
+        code = main(["eval", "--agent", f"checkpoint:{path}", "--episodes", "1", "--no-progress"])
+        err = capsys.readouterr().err
+        assert code != 0 and field in err and "Traceback" not in err
