@@ -99,6 +99,7 @@ BUDGETS: dict[tuple[str, ...], list[str]] = {
     for command, options in {
         "demo": TINY_DEMO + " --no-progress",
         "eval": "--episodes 8 --no-progress",
+        "benchmark": "--episodes 5 --no-progress",
         "demos": "--episodes 16",
         "train sft": "--demo-episodes 24 --epochs 1 --eval-questions 0 --tiny-layers 1",
         "train grpo": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0 --probe-size 0 "

@@ -38,7 +38,7 @@ def flashrag_folder(root: Path, text: str = "Zorvath founded Kestrel Bay.") -> P
     return root
 
 
-def test_a_manifest_holds_every_field_the_issue_names() -> None:
+def test_a_manifest_holds_versions_git_state_env_options_seeds_and_config() -> None:
     env = {"dataset": None, "world_seed": 0, "split": "test", "tokenizer": None, "retriever": "bm25",
            "topk": 3, "reward": "f1", "prompt_style": "chat", "retriever_faults": "empty=0.1"}  # fmt: skip
     manifest = run_manifest(

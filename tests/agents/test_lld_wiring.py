@@ -21,14 +21,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import searchgym.agents.grpo.trainer as trainer_module  # noqa: E402
+from searchgym.agents.grpo.advantages import group_advantages  # noqa: E402
 from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
 from searchgym.agents.grpo.displacement import displacement_by_advantage  # noqa: E402
-from searchgym.agents.grpo.losses import (  # noqa: E402
-    adaptive_answer_weight,
-    answer_weights,
-    group_advantages,
-    masked_mean,
-)
+from searchgym.agents.grpo.losses import adaptive_answer_weight, answer_weights, masked_mean  # noqa: E402
 from searchgym.agents.grpo.rollout import RolloutBatch, pad_transcripts  # noqa: E402
 from searchgym.agents.grpo.spans import answer_span_mask  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer  # noqa: E402
