@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from searchgym.agents.grpo.runtime import EVAL_EPISODES, read_metrics
+from searchgym.agents.training.metrics import read_metrics
+from searchgym.agents.training.run import EVAL_EPISODES
 
 CURVES = (
     "rollout/sampled_reward",

@@ -30,7 +30,7 @@ from searchgym.agents.grpo.diagnostics import (
     drop_step,
     warning_steps,
 )
-from searchgym.agents.grpo.runtime import read_metrics
+from searchgym.agents.training.metrics import read_metrics
 
 PROBE_DROP = 0.3
 """LLD-2's precursor (pre-registered; exploratory in lld.md): the on-policy probe this many nats/token below
@@ -219,10 +219,10 @@ def cmd_gate(args: argparse.Namespace) -> None:
     (validation by default: LLD-2's gate)."""
     import torch
 
-    from searchgym.agents.grpo.config import SFTConfig
-    from searchgym.agents.grpo.rollout import evaluate_greedy, evaluate_policy
-    from searchgym.agents.grpo.runtime import build_policy
     from searchgym.agents.llm import LLMPolicy
+    from searchgym.agents.training.config import SFTConfig
+    from searchgym.agents.training.policy import build_policy
+    from searchgym.agents.training.rollout import evaluate_greedy, evaluate_policy
     from searchgym.envs.vector import SearchQAVectorEnv
 
     torch.set_num_threads(args.threads)
@@ -318,7 +318,7 @@ def lld2_summary(run: Path) -> dict[str, Any]:
     config: dict[str, Any] = {}
     checkpoint = run / "checkpoint.pt"
     if checkpoint.is_file():
-        from searchgym.agents.grpo.checkpoint import load_checkpoint
+        from searchgym.agents.training.checkpoint import load_checkpoint
 
         config = dict(load_checkpoint(checkpoint).get("config", {}))
     wall = run / "wall_s"

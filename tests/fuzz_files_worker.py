@@ -201,9 +201,9 @@ def _same_tree(a: Any, b: Any) -> bool:
 def fuzz_checkpoint(cases: int) -> None:
     import torch
 
-    from searchgym.agents.grpo.checkpoint import load_checkpoint, save_checkpoint
-    from searchgym.agents.grpo.checkpoint_checks import check_config
-    from searchgym.agents.grpo.training_state import get_rng_state, set_rng_state
+    from searchgym.agents.training.checkpoint import load_checkpoint, save_checkpoint
+    from searchgym.agents.training.checkpoint_checks import check_config
+    from searchgym.agents.training.state import get_rng_state, set_rng_state
 
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
@@ -539,7 +539,7 @@ def fuzz_demos(cases: int) -> None:
 
 
 def fuzz_metrics(cases: int) -> None:
-    from searchgym.agents.grpo.runtime import MetricLogger, read_metrics
+    from searchgym.agents.training.metrics import MetricLogger, read_metrics
 
     records = [{"step": i, "rollout/reward": 0.5, "train/lr": None} for i in range(1, 5)]
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from searchgym.agents.grpo.checkpoint import load_checkpoint, save_checkpoint
-from searchgym.agents.grpo.runtime import MetricLogger, read_metrics
+from searchgym.agents.training.checkpoint import load_checkpoint, save_checkpoint
+from searchgym.agents.training.metrics import MetricLogger, read_metrics
 from searchgym.cli import main
 from searchgym.errors import DiskFullError
 from searchgym.manifest import read_manifest, write_manifest

@@ -677,7 +677,7 @@ def prerequisites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     format before v2 (the warm-start's payload tagged v1, what ``upgrade`` converts)."""
     import torch
 
-    from searchgym.agents.grpo.checkpoint import LEGACY_FORMATS, load_checkpoint
+    from searchgym.agents.training.checkpoint import LEGACY_FORMATS, load_checkpoint
 
     work, env = scratch_folder(tmp_path_factory.mktemp("prerequisites"))
     for line in (

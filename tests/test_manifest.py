@@ -117,7 +117,7 @@ def test_eval_out_and_index_write_manifests(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_a_training_config_writes_its_manifest(tmp_path: Path) -> None:
-    from searchgym.agents.grpo.config import SFTConfig
+    from searchgym.agents.training.config import SFTConfig
 
     config = SFTConfig(run_dir=str(tmp_path / "run"), seed=3, world_seed=1, model="config:qwen2-0.5b")
     path = write_config_manifest(config, "train sft")

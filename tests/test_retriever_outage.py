@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from searchgym.agents.grpo.checkpoint import load_checkpoint
+from searchgym.agents.training.checkpoint import load_checkpoint
 
 from .conftest import SHARED_DATA
 

@@ -1,4 +1,4 @@
-"""Configuration of the GRPO trainer and of the supervised warm-start: one dataclass per entry point.
+"""Configuration of the GRPO trainer: its dataclass, and what every GRPO-style entry point shares.
 
 Each dataclass is validated once, in ``__post_init__``, with messages that say what to change. The CLI
 builds its options from the same fields (:func:`searchgym.cli._options.add_config_arguments`), so every option's help is written
@@ -8,11 +8,11 @@ stays fast.
 
 from __future__ import annotations
 
-import math
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeAlias, get_args
+from dataclasses import dataclass
+from typing import ClassVar, Literal, TypeAlias, get_args
 
+from searchgym.agents.training.config import CommonConfig, option
 from searchgym.errors import ConfigError
 
 __all__ = [
@@ -20,146 +20,21 @@ __all__ = [
     "LLDS_CHOICES",
     "MA_SCHEDULES",
     "MINIBATCH_PLANS",
-    "REWARDS",
     "SAPO_THRESHOLD",
-    "CommonConfig",
     "GRPOConfig",
     "GroupedLLDS",
-    "SFTConfig",
-    "option",
 ]
 
 LLDS_CHOICES: tuple[str, ...] = ("none", "token", "response", "action")
 """``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
 MINIBATCH_PLANS: tuple[str, ...] = ("groups", "shuffle")
 MA_SCHEDULES: tuple[str, ...] = ("paper", "code")
-Reward: TypeAlias = Literal["em", "subem", "f1"]
-REWARDS: tuple[str, ...] = get_args(Reward)
-"""``--reward`` values: the env's answer metrics (exact match, substring EM, token F1)."""
 Advantage: TypeAlias = Literal["group", "mean", "sign"]
 ADVANTAGE_CHOICES: tuple[str, ...] = get_args(Advantage)
 """``--advantage`` values (see :func:`searchgym.agents.grpo.advantages.compute_advantages`)."""
 
 SAPO_THRESHOLD = 0.8
 """Default ratio threshold of SAPO's conditional KL: the lower edge of the default PPO clip range."""
-
-
-def option(default: Any, help: str, *flags: str, deprecated: tuple[str, ...] = ()) -> Any:
-    """A config field with its CLI help (and optional extra flags, e.g. ``--lambda``): every entry point's
-    dataclass (here, and the engine integrations) declares its fields with it, so ``--help`` is written once.
-
-    ``deprecated`` flags still set the field, and say on stderr which flag to use instead."""
-    return field(default=default, metadata={"help": help, "flags": flags, "deprecated": deprecated})
-
-
-@dataclass
-class CommonConfig:
-    """Fields shared by every training entry point: the run folder, the model, the environment."""
-
-    run_dir: str = option("runs/run", "folder for metrics.jsonl, checkpoints and TensorBoard events")
-    overwrite: bool = option(
-        False,
-        "replace the run RUN_DIR already holds (checkpoint, metrics, events); without it that is refused",
-    )
-    model: str | None = option(
-        None,
-        "Hugging Face model name or path, or config:FILE (or config:qwen2-0.5b) for random weights of that "
-        "architecture (default: the tiny offline model built from a config)",
-    )
-    tokenizer: str | None = option(None, "tokenizer name or path (default: the model's, else built-in)")
-    init: str | None = option(None, "checkpoint to start from (e.g. the SFT model's checkpoint.pt)")
-    device: str = option("cpu", "torch device: cpu, cuda, cuda:1, mps")
-    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "model parameter dtype")
-    tiny_layers: int = option(2, "layers of the tiny model (ignored with --model or --init)")
-    tiny_hidden: int = option(128, "hidden size of the tiny model (ignored with --model or --init)")
-    dataset: str | None = option(None, "FlashRAG folder (default: the generated world)")
-    world_seed: int = option(0, "seed of the generated world (ignored with --dataset)")
-    split: str = option("train", "training split")
-    eval_split: str = option("test", "evaluation split")
-    retriever: str = option("bm25", "retriever backend name or URL")
-    retriever_patience: float = option(
-        300.0,
-        "seconds to wait for a URL retriever that stops answering (a restart) before failing; the run then "
-        "goes on as if nothing happened (0: fail once the client's retries are spent)",
-    )
-    topk: int = option(3, "passages per search")
-    max_turns: int = option(4, "turn budget per episode")
-    max_turn_tokens: int = option(
-        48, "token cap per turn (the tiny model's turns are < 20 tokens; Search-R1 uses 500 for a real LM)"
-    )
-    max_context_tokens: int = option(1024, "context size (transcript cap; ~4096 for a real LM)")
-    reward: Reward = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
-        "em", "episode reward, in training and in evaluations: exact match, substring EM or token F1"
-    )
-    lr: float = option(3e-4, "learning rate (use ~1e-6 for a 3B model)")
-    warmup_steps: int = option(0, "linear learning-rate warm-up, in optimizer updates")
-    warmup_start_lr: float | None = option(
-        None,
-        "the rate of the warm-up's first update (a straight ramp from it to --lr over --warmup-steps); "
-        "default: the usual ramp from lr/warmup_steps",
-    )
-    lr_schedule: Literal["constant", "linear"] = option(
-        "constant", "after the warm-up: constant, or linear decay to zero at the last update"
-    )
-    weight_decay: float = option(0.0, "AdamW weight decay")
-    max_grad_norm: float = option(1.0, "gradient-norm clipping threshold (0 disables clipping)")
-    eval_questions: int = option(200, "questions of the eval split scored greedily at the end (0: none)")
-    eval_batch: int = option(64, "episodes generated together during evaluation")
-    seed: int = option(0, "seed of sampling, shuffling and question order")
-    threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
-    progress: bool = option(True, "show a tqdm progress bar")
-    tensorboard: bool = option(True, "also write TensorBoard events when tensorboard is installed")
-
-    FROZEN_CONTROL: ClassVar[bool] = False
-    """Whether ``lr == 0`` is allowed (GRPO's frozen control); every other entry point needs a rate."""
-
-    def __post_init__(self) -> None:
-        for name in ("tiny_layers", "tiny_hidden", "topk", "max_turns", "max_turn_tokens", "eval_batch"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not (self.retriever_patience >= 0 and math.isfinite(self.retriever_patience)):
-            raise ConfigError(f"retriever_patience must be >= 0 seconds, got {self.retriever_patience}")
-        if self.max_context_tokens < 16:
-            raise ConfigError(f"max_context_tokens must be >= 16, got {self.max_context_tokens}")
-        if not (self.lr > 0 or (self.lr == 0 and self.FROZEN_CONTROL)):
-            hint = " (--lr 0, the frozen control, is a GRPO option)" if self.lr == 0 else ""
-            raise ConfigError(f"lr must be > 0, got {self.lr}{hint}")
-        if self.reward not in REWARDS:
-            raise ConfigError(f"unknown reward {self.reward!r}; choose one of {list(REWARDS)}")
-        if self.lr_schedule not in ("constant", "linear"):
-            raise ConfigError(f"lr_schedule must be 'constant' or 'linear', got {self.lr_schedule!r}")
-        for name in ("warmup_steps", "eval_questions"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.weight_decay < 0 or self.max_grad_norm < 0:
-            raise ConfigError(
-                "weight_decay and max_grad_norm must be >= 0 (max_grad_norm 0 disables clipping)"
-            )
-        if self.warmup_start_lr is not None:
-            if not 0 < self.warmup_start_lr <= self.lr:
-                raise ConfigError(f"warmup_start_lr must be in (0, lr={self.lr}], got {self.warmup_start_lr}")
-            if self.warmup_steps < 2:
-                raise ConfigError("warmup_start_lr needs a warm-up of at least 2 steps (--warmup-steps)")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"threads must be >= 1, got {self.threads}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
-
-    def env_kwargs(self, split: str | None = None) -> dict[str, Any]:
-        """Keyword arguments of ``SearchQAEnv`` / ``SearchQAVectorEnv`` for ``split`` (default: training)."""
-        return {
-            "dataset": self.dataset,
-            "world_seed": self.world_seed,
-            "split": split or self.split,
-            "tokenizer": self.tokenizer if self.tokenizer is not None else self.model,
-            "retriever": self.retriever,
-            "retriever_patience": self.retriever_patience,
-            "topk": self.topk,
-            "max_turns": self.max_turns,
-            "max_turn_tokens": self.max_turn_tokens,
-            "max_context_tokens": self.max_context_tokens,
-            "reward": self.reward,
-        }
 
 
 class GroupedLLDS:
@@ -485,29 +360,3 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
     def updates_per_step(self) -> int:
         """Optimizer updates per rollout batch."""
         return self.epochs * (self.batch_size // self.minibatch_responses)
-
-
-@dataclass
-class SFTConfig(CommonConfig):
-    """Supervised warm-start on oracle demonstrations: cross-entropy on the policy's tokens only."""
-
-    run_dir: str = option("runs/sft", "folder for metrics.jsonl, checkpoints and TensorBoard events")
-    demos: str | None = option(None, "demonstrations JSONL (default: generate them from the training split)")
-    demo_episodes: int | None = option(
-        None, "demonstrations to generate (default: one per training question)"
-    )
-    epochs: int = option(4, "passes over the demonstrations")
-    batch_size: int = option(16, "demonstrations per optimizer update")
-    lr: float = option(2e-3, "learning rate")
-    warmup_steps: int = option(20, "linear learning-rate warm-up, in optimizer updates")
-    lr_schedule: Literal["constant", "linear"] = option(
-        "linear", "after the warm-up: constant, or linear decay to zero at the last update"
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.demo_episodes is not None and self.demo_episodes < 1:
-            raise ConfigError(f"demo_episodes must be >= 1, got {self.demo_episodes}")

@@ -25,10 +25,10 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError("torch", "train", "GRPO training") from e
 
+from searchgym.agents.grpo.config import MA_SCHEDULES, SAPO_THRESHOLD
 from searchgym.errors import ConfigError
 
 from .advantages import broadcast_advantages
-from .config import MA_SCHEDULES, SAPO_THRESHOLD
 
 __all__ = [
     "GATES",

@@ -32,6 +32,27 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from searchgym.agents.grpo.config import GRPOConfig
+from searchgym.agents.training.checkpoint import load_checkpoint, save_checkpoint
+from searchgym.agents.training.metrics import MetricLogger, read_metrics
+from searchgym.agents.training.policy import build_policy
+from searchgym.agents.training.rollout import (
+    RolloutBatch,
+    collect_rollouts,
+    concat_batches,
+    evaluate_greedy,
+    summarize_episodes,
+)
+from searchgym.agents.training.run import (
+    CHECKPOINT,
+    EVAL_EPISODES,
+    check_resume_config,
+    make_optimizer,
+    prepare_run_dir,
+    resume_init,
+    write_run_record,
+)
+from searchgym.agents.training.state import get_rng_state, load_training_state, set_rng_state
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import CheckpointError
 from searchgym.run_lock import lock_run_dir
@@ -39,8 +60,6 @@ from searchgym.run_lock import lock_run_dir
 from ..llm import DEFAULT_SCORING, ScoringOptions, token_logprobs
 from .advantages import compute_advantages
 from .batching import call_overhead_tokens, length_buckets, minibatch_plan
-from .checkpoint import load_checkpoint, save_checkpoint
-from .config import GRPOConfig
 from .diagnostics import lld_warning
 from .displacement import displacement_by_advantage, ledger_displacement, likelihood_metrics, probe_metrics
 from .ledger import Ledger
@@ -52,21 +71,7 @@ from .losses import (
 )
 from .noise import MicroGradients, noise_scale_two_batch
 from .probes import onpolicy_probes, oracle_probe
-from .rollout import RolloutBatch, collect_rollouts, concat_batches, evaluate_greedy, summarize_episodes
-from .runtime import (
-    CHECKPOINT,
-    EVAL_EPISODES,
-    MetricLogger,
-    build_policy,
-    check_resume_config,
-    make_optimizer,
-    prepare_run_dir,
-    read_metrics,
-    resume_init,
-    write_run_record,
-)
 from .spans import llds_ma_weights, probe_masks
-from .training_state import get_rng_state, load_training_state, set_rng_state
 
 __all__ = ["GRPOTrainer", "length_buckets", "minibatch_plan", "train_grpo"]
 

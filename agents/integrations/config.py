@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from searchgym.agents.grpo.config import CommonConfig, GroupedLLDS, option
+from searchgym.agents.grpo.config import GroupedLLDS
+from searchgym.agents.training.config import CommonConfig, option
 from searchgym.errors import ConfigError
 
 __all__ = ["TRL_LOSS_TYPES", "TRLConfig", "parse_trl_args"]

@@ -30,7 +30,7 @@ def export_trajectories(
     Args:
         out: The JSONL file (written atomically).
         fmt: ``"trl"`` or ``"verl"`` field names.
-        policy: A checkpoint or Hugging Face folder (:func:`~searchgym.agents.grpo.export.load_policy`);
+        policy: A checkpoint or Hugging Face folder (:func:`~searchgym.agents.training.export.load_policy`);
             ``None``: a fresh tiny model (for pipeline checks).
         episodes: Episodes to write; a multiple of ``group_size``.
         group_size: Episodes per question (consecutive rows share a question, as a GRPO group).
@@ -47,9 +47,9 @@ def export_trajectories(
         raise ConfigError(f"unknown trajectory format {fmt!r}; choose one of {list(FORMATS)}")
     if episodes < 1 or group_size < 1 or episodes % group_size:
         raise ConfigError(f"episodes ({episodes}) must be a positive multiple of group_size ({group_size})")
-    from searchgym.agents.grpo.export import load_policy
-    from searchgym.agents.grpo.rollout import collect_rollouts
     from searchgym.agents.llm import LLMPolicy
+    from searchgym.agents.training.export import load_policy
+    from searchgym.agents.training.rollout import collect_rollouts
     from searchgym.envs.vector import SearchQAVectorEnv
 
     kwargs = dict(env_kwargs or {})

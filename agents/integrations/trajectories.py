@@ -95,7 +95,7 @@ def split_transcript(
 
 
 def episodes_from_batch(batch: Any) -> list[EpisodeTokens]:
-    """The episodes of a :class:`~searchgym.agents.grpo.rollout.RolloutBatch`, split at their prompts."""
+    """The episodes of a :class:`~searchgym.agents.training.rollout.RolloutBatch`, split at their prompts."""
     out = []
     for i in range(len(batch)):
         n = int(batch.attention_mask[i].sum())

@@ -19,8 +19,8 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError(getattr(e, "name", None) or "torch", "trl", "The TRL integration") from e
 
-from searchgym.agents.grpo.rollout import RolloutBatch, collect_rollouts
 from searchgym.agents.llm import LLMPolicy, Segment
+from searchgym.agents.training.rollout import RolloutBatch, collect_rollouts
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import ConfigError
 
@@ -155,7 +155,7 @@ class SearchQARollout:
         seed: Seed of the rollout policy's sampling generator.
 
     Attributes:
-        last_batch: The last call's episodes (a :class:`~searchgym.agents.grpo.rollout.RolloutBatch`).
+        last_batch: The last call's episodes (a :class:`~searchgym.agents.training.rollout.RolloutBatch`).
     """
 
     def __init__(self, env_kwargs: dict[str, Any], *, seed: int = 0) -> None:

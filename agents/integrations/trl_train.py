@@ -2,7 +2,7 @@
 
 The pieces it wires together live in :mod:`searchgym.agents.integrations.trl`; this module is the command's
 side of them: it prepares (or resumes) the run folder on the main process, builds the policy and the
-rollout, logs TRL's metrics with searchgym's :class:`~searchgym.agents.grpo.runtime.MetricLogger`, gives a
+rollout, logs TRL's metrics with searchgym's :class:`~searchgym.agents.training.metrics.MetricLogger`, gives a
 resumed run its LLD-warning history back, runs the greedy evaluation and saves the model.
 """
 
@@ -23,8 +23,10 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError(getattr(e, "name", None) or "trl", "trl", "The TRL integration") from e
 
-from searchgym.agents.grpo.rollout import evaluate_greedy
-from searchgym.agents.grpo.runtime import MetricLogger, build_policy, prepare_run_dir, read_metrics
+from searchgym.agents.training.metrics import MetricLogger, read_metrics
+from searchgym.agents.training.policy import build_policy
+from searchgym.agents.training.rollout import evaluate_greedy
+from searchgym.agents.training.run import prepare_run_dir
 from searchgym.errors import ConfigError
 from searchgym.run_lock import lock_run_dir
 from searchgym.tokenization import Tokenizer

@@ -4,7 +4,7 @@ Every figure that is compared is measured in the same run, on the same model and
 on any machine:
 
 * **rollouts** (:func:`run_rollout_benchmark`): GRPO rollout batches played through the vector env by
-  :func:`~searchgym.agents.grpo.rollout.collect_rollouts` (policy tokens per second of wall time, env and
+  :func:`~searchgym.agents.training.rollout.collect_rollouts` (policy tokens per second of wall time, env and
   retrieval included), once with the KV cache kept across tool turns and the inverse-CDF sampler (today's
   path) and once as before (every turn reads its whole transcript, ``torch.multinomial`` draws); against
   ``model.generate`` sampling the same number of new tokens per sequence from the same prompts, in one
@@ -152,8 +152,8 @@ def run_rollout_benchmark(
     """
     import torch
 
-    from searchgym.agents.grpo.rollout import collect_rollouts
-    from searchgym.agents.grpo.runtime import build_policy
+    from searchgym.agents.training.policy import build_policy
+    from searchgym.agents.training.rollout import collect_rollouts
     from searchgym.envs.vector import SearchQAVectorEnv
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -115,7 +115,7 @@ def _number(text: str) -> int:
 
 def _saved_step(checkpoint: Path) -> int | None:
     """The step a checkpoint file records, read without loading its tensors (``None`` if unreadable)."""
-    from searchgym.agents.grpo.checkpoint import peek_checkpoint
+    from searchgym.agents.training.checkpoint import peek_checkpoint
 
     step = (peek_checkpoint(checkpoint) or {}).get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
@@ -239,7 +239,7 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
 
 def _checkpoint_agent(path: str, base: Any) -> Any:
     """A trained LLM (``checkpoint.pt`` or a Hugging Face folder) playing greedily in ``base``'s tokenizer."""
-    from searchgym.agents.grpo.export import load_policy
+    from searchgym.agents.training.export import load_policy
 
     policy = load_policy(path, max_turn_tokens=base.config.max_turn_tokens)
     if policy.tokenizer.token_bytes != base.tokenizer.token_bytes:

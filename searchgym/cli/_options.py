@@ -10,7 +10,7 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from searchgym.agents.grpo.config import CommonConfig
+from searchgym.agents.training.config import CommonConfig
 
 __all__ = ["SECTIONS", "add_config_arguments", "config_from_args"]
 

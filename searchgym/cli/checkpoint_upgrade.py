@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from searchgym.agents.grpo.checkpoint import upgrade_checkpoint
+    from searchgym.agents.training.checkpoint import upgrade_checkpoint
 
     print(f"wrote {upgrade_checkpoint(args.old, args.new)}")
     return 0

@@ -59,9 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from searchgym.agents.grpo.config import GRPOConfig, SFTConfig
-    from searchgym.agents.grpo.sft import train_sft
+    from searchgym.agents.grpo.config import GRPOConfig
     from searchgym.agents.grpo.trainer import train_grpo
+    from searchgym.agents.sft import train_sft
+    from searchgym.agents.training.config import SFTConfig
     from searchgym.cli import plot
 
     torch.set_num_threads(args.threads)
@@ -189,8 +190,8 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def _evaluate_untrained(config: Any) -> dict[str, float]:
     """Greedy play of the freshly initialised tiny model (the SFT run's starting point) on the eval questions."""
-    from searchgym.agents.grpo.rollout import evaluate_greedy
-    from searchgym.agents.grpo.runtime import build_policy
+    from searchgym.agents.training.policy import build_policy
+    from searchgym.agents.training.rollout import evaluate_greedy
 
     policy, _ = build_policy(config, max_turn_tokens=config.max_turn_tokens, seed=config.seed)
     return {

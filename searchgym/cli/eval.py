@@ -80,7 +80,7 @@ def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
         return {}
     path = args.agent[len("checkpoint:") :]
     names = [n for n in ("max_turn_tokens", "max_context_tokens") if getattr(args, n, None) is None]
-    from searchgym.agents.grpo.export import checkpoint_env_sizes, export_env_sizes
+    from searchgym.agents.training.export import checkpoint_env_sizes, export_env_sizes
 
     if os.path.isdir(path):
         sizes = export_env_sizes(path)

@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from searchgym.agents.grpo.export import export_pretrained
+    from searchgym.agents.training.export import export_pretrained
 
     out = export_pretrained(args.checkpoint, args.out_dir, overwrite=args.overwrite)
     print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    from searchgym.agents.grpo.runtime import read_metrics
+    from searchgym.agents.training.metrics import read_metrics
     from searchgym.errors import ConfigError
 
     labels = args.labels or [Path(r).name for r in args.runs]

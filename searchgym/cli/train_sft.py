@@ -12,15 +12,15 @@ HELP = "warm-start a policy on oracle demonstrations (generated from the trainin
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from searchgym.agents.grpo.config import SFTConfig
+    from searchgym.agents.training.config import SFTConfig
     from searchgym.cli._options import add_config_arguments
 
     add_config_arguments(parser, SFTConfig)
 
 
 def run(args: argparse.Namespace) -> int:
-    from searchgym.agents.grpo.config import SFTConfig
-    from searchgym.agents.grpo.sft import train_sft
+    from searchgym.agents.sft import train_sft
+    from searchgym.agents.training.config import SFTConfig
     from searchgym.cli._options import config_from_args
 
     config = config_from_args(SFTConfig, args)

@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
 def load_policies(args: argparse.Namespace) -> list[Any]:
     """The ``--checkpoint`` policy, and the ``--against`` one (which must share its tokenizer)."""
-    from searchgym.agents.grpo.export import load_policy
+    from searchgym.agents.training.export import load_policy
     from searchgym.errors import ConfigError
 
     policies = [load_policy(args.checkpoint, tokenizer=args.tokenizer, device=args.device)]

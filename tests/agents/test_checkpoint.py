@@ -1,4 +1,4 @@
-"""``agents/grpo/checkpoint.py``: a checkpoint holds only plain data and loads without running code; a pickled,
+"""``agents/training/checkpoint.py``: a checkpoint holds only plain data and loads without running code; a pickled,
 bit-flipped, crafted, non-finite or foreign file is a typed error; the pickled v1 format is refused with the way
 to convert it; Ctrl-C during a save never leaves a torn file.
 
@@ -21,8 +21,8 @@ from .conftest import RunsCode, grpo_payload
 
 torch = pytest.importorskip("torch")
 
-from searchgym.agents.grpo.checkpoint import FORMAT, load_checkpoint, save_checkpoint, upgrade_checkpoint  # noqa: E402
-from searchgym.agents.grpo.training_state import get_rng_state, set_rng_state  # noqa: E402
+from searchgym.agents.training.checkpoint import FORMAT, load_checkpoint, save_checkpoint, upgrade_checkpoint  # noqa: E402
+from searchgym.agents.training.state import get_rng_state, set_rng_state  # noqa: E402
 
 
 def small_payload() -> dict[str, Any]:

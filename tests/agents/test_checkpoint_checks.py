@@ -1,4 +1,4 @@
-"""``agents/grpo/checkpoint_checks.py``: what a checkpoint may describe, checked before anything is built from
+"""``agents/training/checkpoint_checks.py``: what a checkpoint may describe, checked before anything is built from
 it — the architecture bounded by the weights the file stores, every config field held to its declared type and
 range (also when ``eval`` loads it)."""
 
@@ -16,15 +16,15 @@ from .conftest import grpo_payload
 
 torch = pytest.importorskip("torch")
 
-from searchgym.agents.grpo.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from searchgym.agents.grpo.checkpoint_checks import MAX_CONTEXT_TOKENS, check_config  # noqa: E402
+from searchgym.agents.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from searchgym.agents.training.checkpoint_checks import MAX_CONTEXT_TOKENS, check_config  # noqa: E402
 
 # -- the architecture ------------------------------------------------------------------------------------------
 
 
 def test_a_small_checkpoint_describing_a_huge_tiny_model_is_refused(tmp_path: Path) -> None:
-    from searchgym.agents.grpo.config import SFTConfig
-    from searchgym.agents.grpo.runtime import build_policy
+    from searchgym.agents.training.config import SFTConfig
+    from searchgym.agents.training.policy import build_policy
 
     arch = {"kind": "tiny", "layers": 65536, "hidden": 65536, "tokenizer": None}
     path = save_checkpoint(tmp_path / "c.pt", grpo_payload(arch=arch))
@@ -58,8 +58,8 @@ def test_a_config_architecture_is_bounded_before_it_is_built(tmp_path: Path) -> 
 
 
 def test_a_real_tiny_checkpoint_passes_the_size_check(tmp_path: Path) -> None:
-    from searchgym.agents.grpo.config import SFTConfig
-    from searchgym.agents.grpo.runtime import build_policy
+    from searchgym.agents.training.config import SFTConfig
+    from searchgym.agents.training.policy import build_policy
 
     policy, arch = build_policy(SFTConfig(tiny_layers=2, tiny_hidden=32))
     path = save_checkpoint(
@@ -72,8 +72,8 @@ def test_a_real_tiny_checkpoint_passes_the_size_check(tmp_path: Path) -> None:
 
 
 def test_a_crafted_architecture_is_refused_before_building_a_model(tmp_path: Path) -> None:
-    from searchgym.agents.grpo.config import SFTConfig
-    from searchgym.agents.grpo.runtime import build_policy
+    from searchgym.agents.training.config import SFTConfig
+    from searchgym.agents.training.policy import build_policy
 
     path = save_checkpoint(
         tmp_path / "c.pt",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from searchgym.agents.grpo.checkpoint import SEAL, load_checkpoint, payload_digest, save_checkpoint
+from searchgym.agents.training.checkpoint import SEAL, load_checkpoint, payload_digest, save_checkpoint
 from searchgym.errors import CheckpointError
 
 

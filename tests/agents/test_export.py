@@ -13,10 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from searchgym.agents.grpo.checkpoint import save_checkpoint  # noqa: E402
-from searchgym.agents.grpo.config import SFTConfig  # noqa: E402
-from searchgym.agents.grpo.export import export_pretrained, load_policy  # noqa: E402
-from searchgym.agents.grpo.runtime import build_policy  # noqa: E402
+from searchgym.agents.training.checkpoint import save_checkpoint  # noqa: E402
+from searchgym.agents.training.config import SFTConfig  # noqa: E402
+from searchgym.agents.training.export import export_pretrained, load_policy  # noqa: E402
+from searchgym.agents.training.policy import build_policy  # noqa: E402
 from searchgym.cli import main  # noqa: E402
 from searchgym.errors import CheckpointError, ConfigError  # noqa: E402
 
@@ -112,7 +112,7 @@ def test_an_exported_folder_plays_exactly_as_its_checkpoint(tmp_path: Path) -> N
     "env", [{"max_turn_tokens": "abc"}, {"max_context_tokens": 10**12}, [], {"max_turn_tokens": 0}]
 )
 def test_a_bad_export_note_is_a_checkpoint_error(tmp_path: Path, env: Any) -> None:
-    from searchgym.agents.grpo.export import export_env_sizes
+    from searchgym.agents.training.export import export_env_sizes
 
     (tmp_path / "searchgym_export.json").write_text(json.dumps({"env": env}))
     with pytest.raises(CheckpointError, match=r"searchgym_export\.json"):

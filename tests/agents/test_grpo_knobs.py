@@ -14,9 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from searchgym.agents.grpo.config import GRPOConfig, SFTConfig  # noqa: E402
-from searchgym.agents.grpo.runtime import EVAL_EPISODES, read_metrics  # noqa: E402
+from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer  # noqa: E402
+from searchgym.agents.training.config import SFTConfig  # noqa: E402
+from searchgym.agents.training.metrics import read_metrics  # noqa: E402
+from searchgym.agents.training.run import EVAL_EPISODES  # noqa: E402
 from searchgym.errors import ConfigError  # noqa: E402
 
 SIZES: dict[str, Any] = {

@@ -21,8 +21,8 @@ pytest.importorskip("transformers")
 
 import searchgym.agents.grpo.trainer as trainer_module  # noqa: E402
 from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
-from searchgym.agents.grpo.rollout import RolloutBatch  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer  # noqa: E402
+from searchgym.agents.training.rollout import RolloutBatch  # noqa: E402
 
 STEPS = 15
 GAIN = 0.2

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from searchgym.agents.grpo.rollout import collect_rollouts
 from searchgym.agents.llm import LLMPolicy, ScoringOptions, tiny_causal_lm
+from searchgym.agents.training.rollout import collect_rollouts
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.tokenization import builtin_tokenizer
 

@@ -25,10 +25,10 @@ from searchgym.agents.grpo.advantages import group_advantages  # noqa: E402
 from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
 from searchgym.agents.grpo.displacement import displacement_by_advantage  # noqa: E402
 from searchgym.agents.grpo.losses import adaptive_answer_weight, answer_weights, masked_mean  # noqa: E402
-from searchgym.agents.grpo.rollout import RolloutBatch, pad_transcripts  # noqa: E402
 from searchgym.agents.grpo.spans import answer_span_mask  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer  # noqa: E402
 from searchgym.agents.llm import token_logprobs  # noqa: E402
+from searchgym.agents.training.rollout import RolloutBatch, pad_transcripts  # noqa: E402
 
 SIZES: dict[str, Any] = {
     "max_turns": 4,
@@ -381,7 +381,7 @@ def test_onpolicy_probes_hold_the_initial_policys_own_successes(
 
 
 def test_warmup_from_a_start_rate_is_a_straight_ramp() -> None:
-    from searchgym.agents.grpo.runtime import make_optimizer
+    from searchgym.agents.training.run import make_optimizer
 
     model = torch.nn.Linear(2, 2)
     cfg = GRPOConfig(lr=1.2e-3, warmup_steps=80, warmup_start_lr=1e-4, steps=80)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from searchgym.agents.grpo.config import GRPOConfig
-from searchgym.agents.grpo.runtime import RESUMABLE_OPTIONS, check_resume_config
+from searchgym.agents.training.run import RESUMABLE_OPTIONS, check_resume_config
 from searchgym.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""``agents/grpo/runtime.py``: what every training entry point shares."""
+"""``agents/training/run.py``: what every training entry point shares."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from searchgym.agents.grpo.config import SFTConfig  # noqa: E402
-from searchgym.agents.grpo.runtime import MetricLogger, build_policy, prepare_run_dir, read_metrics  # noqa: E402
+from searchgym.agents.training.config import SFTConfig  # noqa: E402
+from searchgym.agents.training.metrics import MetricLogger, read_metrics  # noqa: E402
+from searchgym.agents.training.policy import build_policy  # noqa: E402
+from searchgym.agents.training.run import prepare_run_dir  # noqa: E402
 from searchgym.cli import main  # noqa: E402
 from searchgym.errors import ConfigError, DataFormatError  # noqa: E402
 
@@ -69,7 +71,7 @@ def test_model_config_builds_that_architecture_seeded_and_sized_to_the_tokenizer
 
 
 def test_a_config_model_checkpoint_rebuilds_it(tmp_path: Any) -> None:
-    from searchgym.agents.grpo.checkpoint import save_checkpoint
+    from searchgym.agents.training.checkpoint import save_checkpoint
 
     policy, arch = build_policy(SFTConfig(model=f"config:{_llama_config(tmp_path)}", seed=3))
     ckpt = save_checkpoint(
@@ -83,7 +85,7 @@ def test_a_config_model_checkpoint_rebuilds_it(tmp_path: Any) -> None:
 
 
 def test_shipped_model_configs_and_bad_specs(tmp_path: Any) -> None:
-    from searchgym.agents.grpo.runtime import read_model_config
+    from searchgym.agents.training.policy import read_model_config
 
     qwen = read_model_config("qwen2-0.5b")
     assert qwen["model_type"] == "qwen2" and qwen["hidden_size"] == 896 and qwen["num_hidden_layers"] == 24
@@ -98,7 +100,7 @@ def test_shipped_model_configs_and_bad_specs(tmp_path: Any) -> None:
 
 
 def test_a_checkpoint_with_a_malformed_config_arch_is_refused(tmp_path: Any) -> None:
-    from searchgym.agents.grpo.checkpoint import save_checkpoint
+    from searchgym.agents.training.checkpoint import save_checkpoint
     from searchgym.errors import CheckpointError
 
     for arch in ({"kind": "config", "config": "llama"}, {"kind": "config", "config": {"hidden_size": 8}}):

@@ -14,11 +14,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from searchgym.agents.grpo.advantages import group_advantages  # noqa: E402
-from searchgym.agents.grpo.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from searchgym.agents.grpo.config import GRPOConfig, SFTConfig  # noqa: E402
-from searchgym.agents.grpo.rollout import RolloutBatch  # noqa: E402
+from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer, minibatch_plan  # noqa: E402
 from searchgym.agents.llm import ScoringOptions  # noqa: E402
+from searchgym.agents.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from searchgym.agents.training.config import SFTConfig  # noqa: E402
+from searchgym.agents.training.rollout import RolloutBatch  # noqa: E402
 from searchgym.envs.episode import Source  # noqa: E402
 from searchgym.errors import CheckpointError, ConfigError  # noqa: E402
 
@@ -237,8 +238,8 @@ def test_sft_config_and_derived_values(tmp_path: Path, tiny: Callable[..., GRPOC
 
 
 def test_linear_lr_schedule_warms_up_then_decays_to_zero() -> None:
-    from searchgym.agents.grpo.config import SFTConfig
-    from searchgym.agents.grpo.runtime import make_optimizer
+    from searchgym.agents.training.config import SFTConfig
+    from searchgym.agents.training.run import make_optimizer
 
     model = torch.nn.Linear(2, 2)
     config = SFTConfig(lr=1.0, warmup_steps=2, lr_schedule="linear")
@@ -313,7 +314,7 @@ def test_a_step_that_changes_nothing_measures_zero_displacement(
 
 def _init_checkpoint(tmp_path: Path) -> Path:
     """An SFT-style checkpoint of a tiny model whose weights differ from a fresh seed-0 model."""
-    from searchgym.agents.grpo.runtime import build_policy
+    from searchgym.agents.training.policy import build_policy
 
     policy, arch = build_policy(SFTConfig(seed=7))
     path = tmp_path / "init.pt"

@@ -1,4 +1,4 @@
-"""``agents/grpo/training_state.py``: a saved optimizer and scheduler state is checked against the live ones (shapes,
+"""``agents/training/state.py``: a saved optimizer and scheduler state is checked against the live ones (shapes,
 types, entries) before it is restored."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from .conftest import grpo_payload, linear_run
 
 torch = pytest.importorskip("torch")
 
-from searchgym.agents.grpo.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from searchgym.agents.grpo.training_state import load_training_state  # noqa: E402
+from searchgym.agents.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from searchgym.agents.training.state import load_training_state  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -248,7 +248,7 @@ def test_two_concurrent_eval_out_runs_lose_no_transcripts(tmp_path: Path) -> Non
 
 def test_upgrade_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     torch = pytest.importorskip("torch")
-    from searchgym.agents.grpo.checkpoint import load_checkpoint
+    from searchgym.agents.training.checkpoint import load_checkpoint
 
     old = tmp_path / "v1.pt"
     torch.save(

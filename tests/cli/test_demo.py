@@ -37,7 +37,7 @@ def test_demo_runs_end_to_end_on_a_small_budget(
 ) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
-    from searchgym.agents.grpo.runtime import read_metrics
+    from searchgym.agents.training.metrics import read_metrics
     from searchgym.cli import main, plot
 
     drawn: list[dict[str, Any]] = []

@@ -115,7 +115,7 @@ def test_sigkill_then_resume_continues_from_the_saved_step(tmp_path: Path) -> No
     assert checkpoint.exists(), proc.stderr.read().decode() if proc.stderr else ""
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    from searchgym.agents.grpo.checkpoint import load_checkpoint
+    from searchgym.agents.training.checkpoint import load_checkpoint
 
     saved = load_checkpoint(checkpoint)["step"]
     assert 1 <= saved < steps, "the run should be killed before it finishes"
@@ -179,7 +179,7 @@ def test_a_changed_lr_on_resume_is_refused(tmp_path: Path, capsys: pytest.Captur
 def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resume_command(
     tmp_path: Path,
 ) -> None:
-    from searchgym.agents.grpo.checkpoint import load_checkpoint
+    from searchgym.agents.training.checkpoint import load_checkpoint
 
     run = tmp_path / "run"
     cmd = [

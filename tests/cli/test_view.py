@@ -442,9 +442,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two untrained tiny checkpoints (different seeds)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from searchgym.agents.grpo.checkpoint import save_checkpoint
-    from searchgym.agents.grpo.config import SFTConfig
-    from searchgym.agents.grpo.runtime import build_policy
+    from searchgym.agents.training.checkpoint import save_checkpoint
+    from searchgym.agents.training.config import SFTConfig
+    from searchgym.agents.training.policy import build_policy
 
     folder = tmp_path_factory.mktemp("ckpt")
     paths = []
@@ -460,7 +460,7 @@ def independent_logprobs(checkpoint: Path, ids: list[int]) -> list[float]:
     """``log p(x_t | x_<t)`` of every token by one plain forward pass of the checkpoint's model."""
     import torch
 
-    from searchgym.agents.grpo.export import load_policy
+    from searchgym.agents.training.export import load_policy
 
     policy = load_policy(checkpoint)
     with torch.no_grad():

@@ -22,7 +22,7 @@ leaves behind is removed on the next start (:func:`remove_stale_temp_files`).
 
 Bounds: a checkpoint describes the model to build (``arch``) and the run's config; both are checked before
 anything is built from them (:mod:`.checkpoint_checks`). Every floating tensor of the model and optimizer
-states must be finite; :func:`~.training_state.load_training_state` checks the optimizer's and scheduler's
+states must be finite; :func:`~.state.load_training_state` checks the optimizer's and scheduler's
 states against the live ones (shapes, value types) before restoring them.
 
 Format ``v1`` checkpoints (searchgym before this format) pickled NumPy's RNG state and needed
@@ -41,11 +41,15 @@ from typing import Any
 
 import torch
 
+from searchgym.agents.training.checkpoint_checks import (
+    check_arch,
+    check_config,
+    iter_tensors,
+    storage_elements,
+)
+from searchgym.agents.training.state import plain_rng_state
 from searchgym.errors import CheckpointError
 from searchgym.integrity import disk_full_is_clear, sigint_held, temp_path
-
-from .checkpoint_checks import check_arch, check_config, iter_tensors, storage_elements
-from .training_state import plain_rng_state
 
 __all__ = [
     "FORMAT",
@@ -231,7 +235,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                 f"{path} is an old searchgym checkpoint ({legacy}), stored as a full pickle that could run "
                 "code when loaded, so it is refused. If you trust the file (you made it), convert it once "
                 f"with: searchgym checkpoint upgrade {path} NEW.pt "
-                "(or searchgym.agents.grpo.checkpoint.upgrade_checkpoint)"
+                "(or searchgym.agents.training.checkpoint.upgrade_checkpoint)"
             ) from None
         reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CheckpointError(

@@ -1,0 +1,124 @@
+"""A run's metric log: ``metrics.jsonl`` (one JSON line per step) and TensorBoard, and its one reader."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from searchgym.errors import DataFormatError
+from searchgym.integrity import disk_full_is_clear
+
+__all__ = ["MetricLogger", "read_metrics"]
+
+
+def _read_metric_records(path: Path, repair: bool) -> list[dict[str, Any]]:
+    """Parses ``metrics.jsonl``: a torn last line (a kill or a full disk mid-write) is dropped with a warning;
+    a bad line anywhere else is an error."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DataFormatError(str(path), None, f"cannot read the metrics log ({e.strerror or e})") from None
+    lines = raw.split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+            if not isinstance(record, dict) or isinstance(record.get("step"), bool):
+                raise ValueError("not a metrics record")
+            if not isinstance(record.get("step", 0), int):
+                raise ValueError("'step' is not an integer")
+        except (UnicodeDecodeError, ValueError) as e:
+            if i == last:
+                action = "dropping it" if repair else "ignoring it"
+                warnings.warn(
+                    f"{path}:{i + 1}: torn last line in the metrics log ({e}); {action}", stacklevel=3
+                )
+                break
+            raise DataFormatError(
+                str(path), i + 1, f"corrupt metrics record ({e}); only a torn last line can be repaired"
+            ) from None
+        records.append(record)
+    return records
+
+
+class MetricLogger:
+    """Writes one JSON line per step to ``RUN_DIR/metrics.jsonl`` (and TensorBoard scalars when available).
+
+    Args:
+        run_dir: The run folder.
+        resume_step: When resuming, the checkpoint's step: lines written after it by the interrupted run are
+            dropped, so the log continues from the saved step without duplicates; a torn last line is
+            dropped with a warning. ``None`` starts a new log (see :func:`prepare_run_dir`, which refuses to
+            replace an existing run's log unasked).
+        tensorboard: Also write TensorBoard events if ``torch.utils.tensorboard`` can be imported.
+
+    Raises:
+        DataFormatError: resuming, and a line other than the last one is corrupt.
+    """
+
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None, tensorboard: bool = True) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            self.path.write_text("")
+        elif self.path.exists():
+            kept = [
+                r for r in _read_metric_records(self.path, repair=True) if r.get("step", 0) <= resume_step
+            ]
+            # Rewritten through a temporary file: a kill during the rewrite must not lose the log.
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.rewrite.tmp")
+            with tmp.open("w", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in kept))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        self._file = self.path.open("a", encoding="utf-8")
+        self._tb: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # optional: tensorboard is not a dependency
+                pass
+            else:
+                self._tb = SummaryWriter(str(self.path.parent / "tb"), purge_step=resume_step)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Records the step's metrics (non-finite values are written as ``null``)."""
+        clean = {k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}
+        line = json.dumps({"step": step, **clean}) + "\n"
+        kept = "the steps logged before are intact (a torn last line is dropped on --resume)"
+        with disk_full_is_clear(self.path, len(line.encode()), kept):
+            self._file.write(line)
+            self._file.flush()
+        if self._tb is not None:
+            for k, v in clean.items():
+                if v is not None:
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        """Flushes and closes the log."""
+        with disk_full_is_clear(self.path, kept="the steps logged before are intact"):
+            self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` file (or of ``RUN_DIR/metrics.jsonl``).
+
+    A torn last line (a run being written, or killed mid-write) is skipped with a warning.
+
+    Raises:
+        DataFormatError: the file is unreadable, or a line other than the last is corrupt.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    return _read_metric_records(path, repair=False)

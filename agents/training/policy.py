@@ -1,0 +1,138 @@
+"""The policy a run starts from: a tiny model built from a config, a pretrained model, or a checkpoint."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from searchgym.agents.llm import LLMPolicy, tiny_causal_lm
+from searchgym.agents.llm.model import causal_lm_from_config
+from searchgym.agents.training.checkpoint import load_checkpoint
+from searchgym.agents.training.checkpoint_checks import check_arch
+from searchgym.agents.training.config import CommonConfig
+from searchgym.errors import CheckpointError, ConfigError
+from searchgym.tokenization import load_tokenizer
+
+__all__ = ["CONFIG_PREFIX", "build_policy", "read_model_config"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy, dict[str, Any]]:
+    """The policy to train: ``config.init``'s checkpoint, else ``config.model``, else a fresh tiny model.
+
+    Args:
+        config: The run's configuration (model, tokenizer, device, dtype, init).
+        **policy_kwargs: Passed to :class:`LLMPolicy` (temperature, max_turn_tokens, seed).
+
+    Returns:
+        ``(policy, arch)``: ``arch`` describes the model so a checkpoint can rebuild it.
+
+    Raises:
+        CheckpointError: ``config.init`` is unreadable or holds no model.
+        ConfigError: ``config.device`` is a CUDA device and this torch cannot use one.
+    """
+    # Checked first, before a multi-GB model is downloaded: torch's own error is a raw traceback.
+    if torch.device(config.device).type == "cuda" and not torch.cuda.is_available():
+        if torch.version.cuda is None:
+            raise ConfigError(
+                f"--device {config.device}: this torch ({torch.__version__}) is a CPU-only build. Install a "
+                "CUDA build, e.g. `pip install torch --index-url https://download.pytorch.org/whl/cu124` "
+                "(pick the index of your CUDA version on pytorch.org); the Makefile's .venv pins the CPU "
+                "build through constraints.txt, so install it outside `make` (or edit that pin)"
+            )
+        raise ConfigError(
+            f"--device {config.device}: torch {torch.__version__} is built for CUDA {torch.version.cuda} "
+            "but sees no GPU (check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES), or use --device cpu"
+        )
+    state = None
+    if config.init is not None:
+        payload = load_checkpoint(config.init)
+        if "model" not in payload or "arch" not in payload:
+            raise CheckpointError(f"{config.init} holds no model")
+        arch, state = dict(payload["arch"]), payload["model"]
+        if config.tokenizer is not None:
+            arch["tokenizer"] = config.tokenizer
+        check_arch(arch, state, config.init)  # again: --tokenizer may have replaced the saved one
+    elif config.model is not None and config.model.startswith(CONFIG_PREFIX):
+        arch = {
+            "kind": "config",
+            "config": read_model_config(config.model[len(CONFIG_PREFIX) :]),
+            "tokenizer": config.tokenizer,
+        }
+    elif config.model is not None:
+        arch = {"kind": "pretrained", "name": config.model, "tokenizer": config.tokenizer or config.model}
+    else:
+        arch = {
+            "kind": "tiny",
+            "layers": config.tiny_layers,
+            "hidden": config.tiny_hidden,
+            "tokenizer": config.tokenizer,
+        }
+    tokenizer = load_tokenizer(arch["tokenizer"])
+    if arch["kind"] == "tiny":
+        model = tiny_causal_lm(
+            tokenizer.vocab_size,
+            layers=int(arch["layers"]),
+            hidden=int(arch["hidden"]),
+            max_positions=max(4096, config.max_context_tokens),
+            seed=config.seed,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    elif arch["kind"] == "config":
+        model = causal_lm_from_config(arch["config"], tokenizer, config.seed)
+    else:
+        from searchgym.agents.llm.model import import_transformers
+
+        tf = import_transformers(f"Loading model {arch['name']!r}")
+        model = tf.AutoModelForCausalLM.from_pretrained(arch["name"], dtype=_DTYPES[config.dtype])
+    if state is not None:
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"{config.init}: the model state does not fit its architecture ({e})"
+            ) from None
+    model = model.to(device=config.device, dtype=_DTYPES[config.dtype])
+    return LLMPolicy(model, tokenizer, **policy_kwargs), arch
+
+
+CONFIG_PREFIX = "config:"
+"""``--model config:SPEC``: a model of that architecture with random weights (see :func:`read_model_config`)."""
+
+
+def read_model_config(spec: str) -> dict[str, Any]:
+    """A ``transformers`` model config as a plain dict: a ``config.json`` file, a folder holding one, or
+    the name of one shipped with searchgym (``qwen2-0.5b``: Qwen2-0.5B's architecture).
+
+    Raises:
+        ConfigError: nothing readable there, or a config without ``model_type``.
+    """
+    assets = resources.files("searchgym").joinpath("assets")
+    path: Any = Path(spec)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists() and assets.joinpath(f"model-{spec}.json").is_file():
+        path = assets.joinpath(f"model-{spec}.json")
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        shipped = sorted(
+            p.name.removeprefix("model-").removesuffix(".json")
+            for p in assets.iterdir()
+            if p.name.startswith("model-")
+        )
+        raise ConfigError(
+            f"--model {CONFIG_PREFIX}{spec}: cannot read a model config there ({type(e).__name__}: {e}); give a "
+            f"config.json, a folder holding one, or one of {shipped}"
+        ) from None
+    if not isinstance(values, dict) or not isinstance(values.get("model_type"), str):
+        raise ConfigError(
+            f"--model {CONFIG_PREFIX}{spec}: {path} has no 'model_type' (not a transformers config)"
+        )
+    return values
