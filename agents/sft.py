@@ -14,15 +14,16 @@ from typing import Any
 
 import torch
 
-from searchgym.agents.grpo.losses import masked_mean
-from searchgym.agents.training.checkpoint import save_checkpoint
-from searchgym.agents.training.config import SFTConfig
-from searchgym.agents.training.metrics import MetricLogger
-from searchgym.agents.training.policy import build_policy
-from searchgym.agents.training.rollout import evaluate_greedy, pad_transcripts
-from searchgym.agents.training.run import make_optimizer, prepare_run_dir
 from searchgym.envs.episode import Source
 from searchgym.run_lock import lock_run_dir
+
+from .grpo.losses import masked_mean
+from .training.checkpoint import save_checkpoint
+from .training.config import SFTConfig
+from .training.metrics import MetricLogger
+from .training.policy import build_policy
+from .training.rollout import evaluate_greedy, pad_transcripts
+from .training.run import make_optimizer, prepare_run_dir
 
 __all__ = ["load_sft_demonstrations", "sft_loss", "train_sft"]
 
@@ -42,7 +43,7 @@ def load_sft_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Any]:
 
     Only rewarded demonstrations are kept (the oracle can fail when retrieval misses the gold passage).
     """
-    from searchgym.agents.demonstrations import generate_demonstrations, read_demonstrations
+    from .demonstrations import generate_demonstrations, read_demonstrations
 
     if config.demos is not None:
         demos = read_demonstrations(config.demos)

@@ -15,8 +15,9 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError("torch", "train", "GRPO training") from e
 
-from searchgym.agents.grpo.config import ADVANTAGE_CHOICES
 from searchgym.errors import ConfigError
+
+from .config import ADVANTAGE_CHOICES
 
 __all__ = [
     "ADVANTAGES",

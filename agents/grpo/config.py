@@ -12,12 +12,15 @@ import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeAlias, get_args
 
-from searchgym.agents.training.config import CommonConfig, option
 from searchgym.errors import ConfigError
+
+from ..training.config import CommonConfig, option
 
 __all__ = [
     "ADVANTAGE_CHOICES",
+    "GATES",
     "LLDS_CHOICES",
+    "LLDS_COEF",
     "MA_SCHEDULES",
     "MINIBATCH_PLANS",
     "SAPO_THRESHOLD",
@@ -25,8 +28,14 @@ __all__ = [
     "GroupedLLDS",
 ]
 
-LLDS_CHOICES: tuple[str, ...] = ("none", "token", "response", "action")
+Gate: TypeAlias = Literal["action", "response", "token"]
+"""Where LLDS decides whether to regularise: per action (default), per response, or per token (no gate)."""
+GATES: tuple[str, ...] = get_args(Gate)
+LLDSChoice: TypeAlias = Literal["none", Gate]
+LLDS_CHOICES: tuple[str, ...] = get_args(LLDSChoice)
 """``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
+LLDS_COEF = 0.2
+"""LLDS's default weight lambda, the paper's (every trainer and engine integration starts from it)."""
 MINIBATCH_PLANS: tuple[str, ...] = ("groups", "shuffle")
 MA_SCHEDULES: tuple[str, ...] = ("paper", "code")
 Advantage: TypeAlias = Literal["group", "mean", "sign"]
@@ -179,12 +188,12 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
     kl_value_cap: float = option(
         10.0, "clamp of each token's k3 KL value to [-cap, cap], zero gradient beyond (reference: 10)"
     )
-    llds: Literal["none", "token", "response", "action"] = option(
+    llds: LLDSChoice = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "action",
         "LLDS gate, or none for vanilla GRPO; LLDS acts from a step's second update (a --minibatch-size "
         "below the rollout batch, or --epochs > 1)",
     )
-    llds_coef: float = option(0.2, "LLDS weight lambda", "--lambda")
+    llds_coef: float = option(LLDS_COEF, "LLDS weight lambda", "--lambda")
     llds_ma: bool = option(False, "LLDS-MA: down-weight the final answer span in LLDS")
     llds_ma_beta: float | None = option(
         None, "LLDS-MA answer weight (default: adaptive, from the batch's mean valid searches)"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from searchgym.agents.training.rollout import RolloutBatch, pad_transcripts
+from ..training.rollout import RolloutBatch, pad_transcripts
 
 __all__ = ["Ledger", "LedgerEntry"]
 

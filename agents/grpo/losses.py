@@ -15,7 +15,6 @@ under its own namespace (``train/clip_frac`` …). The maths, in the paper's not
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
 
 try:
     import torch
@@ -25,17 +24,15 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError("torch", "train", "GRPO training") from e
 
-from searchgym.agents.grpo.config import MA_SCHEDULES, SAPO_THRESHOLD
 from searchgym.errors import ConfigError
 
 from .advantages import broadcast_advantages
+from .config import GATES, LLDS_COEF, MA_SCHEDULES, SAPO_THRESHOLD, Gate
 
 __all__ = [
-    "GATES",
     "KL_VALUE_CAP",
     "MA_SCHEDULES",
     "RATIO_CAP",
-    "Gate",
     "action_ids",
     "adaptive_answer_weight",
     "answer_weights",
@@ -51,10 +48,6 @@ __all__ = [
     "sapo_loss",
 ]
 
-Gate = Literal["action", "response", "token"]
-"""Where LLDS decides whether to regularise: per action (default), per response, or per token (no gate)."""
-
-GATES: tuple[str, ...] = get_args(Gate)
 
 # A floor/ceiling on every log-ratio before exp(): far inside float32's range (e^88 overflows), far outside
 # anything the caps below let through. Purely numerical; the caps are the modelling choice.
@@ -518,7 +511,7 @@ def grpo_llds_loss(
     loss_mask: Tensor,
     *,
     clip_eps: float = 0.2,
-    llds_coef: float = 0.2,
+    llds_coef: float = LLDS_COEF,
     gate: Gate = "action",
     llds_weights: Tensor | None = None,
     ref_logp: Tensor | None = None,

@@ -14,16 +14,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from searchgym.agents.grpo.config import GRPOConfig
-from searchgym.agents.training.rollout import (
+from searchgym.envs.vector import SearchQAVectorEnv
+from searchgym.errors import ConfigError
+
+from ..training.rollout import (
     RolloutBatch,
     collect_rollouts,
     concat_batches,
     pad_transcripts,
     summarize_episodes,
 )
-from searchgym.envs.vector import SearchQAVectorEnv
-from searchgym.errors import ConfigError
+from .config import GRPOConfig
 
 __all__ = ["onpolicy_probes", "oracle_probe"]
 

@@ -32,18 +32,22 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from searchgym.agents.grpo.config import GRPOConfig
-from searchgym.agents.training.checkpoint import load_checkpoint, save_checkpoint
-from searchgym.agents.training.metrics import MetricLogger, read_metrics
-from searchgym.agents.training.policy import build_policy
-from searchgym.agents.training.rollout import (
+from searchgym.envs.vector import SearchQAVectorEnv
+from searchgym.errors import CheckpointError
+from searchgym.run_lock import lock_run_dir
+
+from ..llm import DEFAULT_SCORING, ScoringOptions, token_logprobs
+from ..training.checkpoint import load_checkpoint, save_checkpoint
+from ..training.metrics import MetricLogger, read_metrics
+from ..training.policy import build_policy
+from ..training.rollout import (
     RolloutBatch,
     collect_rollouts,
     concat_batches,
     evaluate_greedy,
     summarize_episodes,
 )
-from searchgym.agents.training.run import (
+from ..training.run import (
     CHECKPOINT,
     EVAL_EPISODES,
     check_resume_config,
@@ -52,14 +56,10 @@ from searchgym.agents.training.run import (
     resume_init,
     write_run_record,
 )
-from searchgym.agents.training.state import get_rng_state, load_training_state, set_rng_state
-from searchgym.envs.vector import SearchQAVectorEnv
-from searchgym.errors import CheckpointError
-from searchgym.run_lock import lock_run_dir
-
-from ..llm import DEFAULT_SCORING, ScoringOptions, token_logprobs
+from ..training.state import get_rng_state, load_training_state, set_rng_state
 from .advantages import compute_advantages
 from .batching import call_overhead_tokens, length_buckets, minibatch_plan
+from .config import GRPOConfig
 from .diagnostics import lld_warning
 from .displacement import displacement_by_advantage, ledger_displacement, likelihood_metrics, probe_metrics
 from .ledger import Ledger

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from searchgym.agents.grpo.config import GroupedLLDS
+from searchgym.agents.grpo.config import LLDS_COEF, GroupedLLDS, LLDSChoice
 from searchgym.agents.training.config import CommonConfig, option
 from searchgym.errors import ConfigError
 
@@ -65,10 +65,10 @@ class TRLConfig(GroupedLLDS, CommonConfig):
     kl_coef: float = option(0.001, "weight of the k3 KL to the initial model (TRL's beta; 0: no reference)")
     entropy_coef: float = option(0.0, "entropy bonus weight (TRL's entropy_coef)")
     weight_decay: float = option(0.01, "AdamW weight decay (reference: 0.01)")
-    llds: Literal["none", "token", "response", "action"] = option(
+    llds: LLDSChoice = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "action", "LLDS gate, or none for TRL's plain GRPO loss"
     )
-    llds_coef: float = option(0.2, "LLDS weight lambda", "--lambda")
+    llds_coef: float = option(LLDS_COEF, "LLDS weight lambda", "--lambda")
     llds_ma: bool = option(False, "LLDS-MA: down-weight the final answer span in LLDS")
     llds_ma_beta: float | None = option(
         None, "LLDS-MA answer weight (default: adaptive, from the rollout batch's mean valid searches)"

@@ -51,12 +51,10 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError(getattr(e, "name", None) or "trl", "trl", "The TRL integration") from e
 
+from searchgym.agents.grpo.config import GATES, LLDS_COEF, Gate
 from searchgym.agents.grpo.diagnostics import lld_warning
 from searchgym.agents.grpo.displacement import displacement_by_advantage
-from searchgym.agents.grpo.losses import (
-    Gate,
-    llds_loss,
-)
+from searchgym.agents.grpo.losses import llds_loss
 from searchgym.agents.grpo.spans import llds_ma_weights
 from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
@@ -111,7 +109,7 @@ class LLDSOptions:
     """
 
     gate: Gate | None = "action"
-    coef: float = 0.2
+    coef: float = LLDS_COEF
     ma: bool = False
     ma_beta: float | None = None
     ma_schedule: str = "code"
@@ -207,8 +205,8 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.llds = llds if llds is not None else LLDSOptions()
-        if self.llds.gate is not None and self.llds.gate not in ("action", "response", "token"):
-            raise ConfigError(f"unknown LLDS gate {self.llds.gate!r}; valid gates: action, response, token")
+        if self.llds.gate is not None and self.llds.gate not in GATES:
+            raise ConfigError(f"unknown LLDS gate {self.llds.gate!r}; valid gates: {', '.join(GATES)}")
         if self.llds.ma and tokenizer is None:
             raise ConfigError("LLDS-MA needs the env's searchgym tokenizer: pass tokenizer=")
         self.sg_tokenizer = tokenizer

@@ -23,7 +23,7 @@ two more fields, selected by its ``_target_``::
     actor_rollout_ref.actor.policy_loss.loss_mode=llds_action
     +actor_rollout_ref.actor.policy_loss.llds_coef=0.2
 
-Without the ``_target_`` override, lambda is :data:`DEFAULT_LLDS_COEF` (the paper's 0.2).
+Without the ``_target_`` override, lambda is :data:`~searchgym.agents.grpo.config.LLDS_COEF` (the paper's 0.2).
 
 **LLDS-MA is not available in verl 0.9.1.** Its weights need to know which response tokens are the final
 ``<answer>`` span, and verl's policy-loss functions receive only ``old_log_prob``, ``log_prob``,
@@ -70,9 +70,10 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError(getattr(e, "name", None) or "verl", "verl", "The verl integration") from e
 
+from searchgym.agents.grpo.config import GATES, LLDS_COEF, Gate
 from searchgym.agents.grpo.diagnostics import lld_warning
 from searchgym.agents.grpo.displacement import displacement_by_advantage
-from searchgym.agents.grpo.losses import GATES, Gate, llds_loss
+from searchgym.agents.grpo.losses import llds_loss
 from searchgym.envs.episode import Source
 from searchgym.envs.search_qa import SearchQAEnv
 from searchgym.envs.wrappers import TurnLevelWrapper
@@ -83,7 +84,6 @@ from .trajectories import chat_turns, split_transcript
 from .verl_data import AGENT_NAME, ENV_KEYS
 
 __all__ = [
-    "DEFAULT_LLDS_COEF",
     "LLDS_LOSS_MODES",
     "LLDSPolicyLossConfig",
     "SearchQAAgentLoop",
@@ -92,9 +92,6 @@ __all__ = [
     "llds_policy_loss",
     "response_advantages",
 ]
-
-DEFAULT_LLDS_COEF = 0.2
-"""Lambda when the policy-loss config has no ``llds_coef`` (the paper's value)."""
 
 LLDS_LOSS_MODES: dict[str, Gate] = {f"llds_{gate}": cast(Gate, gate) for gate in GATES}
 """verl ``loss_mode`` names and the LLDS gate each one uses."""
@@ -115,7 +112,7 @@ class LLDSPolicyLossConfig(PolicyLossConfig):
         lld_warning_window: Consecutive steps with ``lld/delta_adv_pos <= 0`` that raise ``lld/warning``.
     """
 
-    llds_coef: float = DEFAULT_LLDS_COEF
+    llds_coef: float = LLDS_COEF
     lld_warning_window: int = 3
 
     def __post_init__(self) -> None:
@@ -184,7 +181,7 @@ def _micro_batches(config: Any, batch_size: int) -> float:
 def _llds_coef(config: Any) -> float:
     policy = getattr(config, "policy_loss", None)
     coef = getattr(policy, "llds_coef", None) if policy is not None else None
-    return DEFAULT_LLDS_COEF if coef is None else float(coef)
+    return LLDS_COEF if coef is None else float(coef)
 
 
 def llds_policy_loss(

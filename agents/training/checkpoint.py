@@ -41,15 +41,16 @@ from typing import Any
 
 import torch
 
-from searchgym.agents.training.checkpoint_checks import (
+from searchgym.errors import CheckpointError
+from searchgym.integrity import disk_full_is_clear, sigint_held, temp_path
+
+from .checkpoint_checks import (
     check_arch,
     check_config,
     iter_tensors,
     storage_elements,
 )
-from searchgym.agents.training.state import plain_rng_state
-from searchgym.errors import CheckpointError
-from searchgym.integrity import disk_full_is_clear, sigint_held, temp_path
+from .state import plain_rng_state
 
 __all__ = [
     "FORMAT",

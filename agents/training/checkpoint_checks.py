@@ -57,8 +57,8 @@ def iter_tensors(value: Any, where: str) -> typing.Iterator[tuple[str, torch.Ten
 
 def _config_class(kind: Any) -> type[Any]:
     """The dataclass a checkpoint of ``kind`` saved its config from (imported here: config.py is torch-free)."""
-    from searchgym.agents.grpo.config import GRPOConfig
-    from searchgym.agents.training.config import CommonConfig, SFTConfig
+    from ..grpo.config import GRPOConfig
+    from .config import CommonConfig, SFTConfig
 
     return (
         {"grpo": GRPOConfig, "sft": SFTConfig}.get(kind, CommonConfig)
@@ -213,7 +213,7 @@ def _config_parameters(values: Any, path: str | Path) -> int:
             raise CheckpointError(f"{path}: arch config field {key!r} is {value!r:.40}, out of range")
         if isinstance(value, float) and not math.isfinite(value):
             raise CheckpointError(f"{path}: arch config field {key!r} is {value!r}, not a finite number")
-    from searchgym.agents.llm.model import import_transformers
+    from ..llm.model import import_transformers
 
     tf = import_transformers("Checking a checkpoint's model config")
     fields = {

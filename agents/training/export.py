@@ -14,10 +14,11 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from searchgym.agents.llm import LLMPolicy
-from searchgym.agents.training.config import CommonConfig
-from searchgym.agents.training.policy import build_policy
 from searchgym.errors import CheckpointError, ConfigError
+
+from ..llm import LLMPolicy
+from .config import CommonConfig
+from .policy import build_policy
 
 __all__ = ["ENV_SIZES", "checkpoint_env_sizes", "export_env_sizes", "export_pretrained", "load_policy"]
 
@@ -121,8 +122,8 @@ def checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:
     Raises:
         CheckpointError: the config has a field of the wrong type or out of range.
     """
-    from searchgym.agents.training.checkpoint import peek_checkpoint
-    from searchgym.agents.training.checkpoint_checks import check_config
+    from .checkpoint import peek_checkpoint
+    from .checkpoint_checks import check_config
 
     payload = peek_checkpoint(checkpoint)
     if payload is None:
@@ -139,7 +140,7 @@ def export_env_sizes(folder: str | Path) -> dict[str, int]:
     Raises:
         CheckpointError: the note is not JSON, or a recorded size is not an integer in ``[1, 2**20]``.
     """
-    from searchgym.agents.training.checkpoint_checks import MAX_CONTEXT_TOKENS
+    from .checkpoint_checks import MAX_CONTEXT_TOKENS
 
     path = Path(folder) / EXPORT_NOTE
     if not path.is_file():

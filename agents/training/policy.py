@@ -9,13 +9,14 @@ from typing import Any
 
 import torch
 
-from searchgym.agents.llm import LLMPolicy, tiny_causal_lm
-from searchgym.agents.llm.model import causal_lm_from_config
-from searchgym.agents.training.checkpoint import load_checkpoint
-from searchgym.agents.training.checkpoint_checks import check_arch
-from searchgym.agents.training.config import CommonConfig
 from searchgym.errors import CheckpointError, ConfigError
 from searchgym.tokenization import load_tokenizer
+
+from ..llm import LLMPolicy, tiny_causal_lm
+from ..llm.model import causal_lm_from_config
+from .checkpoint import load_checkpoint
+from .checkpoint_checks import check_arch
+from .config import CommonConfig
 
 __all__ = ["CONFIG_PREFIX", "build_policy", "read_model_config"]
 
@@ -87,7 +88,7 @@ def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy,
     elif arch["kind"] == "config":
         model = causal_lm_from_config(arch["config"], tokenizer, config.seed)
     else:
-        from searchgym.agents.llm.model import import_transformers
+        from ..llm.model import import_transformers
 
         tf = import_transformers(f"Loading model {arch['name']!r}")
         model = tf.AutoModelForCausalLM.from_pretrained(arch["name"], dtype=_DTYPES[config.dtype])

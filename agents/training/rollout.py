@@ -16,9 +16,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from searchgym.agents.llm import LLMPolicy
 from searchgym.envs.episode import Source
 from searchgym.envs.vector import SearchQAVectorEnv
+
+from ..llm import LLMPolicy
 
 __all__ = [
     "RolloutBatch",

@@ -13,9 +13,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from searchgym.agents.training.config import CommonConfig
 from searchgym.errors import CheckpointError, ConfigError
 from searchgym.integrity import file_sha256, remove_stale_temp_files
+
+from .config import CommonConfig
 
 __all__ = [
     "CHECKPOINT",

@@ -134,6 +134,11 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         help="bm25, rank_bm25, dense:INDEX_DIR, hybrid:INDEX_DIR, or the URL of a /retrieve server",
     )
     add_retriever_patience(parser)
+    add_episode_size_arguments(parser)
+
+
+def add_episode_size_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--topk``, ``--max-turns``, ``--max-turn-tokens``, ``--max-context-tokens``: what one episode may hold."""
     parser.add_argument("--topk", type=int, default=3, help="passages per search")
     parser.add_argument("--max-turns", type=int, default=4, help="turn budget")
     parser.add_argument(

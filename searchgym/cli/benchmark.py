@@ -12,7 +12,12 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from searchgym.cli._common import AGENT_FORMS, add_retriever_patience, positive_int
+from searchgym.cli._common import (
+    AGENT_FORMS,
+    add_episode_size_arguments,
+    add_retriever_patience,
+    positive_int,
+)
 
 COMMAND = ("benchmark",)
 HELP = "evaluate agents on several datasets: EM/F1 with intervals, group averages, paired differences, a plot"
@@ -70,20 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "URL), or of one dataset with DATASET=SPEC; repeatable (default: bm25 over each dataset's corpus)",
     )
     add_retriever_patience(env)
-    env.add_argument("--topk", type=int, default=3, help="passages per search")
-    env.add_argument("--max-turns", type=int, default=4, help="turn budget")
-    env.add_argument(
-        "--max-turn-tokens",
-        type=int,
-        default=None,
-        help="policy tokens per turn (default: the env's 512, or the training value of a checkpoint: agent)",
-    )
-    env.add_argument(
-        "--max-context-tokens",
-        type=int,
-        default=None,
-        help="transcript size (default: the env's 2048, or the training value of a checkpoint: agent)",
-    )
+    add_episode_size_arguments(env)
     env.add_argument("--seed", type=int, default=0, help="base seed (episode i resets with seed + i)")
 
 

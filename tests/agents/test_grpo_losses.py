@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from searchgym.agents.grpo.advantages import broadcast_advantages
+from searchgym.agents.grpo.config import GATES
 from searchgym.agents.grpo.losses import (
-    GATES,
     action_ids,
     adaptive_answer_weight,
     answer_weights,

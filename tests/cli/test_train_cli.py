@@ -41,7 +41,7 @@ def test_help_is_generated_from_the_config(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit):
         main(["train", "grpo", "--help"])
     out = capsys.readouterr().out
-    for flag in ("--llds {none,token,response,action}", "--lambda", "--llds-ma", "--init", "--resume"):
+    for flag in ("--llds {none,action,response,token}", "--lambda", "--llds-ma", "--init", "--resume"):
         assert flag in out
     assert "responses per question (G)" in out
 
