@@ -1,6 +1,6 @@
 """``searchgym bench all``: every speed figure in one run, with the ratios the performance targets name.
 
-Figures and targets (see docs/benchmarks.md): rollout tokens/s against ``generate`` on the same model and
+Figures and targets (see docs/dev/benchmarks.md): rollout tokens/s against ``generate`` on the same model and
 batch (``rollout_vs_generate``), update tokens/s against the reference update path (unoptimised)
 (``update_speedup``), oracle episodes/s on HotpotQA against the generated world (``hotpotqa_vs_world``),
 env µs per step at 1/8/64/256 sub-envs, retrieval, and peak memory.
