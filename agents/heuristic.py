@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from searchgym.envs.episode import Source
+from searchgym.protocol import Source
 from searchgym.rewards import normalize_answer
 from searchgym.tokenization import Tokenizer
 

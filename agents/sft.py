@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from searchgym.envs.episode import Source
+from searchgym.protocol import Source
 from searchgym.run_lock import lock_run_dir
 
 from .grpo.losses import masked_mean

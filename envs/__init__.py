@@ -1,6 +1,6 @@
 """Gymnasium environments of searchgym. Registration happens in :mod:`searchgym` (string entry points)."""
 
-from searchgym.envs.episode import Episode, EpisodeConfig, EpisodeSnapshot, Event, Source
+from searchgym.envs.episode import Episode, EpisodeConfig, EpisodeSnapshot, Event
 from searchgym.envs.search_qa import SearchQAEnv, searchr1_options
 from searchgym.envs.vector import SearchQAVectorEnv, SegmentStep
 from searchgym.envs.wrappers import TurnLevelWrapper
@@ -13,7 +13,6 @@ __all__ = [
     "SearchQAEnv",
     "SearchQAVectorEnv",
     "SegmentStep",
-    "Source",
     "TurnLevelWrapper",
     "searchr1_options",
 ]

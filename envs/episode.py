@@ -24,6 +24,7 @@ from searchgym.errors import ConfigError, InvalidActionError, SearchGymError
 from searchgym.protocol import (
     BASE_PROMPT,
     INVALID_TURN_MESSAGE,
+    Source,
     StopScanner,
     format_documents,
     format_prompt,
@@ -105,15 +106,6 @@ def thaw_state(state: Any) -> Any:
     if isinstance(state, np.ndarray):
         return state.copy()
     return state
-
-
-class Source(enum.IntEnum):
-    """Who wrote a token of the transcript (the ``sources`` observation)."""
-
-    PAD = 0
-    PROMPT = 1
-    POLICY = 2
-    TOOL = 3
 
 
 class Event(enum.IntEnum):

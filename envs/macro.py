@@ -25,12 +25,12 @@ import numpy as np
 from gymnasium import spaces
 
 from searchgym.data import Dataset, Question, load_dataset
+from searchgym.envs.episode import Episode, EpisodeConfig
 from searchgym.errors import ConfigError, InvalidActionError
 from searchgym.retrieval import Hit, Retriever
 from searchgym.rewards import normalize_answer
 from searchgym.tokenization import Tokenizer
 
-from .episode import Episode, EpisodeConfig
 from .search_qa import SearchQAEnv, acquire_retriever, release_retriever
 
 __all__ = [

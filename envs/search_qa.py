@@ -15,21 +15,20 @@ import numpy as np
 from gymnasium import spaces
 
 from searchgym.data import Dataset, Question, load_dataset
-from searchgym.errors import ConfigError, EpisodeFinishedError, RetrieverError, UnknownQuestionError
-from searchgym.retrieval import Retriever, make_retriever
-from searchgym.retrieval.faults import RetrieverFaults, apply_faults, parse_faults
-from searchgym.tokenization import Tokenizer, load_tokenizer
-
-from .episode import (
+from searchgym.envs.episode import (
     Episode,
     EpisodeConfig,
     EpisodeSnapshot,
     Event,
-    Source,
     check_token,
     freeze_state,
     thaw_state,
 )
+from searchgym.errors import ConfigError, EpisodeFinishedError, RetrieverError, UnknownQuestionError
+from searchgym.protocol import Source
+from searchgym.retrieval import Retriever, make_retriever
+from searchgym.retrieval.faults import RetrieverFaults, apply_faults, parse_faults
+from searchgym.tokenization import Tokenizer, load_tokenizer
 
 __all__ = ["SearchQAEnv", "acquire_retriever", "fault_rng", "release_retriever", "searchr1_options"]
 

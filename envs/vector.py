@@ -11,10 +11,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from searchgym.envs.episode import Episode, EpisodeSnapshot, Event, check_segment
 from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError, RetrieverError
 from searchgym.retrieval.faults import apply_faults
 
-from .episode import Episode, EpisodeSnapshot, Event, check_segment
 from .search_qa import SearchQAEnv, fault_rng
 
 __all__ = ["SearchQAVectorEnv", "SegmentStep"]

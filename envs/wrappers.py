@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .episode import check_segment
+from searchgym.envs.episode import check_segment
 
 __all__ = ["TurnLevelWrapper"]
 

@@ -10,6 +10,7 @@ example answer Search-R1 ends up scoring).
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ __all__ = [
     "INVALID_TURN_MESSAGE",
     "STOP_TAGS",
     "ParsedAction",
+    "Source",
     "StopScanner",
     "format_documents",
     "format_information",
@@ -28,6 +30,17 @@ __all__ = [
     "parse_action",
     "split_contents",
 ]
+
+
+class Source(enum.IntEnum):
+    """Who wrote a token of the transcript (the env's ``sources`` observation; a trainer's loss mask is
+    ``sources == Source.POLICY``)."""
+
+    PAD = 0
+    PROMPT = 1
+    POLICY = 2
+    TOOL = 3
+
 
 BASE_PROMPT = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time "

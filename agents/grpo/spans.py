@@ -11,8 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from searchgym.envs.episode import Source
-from searchgym.protocol import ACTION_PATTERN
+from searchgym.protocol import ACTION_PATTERN, Source
 
 from .losses import action_ids, adaptive_answer_weight, answer_weights
 

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
+from searchgym.protocol import Source
 
 __all__ = [
     "FORMATS",

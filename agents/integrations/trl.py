@@ -56,8 +56,8 @@ from searchgym.agents.grpo.diagnostics import lld_warning
 from searchgym.agents.grpo.displacement import displacement_by_advantage
 from searchgym.agents.grpo.losses import llds_loss
 from searchgym.agents.grpo.spans import llds_ma_weights
-from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
+from searchgym.protocol import Source
 from searchgym.tokenization import Tokenizer
 
 from .config import TRLConfig

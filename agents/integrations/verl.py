@@ -74,10 +74,10 @@ from searchgym.agents.grpo.config import GATES, LLDS_COEF, Gate
 from searchgym.agents.grpo.diagnostics import lld_warning
 from searchgym.agents.grpo.displacement import displacement_by_advantage
 from searchgym.agents.grpo.losses import llds_loss
-from searchgym.envs.episode import Source
 from searchgym.envs.search_qa import SearchQAEnv
 from searchgym.envs.wrappers import TurnLevelWrapper
 from searchgym.errors import ConfigError
+from searchgym.protocol import Source
 from searchgym.tokenization import Tokenizer, load_tokenizer
 
 from .trajectories import chat_turns, split_transcript

@@ -17,9 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
-from searchgym.protocol import StopScanner
+from searchgym.protocol import Source, StopScanner
 from searchgym.tokenization import Tokenizer, load_tokenizer
 
 from ..base import Observation, SegmentAgent

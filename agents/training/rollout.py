@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from searchgym.envs.episode import Source
 from searchgym.envs.vector import SearchQAVectorEnv
+from searchgym.protocol import Source
 
 from ..llm import LLMPolicy
 

@@ -8,7 +8,7 @@ import torch
 
 from searchgym.agents.grpo.displacement import displacement_by_advantage, likelihood_metrics, probe_metrics
 from searchgym.agents.grpo.spans import PROBE_ACTIONS, probe_masks
-from searchgym.envs.episode import Source
+from searchgym.protocol import Source
 from searchgym.tokenization import builtin_tokenizer
 
 P, T, PR = int(Source.POLICY), int(Source.TOOL), int(Source.PROMPT)

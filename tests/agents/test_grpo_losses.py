@@ -23,8 +23,8 @@ from searchgym.agents.grpo.losses import (
     policy_loss,
     sapo_loss,
 )
-from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
+from searchgym.protocol import Source
 
 P, T, PAD, PR = int(Source.POLICY), int(Source.TOOL), int(Source.PAD), int(Source.PROMPT)
 

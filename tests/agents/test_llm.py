@@ -15,8 +15,8 @@ import torch
 import searchgym  # noqa: F401 - registers the environments
 from searchgym.agents.evaluate import run_episode
 from searchgym.agents.llm import LLMPolicy, ScoringOptions, tiny_causal_lm, token_logprobs
-from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError, MissingDependencyError
+from searchgym.protocol import Source
 from searchgym.tokenization import builtin_tokenizer
 
 TOK = builtin_tokenizer()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from searchgym.agents.grpo.spans import answer_span_mask, llds_ma_weights
-from searchgym.envs.episode import Source
+from searchgym.protocol import Source
 from searchgym.tokenization import builtin_tokenizer
 
 P, T, PR = int(Source.POLICY), int(Source.TOOL), int(Source.PROMPT)

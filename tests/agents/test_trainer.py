@@ -20,8 +20,8 @@ from searchgym.agents.llm import ScoringOptions  # noqa: E402
 from searchgym.agents.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from searchgym.agents.training.config import SFTConfig  # noqa: E402
 from searchgym.agents.training.rollout import RolloutBatch  # noqa: E402
-from searchgym.envs.episode import Source  # noqa: E402
 from searchgym.errors import CheckpointError, ConfigError  # noqa: E402
+from searchgym.protocol import Source  # noqa: E402
 
 TINY: dict[str, Any] = {
     "max_turns": 2,

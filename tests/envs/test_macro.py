@@ -11,7 +11,6 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import searchgym  # noqa: F401 - registers the env ids
-from searchgym.envs.episode import Source
 from searchgym.envs.macro import (
     CANDIDATE_FEATURES,
     GLOBAL_FEATURES,
@@ -20,6 +19,7 @@ from searchgym.envs.macro import (
     question_candidates,
 )
 from searchgym.errors import InvalidActionError
+from searchgym.protocol import Source
 from searchgym.retrieval import Hit
 
 MACRO_ONLY_KEYS = {"action_mask", "candidates", "turn_text"}

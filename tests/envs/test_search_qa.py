@@ -12,7 +12,7 @@ from gymnasium.utils.env_checker import check_env
 
 import searchgym
 from searchgym.agents import OracleAgent, run_episode
-from searchgym.envs import SearchQAEnv, Source
+from searchgym.envs import SearchQAEnv
 from searchgym.errors import (
     ConfigError,
     EpisodeFinishedError,
@@ -20,7 +20,7 @@ from searchgym.errors import (
     RetrieverError,
     UnknownQuestionError,
 )
-from searchgym.protocol import INVALID_TURN_MESSAGE
+from searchgym.protocol import INVALID_TURN_MESSAGE, Source
 from searchgym.retrieval import Hit, Retriever
 
 

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import searchgym  # noqa: F401
-from searchgym.envs import SearchQAEnv, Source
+from searchgym.envs import SearchQAEnv
+from searchgym.protocol import Source
 from searchgym.tokenization import builtin_tokenizer
 
 MAX_TURNS = 4

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from searchgym.agents.integrations.trajectories import EpisodeTokens, split_transcript, to_record
-from searchgym.envs.episode import Source
 from searchgym.errors import ConfigError
+from searchgym.protocol import Source
 
 P, A, T, PAD = int(Source.PROMPT), int(Source.POLICY), int(Source.TOOL), int(Source.PAD)
 

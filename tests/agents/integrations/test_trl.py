@@ -34,8 +34,8 @@ from searchgym.agents.integrations.trl import (  # noqa: E402
 )
 from searchgym.agents.integrations.trl_train import end_processes  # noqa: E402
 from searchgym.agents.llm import tiny_causal_lm, token_logprobs  # noqa: E402
-from searchgym.envs.episode import Source  # noqa: E402
 from searchgym.errors import ConfigError, SearchGymError  # noqa: E402
+from searchgym.protocol import Source  # noqa: E402
 from searchgym.tokenization import load_tokenizer  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -44,8 +44,8 @@ from searchgym.agents.integrations.verl import (  # noqa: E402
     response_advantages,
 )
 from searchgym.agents.integrations.verl_data import write_verl_parquet  # noqa: E402
-from searchgym.envs.episode import Source  # noqa: E402
 from searchgym.errors import ConfigError  # noqa: E402
+from searchgym.protocol import Source  # noqa: E402
 from searchgym.tokenization import load_tokenizer  # noqa: E402
 
 GATES = ("action", "response", "token")

@@ -34,9 +34,9 @@ from verl.tools.tool_registry import initialize_tools_from_config
 import searchgym.envs  # noqa: F401 - registers SearchQA-v0
 from searchgym.agents.integrations.verl_tool import SearchTool
 from searchgym.data import load_dataset
-from searchgym.envs.episode import Source
 from searchgym.envs.wrappers import TurnLevelWrapper
 from searchgym.errors import ConfigError, RetrieverError
+from searchgym.protocol import Source
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_DATA = Path(os.environ.get("SEARCHGYM_SHARED_DATA", ROOT.parent / "shared" / "data"))
