@@ -1,5 +1,5 @@
 """How one rollout step's responses are cut into optimizer updates (mini-batches) and forward/backward calls
-(micro-batches): pure functions of sizes, lengths and a seeded generator."""
+(micro-batches), and the seeds of a step's random streams: pure functions of sizes, lengths and seeds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from torch import Tensor
 
 from searchgym.errors import ConfigError
 
-__all__ = ["call_overhead_tokens", "length_buckets", "minibatch_plan"]
+__all__ = [
+    "call_overhead_tokens",
+    "group_rows",
+    "informative_groups",
+    "length_buckets",
+    "minibatch_plan",
+    "step_seed",
+]
 
 
 def minibatch_plan(
@@ -97,3 +104,23 @@ def call_overhead_tokens(device: str) -> float:
     """One micro-batch's fixed cost in token slots: small on a CPU, where compute grows with the slots, large
     on an accelerator, where a call's latency hides thousands of slots."""
     return 256.0 if str(device).startswith("cpu") else 4096.0
+
+
+def step_seed(seed: int, step: int, stream: int | None = None) -> int:
+    """The seed of one random stream of a run's step: ``(seed, step)`` for the step's questions, sampling
+    and mini-batch plan; ``stream`` for a sub-stream of the step (an update's ledger rows are ``update``;
+    the further draws of ``--filter-groups`` are ``500 + draw``). A resumed run and every arm of a seed
+    so draw the same values."""
+    base = seed * 1_000_003 + step
+    return base if stream is None else base * 1_009 + stream
+
+
+def informative_groups(rewards: Tensor, group_size: int) -> list[int]:
+    """The indices of the groups (consecutive runs of ``group_size``) whose rewards are not all equal."""
+    groups = rewards.view(-1, group_size)
+    return [int(g) for g in torch.nonzero(groups.max(dim=1).values > groups.min(dim=1).values).flatten()]
+
+
+def group_rows(groups: list[int], group_size: int) -> list[int]:
+    """The response rows of ``groups``, in order."""
+    return [g * group_size + j for g in groups for j in range(group_size)]

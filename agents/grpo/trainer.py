@@ -58,7 +58,14 @@ from ..training.run import (
 )
 from ..training.state import get_rng_state, load_training_state, set_rng_state
 from .advantages import compute_advantages
-from .batching import call_overhead_tokens, length_buckets, minibatch_plan
+from .batching import (
+    call_overhead_tokens,
+    group_rows,
+    informative_groups,
+    length_buckets,
+    minibatch_plan,
+    step_seed,
+)
 from .config import GRPOConfig
 from .diagnostics import lld_warning
 from .displacement import displacement_by_advantage, ledger_displacement, likelihood_metrics, probe_metrics
@@ -70,14 +77,11 @@ from .losses import (
     masked_mean,
 )
 from .noise import MicroGradients, noise_scale_two_batch
+from .pi_old import PI_OLD_TOLERANCE, PiOld, pi_old_gap
 from .probes import onpolicy_probes, oracle_probe
 from .spans import llds_ma_weights, probe_masks
 
 __all__ = ["GRPOTrainer", "length_buckets", "minibatch_plan", "train_grpo"]
-
-PI_OLD_TOLERANCE = 1e-3
-"""Largest gap between the sampler's log-probs and a full forward that ``rescore_pi_old=None`` accepts as
-``pi_old`` (a ratio within 0.1% of 1, far inside the clip); fp32 models measure ~1e-6, bf16 ones far more."""
 
 
 def _mean(values: list[float]) -> float:
@@ -231,7 +235,7 @@ class GRPOTrainer:
         cfg = self.config
         first = self._draw()
         metrics = {"rollout/sampled_reward": float(first.rewards.mean())}
-        informative = _informative_groups(first.rewards, cfg.group_size)
+        informative = informative_groups(first.rewards, cfg.group_size)
         batch, draws = first, 1
         if cfg.filter_groups:
             kept = [(first, informative)]
@@ -239,17 +243,17 @@ class GRPOTrainer:
             while count < cfg.questions_per_step and draws < cfg.max_gen_batches:
                 more = self._draw(draws)
                 draws += 1
-                found = _informative_groups(more.rewards, cfg.group_size)[: cfg.questions_per_step - count]
+                found = informative_groups(more.rewards, cfg.group_size)[: cfg.questions_per_step - count]
                 kept.append((more, found))
                 count += len(found)
             taken = set(informative)
             spare = [g for g in range(cfg.questions_per_step) if g not in taken]
             kept.append((first, spare[: max(cfg.questions_per_step - count, 0)]))
             batch = concat_batches(
-                [b.select(_rows(groups, cfg.group_size)) for b, groups in kept if groups],
+                [b.select(group_rows(groups, cfg.group_size)) for b, groups in kept if groups],
                 self.policy.tokenizer.pad_token_id,
             )
-            informative = _informative_groups(batch.rewards, cfg.group_size)
+            informative = informative_groups(batch.rewards, cfg.group_size)
         metrics["rollout/informative_frac"] = len(informative) / cfg.questions_per_step
         metrics["rollout/gen_batches"] = float(draws)
         return batch, metrics
@@ -336,6 +340,39 @@ class GRPOTrainer:
         length-sorted micro-batches over the whole batch.
         """
         cfg = self.config
+        plan, first_epoch = self._plan(batch)
+        model_mode = self.model.training
+        self.model.eval()  # dropout off: pi_old and pi_theta must be the same function of the parameters
+        pi_old = self._pi_old(batch, plan)
+        ref_logp = self._reference_logprobs(batch, first_epoch)
+        weights, beta = self._llds_weights(batch)
+        self.update_metrics = []
+        for n, micro_batches in enumerate(plan):  # one optimizer update per mini-batch
+            hook = pi_old.check if n == 0 and pi_old.own_first else None
+            self.update_metrics.append(
+                self._update_minibatch(
+                    batch,
+                    micro_batches,
+                    advantages,
+                    pi_old.logp,
+                    ref_logp,
+                    weights,
+                    hook,
+                    self._ledger_rows(n),
+                )
+            )
+        rate = float(self.scheduler.get_last_lr()[0])  # the rate this step's updates ran at
+        if not cfg.frozen:  # the frozen control's rate is 0 throughout, and it never steps the optimizer
+            self.scheduler.step()
+        metrics = self._update_summary(len(plan), rate, pi_old.gap(), beta)
+        metrics |= self.displacement(batch, advantages, pi_old.logp, first_epoch)
+        self.model.train(model_mode)
+        return metrics
+
+    def _plan(self, batch: RolloutBatch) -> tuple[list[list[Tensor]], list[Tensor]]:
+        """The step's mini-batches (``epochs`` passes, each mini-batch cut into micro-batches, seeded by the
+        step), and the first epoch's micro-batches (every response once)."""
+        cfg = self.config
         generator = torch.Generator().manual_seed(step_seed(cfg.seed, self.step))
         lengths = batch.attention_mask.sum(dim=1)
         plan = self._micro(
@@ -344,36 +381,39 @@ class GRPOTrainer:
             ),
             lengths,
         )
-        first_epoch = [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
-        model_mode = self.model.training
-        self.model.eval()  # dropout off: pi_old and pi_theta must be the same function of the parameters
-        own_first = cfg.rescore_pi_old is None
+        return plan, [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
+
+    def _pi_old(self, batch: RolloutBatch, plan: list[list[Tensor]]) -> PiOld:
+        """``pi_old``'s log-probs for this step, by ``rescore_pi_old``'s rule (see :meth:`update`)."""
+        cfg = self.config
+        first = torch.cat(plan[0])
+        rest = [idx for mb in plan[1 : len(plan) // cfg.epochs] for idx in mb]
         if cfg.rescore_pi_old:
-            logp_old = self._score(self.model, batch, first_epoch)
-            mismatch = (logp_old - batch.logp_old).abs()[batch.loss_mask]
-        else:
-            logp_old, mismatch = batch.logp_old.clone(), torch.full((1,), float("nan"))
-        ref_logp = None
-        if self.ref_model is not None:
-            bucketed = cfg.length_buckets
-            layout = self._micro([torch.arange(len(batch))], lengths)[0] if bucketed else first_epoch
-            ref_logp = self._score(self.ref_model, batch, layout)
-        weights, beta = self._llds_weights(batch)
-        self.update_metrics = []
-        first, rest = torch.cat(plan[0]), [idx for mb in plan[1 : len(plan) // cfg.epochs] for idx in mb]
-        check = partial(self._check_pi_old, batch, logp_old, first, rest)
-        for n, micro_batches in enumerate(plan):
-            hook = check if n == 0 and own_first else None
-            self.update_metrics.append(
-                self._update_minibatch(
-                    batch, micro_batches, advantages, logp_old, ref_logp, weights, hook, self._ledger_rows(n)
-                )
+            first_epoch = [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
+            logp = self._score(self.model, batch, first_epoch)
+            return PiOld(
+                batch, logp, first, own_first=False, mismatch=(logp - batch.logp_old).abs()[batch.loss_mask]
             )
-        if own_first:
-            mismatch = _pi_old_gap(batch, logp_old, first)
-        rate = float(self.scheduler.get_last_lr()[0])  # the rate this step's updates ran at
-        if not cfg.frozen:  # the frozen control's rate is 0 throughout, and it never steps the optimizer
-            self.scheduler.step()
+        own_first = cfg.rescore_pi_old is None
+        logp = batch.logp_old.clone()
+        check = partial(self._check_pi_old, batch, logp, first, rest) if own_first else None
+        return PiOld(batch, logp, first, own_first=own_first, check=check)
+
+    def _reference_logprobs(self, batch: RolloutBatch, first_epoch: list[Tensor]) -> Tensor | None:
+        """The reference model's log-probs of the batch (``None`` without a KL term)."""
+        if self.ref_model is None:
+            return None
+        if self.config.length_buckets:
+            layout = self._micro([torch.arange(len(batch))], batch.attention_mask.sum(dim=1))[0]
+        else:
+            layout = first_epoch
+        return self._score(self.ref_model, batch, layout)
+
+    def _update_summary(
+        self, updates: int, rate: float, mismatch: Tensor, beta: float | None
+    ) -> dict[str, float]:
+        """The step's ``train/`` metrics from its updates' own (means, and the maxima that matter)."""
+        cfg = self.config
         per_update: dict[str, list[float]] = defaultdict(list)
         for m in self.update_metrics:
             for k, v in m.items():
@@ -387,14 +427,12 @@ class GRPOTrainer:
             gns = noise_scale_two_batch(*sizes)
             metrics |= {"train/gns_groups": gns["noise_scale"], "train/gns_grad_sq": gns["grad_sq"]}
             metrics["train/gns_trace_cov"] = gns["trace_cov"]
-        metrics["train/updates"] = float(len(plan))
+        metrics["train/updates"] = float(updates)
         metrics["train/skipped_updates"] = float(sum(per_update["skipped"]))
         metrics["train/zero_signal_frac"] = _mean(per_update["zero_signal"])
         metrics["rollout/logp_mismatch"] = float(mismatch.max()) if mismatch.numel() else 0.0
         if beta is not None:
             metrics["train/llds_ma_beta"] = beta
-        metrics |= self.displacement(batch, advantages, logp_old, first_epoch)
-        self.model.train(model_mode)
         return metrics
 
     def _ledger_rows(self, update: int) -> Tensor | None:
@@ -410,7 +448,7 @@ class GRPOTrainer:
         """Before the first optimizer step: the sampler's log-probs stand as ``pi_old`` for the ``rest``
         micro-batches only if they match the first update's own forward within :data:`PI_OLD_TOLERANCE`;
         otherwise ``rest`` is re-scored now, while the weights are still ``pi_old``."""
-        gap = _pi_old_gap(batch, logp_old, first)
+        gap = pi_old_gap(batch, logp_old, first)
         if gap.numel() and float(gap.max()) > PI_OLD_TOLERANCE and rest:
             rescored = self._score(self.model, batch, rest)
             for idx in rest:
@@ -721,31 +759,6 @@ class GRPOTrainer:
                 self.ledger.load_state_dict(payload["ledger"])
         except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
             raise CheckpointError(f"cannot resume from {path}: {e}") from None
-
-
-def step_seed(seed: int, step: int, stream: int | None = None) -> int:
-    """The seed of one random stream of a run's step: ``(seed, step)`` for the step's questions, sampling
-    and mini-batch plan; ``stream`` for a sub-stream of the step (an update's ledger rows are ``update``;
-    the further draws of ``--filter-groups`` are ``500 + draw``). A resumed run and every arm of a seed
-    so draw the same values."""
-    base = seed * 1_000_003 + step
-    return base if stream is None else base * 1_009 + stream
-
-
-def _informative_groups(rewards: Tensor, group_size: int) -> list[int]:
-    """The indices of the groups (consecutive runs of ``group_size``) whose rewards are not all equal."""
-    groups = rewards.view(-1, group_size)
-    return [int(g) for g in torch.nonzero(groups.max(dim=1).values > groups.min(dim=1).values).flatten()]
-
-
-def _rows(groups: list[int], group_size: int) -> list[int]:
-    """The response rows of ``groups``, in order."""
-    return [g * group_size + j for g in groups for j in range(group_size)]
-
-
-def _pi_old_gap(batch: RolloutBatch, logp_old: Tensor, first: Tensor) -> Tensor:
-    """``|pi_old - sampler|`` on the policy tokens of the responses ``first`` (whose ``pi_old`` is exact)."""
-    return (logp_old[first] - batch.logp_old[first]).abs()[batch.loss_mask[first]]
 
 
 def _token_logprobs(

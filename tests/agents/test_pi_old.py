@@ -16,7 +16,8 @@ pytest.importorskip("transformers")
 
 from searchgym.agents.grpo.advantages import group_advantages  # noqa: E402
 from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
-from searchgym.agents.grpo.trainer import PI_OLD_TOLERANCE, GRPOTrainer  # noqa: E402
+from searchgym.agents.grpo.pi_old import PI_OLD_TOLERANCE  # noqa: E402
+from searchgym.agents.grpo.trainer import GRPOTrainer  # noqa: E402
 
 SIZES: dict[str, Any] = {
     "max_turns": 3,
