@@ -548,12 +548,19 @@ def cmd_learn_summarize(args: argparse.Namespace) -> None:
     learn_report.summarize(args.runs_dir, args.out, args.only, _commit())
 
 
-def cmd_learn(args: argparse.Namespace) -> None:
+def _print_report(module: Any, what: str, args: argparse.Namespace) -> None:
+    """A study's report (``module.report``) of the summaries under ``args.summaries``; none is an error."""
     import learn_report
 
     if not learn_report.load(args.summaries):
-        raise SystemExit(f"no learning-study summaries under {args.summaries}")
-    print(learn_report.report(args.summaries, args.plots))
+        raise SystemExit(f"no {what} summaries under {args.summaries}")
+    print(module.report(args.summaries, args.plots))
+
+
+def cmd_learn(args: argparse.Namespace) -> None:
+    import learn_report
+
+    _print_report(learn_report, "learning-study", args)
 
 
 def cmd_lld3_summarize(args: argparse.Namespace) -> None:
@@ -563,12 +570,9 @@ def cmd_lld3_summarize(args: argparse.Namespace) -> None:
 
 
 def cmd_lld3(args: argparse.Namespace) -> None:
-    import learn_report
     import lld3_report
 
-    if not learn_report.load(args.summaries):
-        raise SystemExit(f"no LLD-3 summaries under {args.summaries}")
-    print(lld3_report.report(args.summaries, args.plots))
+    _print_report(lld3_report, "LLD-3", args)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

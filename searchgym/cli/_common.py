@@ -155,6 +155,17 @@ def add_episode_size_arguments(parser: argparse.ArgumentParser | argparse._Argum
     )
 
 
+def add_transcript_arguments(parser: argparse.ArgumentParser, prompt_help: str) -> None:
+    """``--max-obs-tokens``, ``--reward``, ``--prompt-style``: how an exported episode is written and scored."""
+    from searchgym.agents.training.config import REWARDS
+
+    parser.add_argument(
+        "--max-obs-tokens", type=int, default=None, help="cut each tool observation to N tokens"
+    )
+    parser.add_argument("--reward", choices=list(REWARDS), default="em", help="episode reward")
+    parser.add_argument("--prompt-style", choices=["base", "chat"], default="base", help=prompt_help)
+
+
 def add_retriever_patience(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--retriever-patience``: how long a command waits for a URL retriever that stops answering."""
     parser.add_argument(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from searchgym.cli._common import add_retriever_patience, env_kwargs, positive_int
+from searchgym.cli._common import add_retriever_patience, add_transcript_arguments, env_kwargs, positive_int
 from searchgym.cli._manifest import write_run_manifest
 
 COMMAND = ("export-trajectories",)
@@ -38,16 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-turns", type=int, default=4, help="turn budget per episode")
     parser.add_argument("--max-turn-tokens", type=int, default=48, help="token cap per turn")
     parser.add_argument("--max-context-tokens", type=int, default=1024, help="context size")
-    parser.add_argument(
-        "--max-obs-tokens", type=int, default=None, help="cut each tool observation to N tokens"
-    )
-    parser.add_argument("--reward", choices=["em", "subem", "f1"], default="em", help="episode reward")
-    parser.add_argument(
-        "--prompt-style",
-        choices=["base", "chat"],
-        default="base",
-        help="Search-R1's base prompt or a chat turn (the tokenizer's chat template)",
-    )
+    add_transcript_arguments(parser, "Search-R1's base prompt or a chat turn (the tokenizer's chat template)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the question draw and of sampling")
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from searchgym.cli._common import add_retriever_patience
+from searchgym.cli._common import add_retriever_patience, add_transcript_arguments
 
 COMMAND = ("prepare", "verl")
 HELP = "write OUT/{split}.parquet for verl's RLHFDataset: one row per question, played by the searchgym agent loop"
@@ -37,16 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=4096,
         help="transcript size; keep it <= verl's data.max_prompt_length + data.max_response_length",
     )
-    parser.add_argument(
-        "--max-obs-tokens", type=int, default=None, help="cut each tool observation to N tokens"
-    )
-    parser.add_argument("--reward", choices=["em", "subem", "f1"], default="em", help="episode reward")
-    parser.add_argument(
-        "--prompt-style",
-        choices=["base", "chat"],
-        default="base",
-        help="Search-R1's base prompt or a chat turn",
-    )
+    add_transcript_arguments(parser, "Search-R1's base prompt or a chat turn")
     parser.add_argument(
         "--no-plugin-check",
         dest="plugin_check",
