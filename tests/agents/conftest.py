@@ -21,6 +21,12 @@ GRPO_TEST_RUN: dict[str, Any] = {
 a tiny model, no evaluation, no progress bar, no TensorBoard."""
 
 
+def close(a: Any, b: float, tol: float = 1e-5) -> bool:
+    """Whether a scalar (a float or a one-element tensor) is within ``tol`` of ``b``."""
+    value = float(a.detach()) if hasattr(a, "detach") else float(a)
+    return abs(value - b) < tol
+
+
 @pytest.fixture(autouse=True)
 def _one_thread() -> Iterator[None]:
     """One torch thread per test (restored after): the CPUs are shared; the tiny models gain nothing from

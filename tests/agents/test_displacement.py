@@ -11,12 +11,9 @@ from searchgym.agents.grpo.spans import PROBE_ACTIONS, probe_masks
 from searchgym.protocol import Source
 from searchgym.tokenization import builtin_tokenizer
 
+from .conftest import close
+
 P, T, PR = int(Source.POLICY), int(Source.TOOL), int(Source.PROMPT)
-
-
-def close(a: torch.Tensor | float, b: float, tol: float = 1e-5) -> bool:
-    value = float(a.detach()) if isinstance(a, torch.Tensor) else float(a)
-    return abs(value - b) < tol
 
 
 def test_likelihood_metrics() -> None:

@@ -26,12 +26,9 @@ from searchgym.agents.grpo.losses import (
 from searchgym.errors import ConfigError
 from searchgym.protocol import Source
 
+from .conftest import close
+
 P, T, PAD, PR = int(Source.POLICY), int(Source.TOOL), int(Source.PAD), int(Source.PROMPT)
-
-
-def close(a: torch.Tensor | float, b: float, tol: float = 1e-5) -> bool:
-    value = float(a.detach()) if isinstance(a, torch.Tensor) else float(a)
-    return abs(value - b) < tol
 
 
 def test_masked_mean_ignores_garbage_outside_mask() -> None:
