@@ -36,8 +36,10 @@ LLDS_CHOICES: tuple[str, ...] = get_args(LLDSChoice)
 """``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
 LLDS_COEF = 0.2
 """LLDS's default weight lambda, the paper's (every trainer and engine integration starts from it)."""
-MINIBATCH_PLANS: tuple[str, ...] = ("groups", "shuffle")
-MA_SCHEDULES: tuple[str, ...] = ("paper", "code")
+MinibatchPlan: TypeAlias = Literal["groups", "shuffle"]
+MINIBATCH_PLANS: tuple[str, ...] = get_args(MinibatchPlan)
+MASchedule: TypeAlias = Literal["paper", "code"]
+MA_SCHEDULES: tuple[str, ...] = get_args(MASchedule)
 Advantage: TypeAlias = Literal["group", "mean", "sign"]
 ADVANTAGE_CHOICES: tuple[str, ...] = get_args(Advantage)
 """``--advantage`` values (see :func:`searchgym.agents.grpo.advantages.compute_advantages`)."""
@@ -82,12 +84,6 @@ class GroupedLLDS:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if not self.clip_eps > 0:
             raise ConfigError(f"clip_eps must be > 0, got {self.clip_eps}")
-        if self.llds not in LLDS_CHOICES:
-            raise ConfigError(f"unknown llds {self.llds!r}; choose one of {list(LLDS_CHOICES)}")
-        if self.llds_ma_schedule not in MA_SCHEDULES:
-            raise ConfigError(
-                f"unknown llds_ma_schedule {self.llds_ma_schedule!r}; choose one of {list(MA_SCHEDULES)}"
-            )
         for name in ("llds_coef", "kl_coef", "entropy_coef"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -141,7 +137,7 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         None,
         "responses per optimizer update (default: one group, G; the reference makes ~10 updates per batch)",
     )
-    minibatch_plan: Literal["groups", "shuffle"] = option(
+    minibatch_plan: MinibatchPlan = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "groups",
         "groups: mini-batches of whole groups in a shuffled group order (every trajectory once per epoch); "
         "shuffle: responses shuffled across groups (a mini-batch mixes parts of several groups)",
@@ -198,7 +194,7 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
     llds_ma_beta: float | None = option(
         None, "LLDS-MA answer weight (default: adaptive, from the batch's mean valid searches)"
     )
-    llds_ma_schedule: Literal["paper", "code"] = option(
+    llds_ma_schedule: MASchedule = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "code",
         "LLDS-MA's adaptive beta from the mean valid searches V: code = clip(V-1, 0, 1) (the authors' "
         "released code), paper = min(V/2, 1)",
@@ -277,10 +273,6 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         for name in ("steps", "epochs", "warning_window", "max_gen_batches", "probe_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.minibatch_plan not in MINIBATCH_PLANS:
-            raise ConfigError(
-                f"unknown minibatch_plan {self.minibatch_plan!r}; choose one of {list(MINIBATCH_PLANS)}"
-            )
         mb = self.minibatch_responses
         if self.minibatch_plan == "groups" and mb % self.group_size:
             raise ConfigError(
@@ -327,10 +319,6 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
             raise ConfigError("llds_ledger needs a ledger: --ledger-size must be >= 1")
         if self.eval_every < 0 or self.save_every < 0:
             raise ConfigError("eval_every and save_every must be >= 0 (0: only at the end)")
-        if self.advantage not in ADVANTAGE_CHOICES:
-            raise ConfigError(
-                f"unknown advantage {self.advantage!r}; choose one of {list(ADVANTAGE_CHOICES)}"
-            )
         b1, b2 = self.betas
         if not (0 <= b1 < 1 and 0 <= b2 < 1):
             raise ConfigError(f"adam_betas must both be in [0, 1), got {self.adam_betas!r}")

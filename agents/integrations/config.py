@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias, get_args
 
-from searchgym.agents.grpo.config import LLDS_COEF, GroupedLLDS, LLDSChoice
+from searchgym.agents.grpo.config import LLDS_COEF, GroupedLLDS, LLDSChoice, MASchedule
 from searchgym.agents.training.config import CommonConfig, option
 from searchgym.errors import ConfigError
 
 __all__ = ["TRL_LOSS_TYPES", "TRLConfig", "parse_trl_args"]
 
-TRL_LOSS_TYPES: tuple[str, ...] = ("dapo", "bnpo", "grpo", "dr_grpo")
+TRLLossType: TypeAlias = Literal["dapo", "bnpo", "grpo", "dr_grpo"]
+TRL_LOSS_TYPES: tuple[str, ...] = get_args(TRLLossType)
 """TRL loss aggregations offered (PPO-clipped ones); ``dapo`` is the token mean over the whole update."""
 
 
@@ -58,7 +59,7 @@ class TRLConfig(GroupedLLDS, CommonConfig):
         1, "passes over each rollout batch (TRL's num_iterations, mu)", deprecated=("--num-iterations",)
     )
     temperature: float = option(1.0, "sampling temperature of the rollouts")
-    loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo"] = option(
+    loss_type: TRLLossType = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "dapo", "TRL's loss aggregation (dapo: token mean over the update, as train grpo)"
     )
     clip_eps: float = option(0.2, "PPO clip range (TRL's epsilon)")
@@ -73,7 +74,7 @@ class TRLConfig(GroupedLLDS, CommonConfig):
     llds_ma_beta: float | None = option(
         None, "LLDS-MA answer weight (default: adaptive, from the rollout batch's mean valid searches)"
     )
-    llds_ma_schedule: Literal["paper", "code"] = option(
+    llds_ma_schedule: MASchedule = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "code", "LLDS-MA's adaptive beta: code = clip(V-1, 0, 1), paper = min(V/2, 1)"
     )
     warning_window: int = option(
@@ -103,8 +104,6 @@ class TRLConfig(GroupedLLDS, CommonConfig):
         for name in ("updates", "epochs", "warning_window"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.loss_type not in TRL_LOSS_TYPES:
-            raise ConfigError(f"unknown loss_type {self.loss_type!r}; choose one of {list(TRL_LOSS_TYPES)}")
         if self.micro_batch_size is not None and (
             self.micro_batch_size < 1 or self.minibatch_responses % self.micro_batch_size
         ):
@@ -120,8 +119,6 @@ class TRLConfig(GroupedLLDS, CommonConfig):
             raise ConfigError("--resume continues the run in run_dir and --overwrite replaces it: choose one")
         if self.max_obs_tokens is not None and self.max_obs_tokens < 1:
             raise ConfigError(f"max_obs_tokens must be >= 1, got {self.max_obs_tokens}")
-        if self.prompt_style not in ("base", "chat"):
-            raise ConfigError(f"prompt_style must be 'base' or 'chat', got {self.prompt_style!r}")
 
     @property
     def updates_per_rollout(self) -> int:
