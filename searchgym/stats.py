@@ -44,7 +44,7 @@ def _resampled_means(values: np.ndarray, rng: np.random.Generator, resamples: in
 
 
 def _interval(mean: float, means: np.ndarray, level: float) -> Interval:
-    tail = (1.0 - level) / 2.0
+    tail = round((1.0 - level) / 2.0, 12)  # 0.025, not 0.025000000000000022: the intended order statistic
     low, high = np.quantile(means, [tail, 1.0 - tail], method="inverted_cdf")
     return Interval(mean=mean, low=float(low), high=float(high))
 

@@ -61,3 +61,11 @@ def test_bad_inputs_are_refused() -> None:
         bootstrap_mean_of_means([[1.0], []])
     with pytest.raises(ValueError, match="pairs questions"):
         mcnemar_p([1, 0], [1])
+
+
+def test_a_95_percent_interval_takes_the_2_5_and_97_5_order_statistics() -> None:
+    from searchgym.stats import _interval
+
+    # 2,000 resampled means 0 .. 1999: the 2.5 % point is the 50th value (49), the 97.5 % point the 1,950th.
+    interval = _interval(0.0, np.arange(2000.0), 0.95)
+    assert (interval.low, interval.high) == (49.0, 1949.0)

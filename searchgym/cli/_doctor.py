@@ -401,6 +401,14 @@ def check_bm25() -> Check:
     )
 
 
+def _through_proxy(scheme: str, host: str) -> bool:
+    """Whether the HTTP client reaches ``host`` through a proxy the environment names (then a direct
+    connection says nothing about it)."""
+    import urllib.request
+
+    return scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(host)
+
+
 def check_retriever(url: str | None) -> Check:
     """Whether a ``/retrieve`` server is reachable, then one search through
     :class:`~searchgym.retrieval.http.HttpRetriever`, which checks the reply against the wire format."""
@@ -420,7 +428,8 @@ def check_retriever(url: str | None) -> Check:
         parts = urlsplit(client.url)
         address = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
         try:
-            socket.create_connection(address, timeout=client.timeout).close()
+            if not _through_proxy(parts.scheme, parts.hostname or ""):  # the client honours HTTP(S)_PROXY
+                socket.create_connection(address, timeout=client.timeout).close()
         except OSError as e:
             return _fail(
                 "retriever",

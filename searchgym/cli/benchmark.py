@@ -98,6 +98,32 @@ def _retrievers(specs: list[str], names: list[str], paths: list[Path]) -> dict[s
     return {n: chosen.get(n, default) for n in names}
 
 
+def _check_cassettes(retrievers: dict[str, str], agents: int) -> None:
+    """A cassette holds one corpus's searches, keyed by query: one per dataset; and a ``record`` cassette
+    starts empty each time an env opens it, so it records one agent's pairs only.
+
+    Raises:
+        ConfigError: a cassette spec covers several datasets, or records for several agents.
+    """
+    from searchgym.errors import ConfigError
+
+    covered: dict[str, list[str]] = {}
+    for name, spec in retrievers.items():
+        if spec.startswith("cassette:"):
+            covered.setdefault(spec, []).append(name)
+    for spec, names in covered.items():
+        if len(names) > 1:
+            raise ConfigError(
+                f"--retriever {spec}: a cassette holds one dataset's searches, and it would serve "
+                f"{', '.join(names)}; give each its own with DATASET=cassette:PATH..."
+            )
+        if ";record=" in spec and agents > 1:
+            raise ConfigError(
+                f"--retriever {spec}: 'record' starts the cassette afresh for every agent; use record-missing "
+                "(cassette:PATH;record-missing=SPEC), or record with one agent and replay it"
+            )
+
+
 def _groups(specs: list[str], names: list[str]) -> dict[str, str]:
     from searchgym.benchmark import dataset_group
     from searchgym.errors import ConfigError
@@ -134,18 +160,24 @@ def _play_pair(pair: argparse.Namespace, path: Path, episodes: int | None, bar: 
     from searchgym.cli._common import env_kwargs, load_agent, make_env
     from searchgym.cli.eval import checkpoint_env_defaults, held_episodes, run_identity
     from searchgym.data.jsonl import iter_jsonl, replace_on_success
-    from searchgym.errors import ConfigError
+    from searchgym.errors import ConfigError, DataFormatError
 
     overrides = checkpoint_env_defaults(pair)
     settings = {**env_kwargs(pair), **overrides}
-    identity = {**run_identity(pair, settings), "episodes": episodes}
+    identity = {**run_identity(pair, settings), "episodes": episodes, "data": _data_stamp(pair)}
     record_path = path.with_name(path.name + ".run.json")
     if path.is_file() and record_path.is_file():
-        if json.loads(record_path.read_text(encoding="utf-8")) == identity:
+        questions = _split_questions(Path(pair.dataset), pair.split)
+        expected = (
+            None if questions is None else (questions if episodes is None else min(episodes, questions))
+        )
+        if _read_record(record_path) == identity:
             records = [record for _, record in iter_jsonl(path)]
-            bar.update(len(records))
-            return records
-        print(f"note: {path} was played with other settings; playing it again", file=sys.stderr)
+            if expected is None or len(records) == expected:
+                bar.update(len(records))
+                return records
+        print(f"note: {path} was played with other settings or data; playing it again", file=sys.stderr)
+    record_path.unlink(missing_ok=True)  # from here until the pair is done, no record vouches for the file
     env = make_env(pair, **overrides)
     try:
         agent = load_agent(pair.agent, env, seed=pair.seed)
@@ -158,28 +190,72 @@ def _play_pair(pair: argparse.Namespace, path: Path, episodes: int | None, bar: 
                 try:
                     held, size = held_episodes(partial, partial_record, identity, count)
                     os.truncate(partial, size)  # a last line without its newline goes
-                except ConfigError:
-                    held = []  # another command's leftovers: this pair starts again (the file is rewritten)
-            partial_record.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+                except (ConfigError, DataFormatError, ValueError):
+                    held = []  # another command's leftovers, or damaged ones: the pair starts again
+            _write_record(partial_record, identity)
             bar.update(len(held))
             evaluate(
                 env, agent, count, seed=pair.seed, out=partial, held=held, on_episode=lambda _: bar.update(1)
             )
         partial_record.unlink(missing_ok=True)
-        record_path.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+        _write_record(record_path, identity)
     finally:
         env.close()
     return [record for _, record in iter_jsonl(path)]
 
 
-def _suite_size(args: argparse.Namespace, paths: list[Path]) -> int:
-    """Episodes the whole suite plays (for the progress bar): per dataset, its split's size or --episodes."""
+def _agent_env(args: argparse.Namespace, agent: str, dataset: Path) -> dict[str, Any]:
+    """The episode sizes ``agent`` played with (its checkpoint's where the command named none)."""
+    from searchgym.cli._common import env_kwargs
+    from searchgym.cli.eval import checkpoint_env_defaults
+
+    pair = _pair_args(args, agent, dataset, "bm25")
+    played = {**env_kwargs(pair), **checkpoint_env_defaults(pair)}
+    return {k: played.get(k) for k in ("topk", "max_turns", "max_turn_tokens", "max_context_tokens")}
+
+
+def _data_stamp(pair: argparse.Namespace) -> dict[str, Any]:
+    """What the pair's data was: the split file's SHA-256 (its questions and answers) and the corpus file's
+    size and modification time (hashing a large corpus on every run would cost minutes)."""
+    from searchgym.integrity import file_sha256
+
+    folder = Path(pair.dataset)
+    split, corpus = folder / f"{pair.split}.jsonl", folder / "corpus.jsonl"
+    stamp: dict[str, Any] = {"split_sha256": file_sha256(split) if split.is_file() else None}
+    if corpus.is_file():
+        info = corpus.stat()
+        stamp["corpus"] = [info.st_size, info.st_mtime_ns]
+    return stamp
+
+
+def _read_record(path: Path) -> Any:
+    """A pair's record, or ``None`` when it is missing or unreadable (a run killed while writing it)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_record(path: Path, identity: dict[str, Any]) -> None:
+    from searchgym.data.jsonl import replace_on_success
+
+    with replace_on_success(path) as partial:
+        partial.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+
+
+def _split_questions(folder: Path, split: str) -> int | None:
+    """The questions of a FlashRAG split file (``None`` for a dataset stored otherwise)."""
     from searchgym.data.jsonl import iter_jsonl
 
+    path = folder / f"{split}.jsonl"
+    return sum(1 for _ in iter_jsonl(path)) if path.is_file() else None
+
+
+def _suite_size(args: argparse.Namespace, paths: list[Path]) -> int:
+    """Episodes the whole suite plays (for the progress bar): per dataset, its split's size or --episodes."""
     total = 0
     for path in paths:
-        split = path / f"{args.split}.jsonl"
-        n = sum(1 for _ in iter_jsonl(split)) if split.is_file() else 0
+        n = _split_questions(path, args.split) or 0
         total += n if args.episodes is None else min(n, args.episodes)
     return total * len(args.agent)
 
@@ -204,6 +280,7 @@ def run(args: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         raise ConfigError(f"--datasets: two folders share a name ({', '.join(str(p) for p in paths)})")
     retrievers = _retrievers(args.retriever, names, paths)
+    _check_cassettes(retrievers, len(args.agent))
     groups = _groups(args.group, names)
     out = Path(args.out) if args.out is not None else None
     if out is None:
@@ -243,6 +320,8 @@ def run(args: argparse.Namespace) -> int:
         "max_context_tokens": args.max_context_tokens,
         "episodes": args.episodes,
         "seed": args.seed,
+        # What each agent played with: a checkpoint: agent's training sizes where the command gave none.
+        "agent_env": {a: _agent_env(args, a, paths[0]) for a in args.agent},
     }
     report = build_report(episodes, datasets, settings=settings)
     table = markdown_report(report)

@@ -134,7 +134,7 @@ def test_changed_settings_replay_a_cached_pair(tmp_path: Path, capsys: pytest.Ca
     assert pair.stat().st_mtime_ns == before
     assert main([*base, "--episodes", "7", "--json"]) == 0
     captured = capsys.readouterr()
-    assert "was played with other settings; playing it again" in captured.err
+    assert "was played with other settings or data; playing it again" in captured.err
     report = json.loads(captured.out.strip().splitlines()[-1])
     assert report["results"][0]["episodes"] == 7
     assert len(pair.read_text().splitlines()) == 7
@@ -160,6 +160,13 @@ def test_retrievers_and_groups_per_dataset(tmp_path: Path, capsys: pytest.Captur
     assert by_name[quick.name]["retriever"] == "rank_bm25" and by_name[hot.name]["retriever"] == "bm25"
     assert by_name[quick.name]["group"] == "other"
     assert {r["group"] for r in report["averages"]} == {"multi-hop", "all"}
+    sizes = {
+        "topk": 3,
+        "max_turns": 4,
+        "max_turn_tokens": None,
+        "max_context_tokens": None,
+    }  # None: the env's
+    assert report["settings"]["agent_env"] == {"heuristic": sizes}
 
 
 @pytest.mark.parametrize(
@@ -182,3 +189,129 @@ def test_a_file_alone_is_no_dataset(tmp_path: Path, capsys: pytest.CaptureFixtur
     (tmp_path / "README.md").write_text("not data")
     assert main(["benchmark", "--agent", "heuristic", "--datasets", str(tmp_path / "README.md")]) == 2
     assert "--datasets names no folder" in capsys.readouterr().err
+
+
+def test_a_record_is_gone_while_its_pair_is_replayed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay removes the pair's record before it plays, so a run killed after the new file lands but before
+    its record is written leaves no record that would vouch for the wrong episodes."""
+    import searchgym.agents as agents
+
+    quick = require(QUICKSTART)
+    out = tmp_path / "B"
+    base = ["benchmark", "--no-progress", "--agent", "heuristic", "--datasets", str(quick), "--out", str(out)]
+    assert main([*base, "--episodes", "2"]) == 0
+    record = next((out / "pairs").glob("*/*.jsonl.run.json"))
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(agents, "evaluate", killed)
+    assert main([*base, "--episodes", "5"]) == 130  # Ctrl-C, as the killed run
+    assert not record.exists()
+    monkeypatch.undo()
+    assert main([*base, "--episodes", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"][0]["episodes"] == 2
+
+
+def test_a_cached_pair_with_the_wrong_count_or_changed_questions_is_played_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quick = require(QUICKSTART)
+    data = tmp_path / "nq_copy"
+    data.mkdir()
+    for name in ("corpus.jsonl", "test.jsonl"):
+        (data / name).write_bytes((quick / name).read_bytes())
+    out = tmp_path / "B"
+    base = [
+        "benchmark",
+        "--no-progress",
+        "--json",
+        "--agent",
+        "heuristic",
+        "--datasets",
+        str(data),
+        "--out",
+        str(out),
+    ]
+    assert main([*base, "--episodes", "4"]) == 0
+    pair = next((out / "pairs").glob("*/*.jsonl"))
+    pair.write_text(
+        "".join(pair.read_text().splitlines(keepends=True)[:3])
+    )  # a file short of its record's count
+    capsys.readouterr()
+    assert main([*base, "--episodes", "4"]) == 0
+    assert "playing it again" in capsys.readouterr().err and len(pair.read_text().splitlines()) == 4
+    lines = (data / "test.jsonl").read_text().splitlines(keepends=True)
+    (data / "test.jsonl").write_text(
+        "".join([lines[1], lines[0], *lines[2:]])
+    )  # the same path, other questions
+    record = pair.with_name(pair.name + ".run.json")
+    before = json.loads(record.read_text())["data"]["split_sha256"]
+    assert main([*base, "--episodes", "4"]) == 0
+    assert "playing it again" in capsys.readouterr().err
+    assert json.loads(record.read_text())["data"]["split_sha256"] != before
+
+
+def test_damaged_leftovers_of_a_killed_pair_start_it_again(tmp_path: Path) -> None:
+    quick = require(QUICKSTART)
+    out = tmp_path / "B"
+    args = ["benchmark", "--no-progress", "--agent", "heuristic", "--datasets", str(quick), "--out", str(out)]
+    assert main([*args, "--episodes", "3"]) == 0
+    pair = next((out / "pairs").glob("*/*.jsonl"))
+    record = pair.with_name(pair.name + ".run.json")
+    partial = pair.with_name(pair.name + ".partial")
+    partial_record = pair.with_name(pair.name + ".partial.run.json")
+    partial.write_text("not json\n{}\n")  # a damaged middle line
+    partial_record.write_text(record.read_text())
+    record.unlink()
+    pair.unlink()
+    assert main([*args, "--episodes", "3"]) == 0
+    assert len(pair.read_text().splitlines()) == 3 and record.is_file() and not partial_record.exists()
+    partial.write_text("")
+    partial_record.write_text('{"agent": "heur')  # a record cut off mid-write
+    pair.unlink()
+    assert main([*args, "--episodes", "3"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("retrievers", "agents", "message"),
+    [
+        (["cassette:c.json.gz;record=bm25"], 1, "a cassette holds one dataset's searches"),
+        (["cassette:c.json.gz"], 1, "a cassette holds one dataset's searches"),
+        (
+            ["{quick}=cassette:q.json.gz;record=bm25", "{hot}=cassette:h.json.gz;record=bm25"],
+            2,
+            "record-missing",
+        ),
+    ],
+)
+def test_a_cassette_serves_one_dataset_and_records_one_agent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], retrievers: list[str], agents: int, message: str
+) -> None:
+    quick, hot = require(QUICKSTART), require(HOTPOT)
+    args = ["benchmark", "--no-progress", "--agent", "heuristic", "--datasets", str(quick), str(hot)]
+    args += ["--agent", "random"] if agents == 2 else []
+    for spec in retrievers:
+        args += ["--retriever", spec.format(quick=quick.name, hot=hot.name)]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_two_agents_fill_one_cassette_per_dataset_with_record_missing(tmp_path: Path) -> None:
+    quick = require(QUICKSTART)
+    cassette = tmp_path / "q.json.gz"
+    args = [
+        "benchmark",
+        "--no-progress",
+        "--agent",
+        "heuristic",
+        "--agent",
+        "random",
+        "--datasets",
+        str(quick),
+    ]
+    args += ["--episodes", "4", "--retriever", f"cassette:{cassette};record-missing=bm25"]
+    assert main(args) == 0
+    assert main([*args[:-1], f"cassette:{cassette}", "--out", str(tmp_path / "replayed")]) == 0  # replay only

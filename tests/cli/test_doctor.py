@@ -394,3 +394,14 @@ def test_tags_that_are_unknown_tokens(capsys: pytest.CaptureFixture[str], tmp_pa
     assert code == 1
     assert "tags that do not decode to themselves" in lines["tokenizer"]
     assert "<information> -> " in lines["tokenizer"] and "<think> -> " in lines["tokenizer"]
+
+
+def test_a_retriever_behind_a_proxy_is_not_dialled_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HTTP client honours HTTP(S)_PROXY, so a direct connection says nothing about such a server."""
+    for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert not _doctor._through_proxy("http", "retriever.example")
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    assert _doctor._through_proxy("http", "retriever.example")
+    monkeypatch.setenv("no_proxy", "retriever.example")
+    assert not _doctor._through_proxy("http", "retriever.example")
