@@ -343,7 +343,7 @@ class GRPOTrainer:
         plan, first_epoch = self._plan(batch)
         model_mode = self.model.training
         self.model.eval()  # dropout off: pi_old and pi_theta must be the same function of the parameters
-        pi_old = self._pi_old(batch, plan)
+        pi_old = self._pi_old(batch, plan, first_epoch)
         ref_logp = self._reference_logprobs(batch, first_epoch)
         weights, beta = self._llds_weights(batch)
         self.update_metrics = []
@@ -383,13 +383,12 @@ class GRPOTrainer:
         )
         return plan, [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
 
-    def _pi_old(self, batch: RolloutBatch, plan: list[list[Tensor]]) -> PiOld:
+    def _pi_old(self, batch: RolloutBatch, plan: list[list[Tensor]], first_epoch: list[Tensor]) -> PiOld:
         """``pi_old``'s log-probs for this step, by ``rescore_pi_old``'s rule (see :meth:`update`)."""
         cfg = self.config
         first = torch.cat(plan[0])
-        rest = [idx for mb in plan[1 : len(plan) // cfg.epochs] for idx in mb]
+        rest = first_epoch[len(plan[0]) :]  # the first epoch's micro-batches after the first mini-batch's
         if cfg.rescore_pi_old:
-            first_epoch = [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
             logp = self._score(self.model, batch, first_epoch)
             return PiOld(
                 batch, logp, first, own_first=False, mismatch=(logp - batch.logp_old).abs()[batch.loss_mask]

@@ -152,9 +152,16 @@ def _pair_args(args: argparse.Namespace, agent: str, dataset: Path, retriever: s
     return pair
 
 
-def _play_pair(pair: argparse.Namespace, path: Path, episodes: int | None, bar: Any) -> list[dict[str, Any]]:
-    """The episode records of one (agent, dataset) pair: read from ``path`` when a finished run with the same
-    identity left it there, else played (continuing what an interrupted run left in ``path.partial``)."""
+ENV_SIZES = ("topk", "max_turns", "max_turn_tokens", "max_context_tokens")
+"""The episode sizes the report gives per agent (``None``: the env's default)."""
+
+
+def _play_pair(
+    pair: argparse.Namespace, path: Path, episodes: int | None, questions: int | None, bar: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The episode records of one (agent, dataset) pair, and the episode sizes it played with: read from
+    ``path`` when a finished run with the same identity left it there, else played (continuing what an
+    interrupted run left in ``path.partial``). ``questions`` is the split's size where it is known."""
     from searchgym.agents import evaluate
     from searchgym.agents.evaluate import EpisodeRecord
     from searchgym.cli._common import env_kwargs, load_agent, make_env
@@ -164,10 +171,10 @@ def _play_pair(pair: argparse.Namespace, path: Path, episodes: int | None, bar: 
 
     overrides = checkpoint_env_defaults(pair)
     settings = {**env_kwargs(pair), **overrides}
+    sizes = {k: settings.get(k) for k in ENV_SIZES}
     identity = {**run_identity(pair, settings), "episodes": episodes, "data": _data_stamp(pair)}
     record_path = path.with_name(path.name + ".run.json")
     if path.is_file() and record_path.is_file():
-        questions = _split_questions(Path(pair.dataset), pair.split)
         expected = (
             None if questions is None else (questions if episodes is None else min(episodes, questions))
         )
@@ -175,14 +182,14 @@ def _play_pair(pair: argparse.Namespace, path: Path, episodes: int | None, bar: 
             records = [record for _, record in iter_jsonl(path)]
             if expected is None or len(records) == expected:
                 bar.update(len(records))
-                return records
+                return records, sizes
         print(f"note: {path} was played with other settings or data; playing it again", file=sys.stderr)
     record_path.unlink(missing_ok=True)  # from here until the pair is done, no record vouches for the file
     env = make_env(pair, **overrides)
     try:
         agent = load_agent(pair.agent, env, seed=pair.seed)
-        questions = len(env.unwrapped.questions)
-        count = questions if episodes is None else min(episodes, questions)
+        in_split = len(env.unwrapped.questions)
+        count = in_split if episodes is None else min(episodes, in_split)
         partial_record = path.with_name(path.name + ".partial.run.json")
         with replace_on_success(path, keep=True) as partial:
             held: list[EpisodeRecord] = []
@@ -201,17 +208,7 @@ def _play_pair(pair: argparse.Namespace, path: Path, episodes: int | None, bar: 
         _write_record(record_path, identity)
     finally:
         env.close()
-    return [record for _, record in iter_jsonl(path)]
-
-
-def _agent_env(args: argparse.Namespace, agent: str, dataset: Path) -> dict[str, Any]:
-    """The episode sizes ``agent`` played with (its checkpoint's where the command named none)."""
-    from searchgym.cli._common import env_kwargs
-    from searchgym.cli.eval import checkpoint_env_defaults
-
-    pair = _pair_args(args, agent, dataset, "bm25")
-    played = {**env_kwargs(pair), **checkpoint_env_defaults(pair)}
-    return {k: played.get(k) for k in ("topk", "max_turns", "max_turn_tokens", "max_context_tokens")}
+    return [record for _, record in iter_jsonl(path)], sizes
 
 
 def _data_stamp(pair: argparse.Namespace) -> dict[str, Any]:
@@ -251,15 +248,6 @@ def _split_questions(folder: Path, split: str) -> int | None:
     return sum(1 for _ in iter_jsonl(path)) if path.is_file() else None
 
 
-def _suite_size(args: argparse.Namespace, paths: list[Path]) -> int:
-    """Episodes the whole suite plays (for the progress bar): per dataset, its split's size or --episodes."""
-    total = 0
-    for path in paths:
-        n = _split_questions(path, args.split) or 0
-        total += n if args.episodes is None else min(n, args.episodes)
-    return total * len(args.agent)
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
@@ -291,14 +279,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         pairs_root = out / PAIRS_FOLDER
     episodes: dict[str, dict[str, list[dict[str, Any]]]] = {a: {} for a in args.agent}
-    bar = tqdm(total=_suite_size(args, paths), desc="benchmark", unit="ep", disable=args.no_progress)
+    played: dict[str, dict[str, Any]] = {}  # each agent's episode sizes
+    in_split = {name: _split_questions(path, args.split) for name, path in zip(names, paths, strict=True)}
+    known = [n or 0 for n in in_split.values()]  # the progress bar: a dataset stored otherwise counts 0
+    total = sum(n if args.episodes is None else min(n, args.episodes) for n in known)
+    bar = tqdm(total=total * len(args.agent), desc="benchmark", unit="ep", disable=args.no_progress)
     with bar:
         for agent in args.agent:
             for name, path in zip(names, paths, strict=True):
                 bar.set_postfix_str(f"{agent} on {name}", refresh=True)
                 pair = _pair_args(args, agent, path, retrievers[name])
                 target = pairs_root / _slug(agent) / f"{name}.jsonl"
-                episodes[agent][name] = _play_pair(pair, target, args.episodes, bar)
+                episodes[agent][name], played[agent] = _play_pair(
+                    pair, target, args.episodes, in_split[name], bar
+                )
     datasets = [
         {
             "name": n,
@@ -321,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
         "episodes": args.episodes,
         "seed": args.seed,
         # What each agent played with: a checkpoint: agent's training sizes where the command gave none.
-        "agent_env": {a: _agent_env(args, a, paths[0]) for a in args.agent},
+        "agent_env": played,
     }
     report = build_report(episodes, datasets, settings=settings)
     table = markdown_report(report)
