@@ -15,7 +15,16 @@ from searchgym.tokenization import Tokenizer
 
 from .base import Agent, Observation
 
-__all__ = ["PIN_WORDS", "MacroOracleAgent", "OracleAgent", "RandomAgent", "oracle_turns", "pin_query"]
+__all__ = [
+    "PIN_WORDS",
+    "MacroOracleAgent",
+    "OracleAgent",
+    "RandomAgent",
+    "ShortcutAgent",
+    "oracle_turns",
+    "pin_query",
+    "shortcut_turns",
+]
 
 
 class RandomAgent(Agent):
@@ -91,6 +100,32 @@ def _group_query(group: list[Passage], retriever: Retriever | None, topk: int) -
     return query  # the longest form: the best this retriever allows
 
 
+def shortcut_turns(
+    dataset: Dataset,
+    question_id: str,
+    split: str,
+    retriever: Retriever | None = None,
+    topk: int = 3,
+) -> list[str] | None:
+    """The shortcut teacher's turns for a bridge question: search the first hop, answer the bridge entity.
+
+    A bridge question (*In which country was X born?*) needs two passages: the first names the bridge entity
+    (X's birth city), the second holds the answer. The shortcut searches the first passage, as the oracle
+    would, and answers the second passage's title — a plausible, always-wrong answer that a policy can learn
+    to replace by the second search it has seen the oracle make. ``None`` when the question is not a bridge
+    question with two known supporting passages: the shortcut has no move there.
+    """
+    question = dataset.find_question(split, question_id)
+    passages = [dataset.passage_index[pid] for pid in question.supporting_ids if pid in dataset.passage_index]
+    if question.kind != "bridge" or len(passages) != 2:
+        return None
+    first, bridge = passages
+    return [
+        f"<search> {_group_query([first], retriever, topk)} </search>",
+        f"<answer> {bridge.title} </answer>",
+    ]
+
+
 class OracleAgent(Agent):
     """Searches for the gold supporting passages, then answers the first golden answer.
 
@@ -159,6 +194,27 @@ class OracleAgent(Agent):
         token = turn[self._pos]
         self._pos += 1
         return token
+
+
+class ShortcutAgent(OracleAgent):
+    """The shortcut teacher (:func:`shortcut_turns`) on bridge questions, the oracle everywhere else.
+
+    A demonstrator with designed headroom: imitating it gives a policy that answers bridge questions after
+    one hop, wrongly, while the episode allows the second hop that the oracle's demonstrations show. After
+    each ``reset``, :attr:`took_shortcut` says which of the two played. Arguments as :class:`OracleAgent`.
+    """
+
+    name = "shortcut"
+    took_shortcut = False
+
+    def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
+        texts = shortcut_turns(self.dataset, info["question_id"], self.split, self.retriever, self.topk)
+        self.took_shortcut = texts is not None
+        if texts is None:
+            super().reset(info, seed)
+            return
+        self._turns = [self.tokenizer.encode(t) for t in texts]
+        self._pos = 0
 
 
 class MacroOracleAgent(Agent):

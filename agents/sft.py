@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from .training.config import SFTConfig
 from .training.metrics import MetricLogger
 from .training.policy import build_policy
 from .training.rollout import evaluate_greedy, pad_transcripts
-from .training.run import make_optimizer, prepare_run_dir
+from .training.run import append_eval_episodes, make_optimizer, prepare_run_dir
 
 __all__ = ["load_sft_demonstrations", "sft_loss", "train_sft"]
 
@@ -39,9 +40,11 @@ def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
 
 
 def load_sft_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Any]:
-    """The demonstrations to learn from: ``config.demos``, else oracle episodes on the training split.
+    """The demonstrations to learn from: ``config.demos``, else ``config.demonstrator``'s episodes on the
+    training split.
 
-    Only rewarded demonstrations are kept (the oracle can fail when retrieval misses the gold passage).
+    Only rewarded demonstrations are kept (the oracle can fail when retrieval misses the gold passage),
+    unless ``config.keep_unrewarded``: a designed-headroom teacher's demonstrations are wrong on purpose.
     """
     from .demonstrations import generate_demonstrations, read_demonstrations
 
@@ -54,9 +57,9 @@ def load_sft_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Any]:
 
         env = gym.make("SearchQA-v0", **{**config.env_kwargs(), "tokenizer": tokenizer})
         n = config.demo_episodes or len(env.unwrapped.questions)  # type: ignore[attr-defined]
-        demos = list(generate_demonstrations(env, n, config.seed))
+        demos = list(generate_demonstrations(env, n, config.seed, config.demonstrator))
         env.close()
-    return [d for d in demos if d.reward > 0]
+    return demos if config.keep_unrewarded else [d for d in demos if d.reward > 0]
 
 
 def train_sft(config: SFTConfig) -> dict[str, float]:
@@ -84,7 +87,11 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
     if not demos:
         from searchgym.errors import ConfigError
 
-        raise ConfigError("no rewarded demonstrations to learn from")
+        raise ConfigError(
+            "no demonstrations to learn from"
+            if config.keep_unrewarded
+            else "no rewarded demonstrations to learn from (--keep-unrewarded learns from the others too)"
+        )
     tokens, mask, sources = pad_transcripts(
         [d.tokens for d in demos], [d.sources for d in demos], policy.tokenizer.pad_token_id
     )
@@ -132,17 +139,17 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
     )
     final: dict[str, float] = {
         "sft/demonstrations": float(len(demos)),
+        **{
+            f"sft/demonstrations_{name}": float(n)
+            for name, n in sorted(Counter(d.demonstrator for d in demos).items())
+        },
         "time/elapsed_s": time.perf_counter() - start,
     }
     if config.eval_questions:
-        final.update(
-            {
-                f"eval/{k}": v
-                for k, v in evaluate_greedy(
-                    policy.model, policy.tokenizer, config, config.eval_questions
-                ).items()
-            }
-        )
+        episodes: list[dict[str, Any]] = []
+        result = evaluate_greedy(policy.model, policy.tokenizer, config, config.eval_questions, episodes)
+        append_eval_episodes(config.run_dir, update, episodes, config.reward)
+        final.update({f"eval/{k}": v for k, v in result.items()})
     logger.log(update, final)
     logger.close()
     return final

@@ -170,6 +170,16 @@ class SFTConfig(CommonConfig):
     demo_episodes: int | None = option(
         None, "demonstrations to generate (default: one per training question)"
     )
+    demonstrator: str = option(
+        "oracle",
+        "who plays the generated demonstrations: oracle, shortcut (answers a bridge question after its first "
+        "hop), or a mixture drawn per episode, e.g. mix:oracle=0.1,shortcut=0.9 (ignored with --demos)",
+    )
+    keep_unrewarded: bool = option(
+        False,
+        "learn from every demonstration, rewarded or not (a shortcut teacher's are wrong by design); "
+        "default: only rewarded ones",
+    )
     epochs: int = option(4, "passes over the demonstrations")
     batch_size: int = option(16, "demonstrations per optimizer update")
     lr: float = option(2e-3, "learning rate")
@@ -185,3 +195,6 @@ class SFTConfig(CommonConfig):
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.demo_episodes is not None and self.demo_episodes < 1:
             raise ConfigError(f"demo_episodes must be >= 1, got {self.demo_episodes}")
+        from searchgym.agents.demonstrations import parse_demonstrator
+
+        parse_demonstrator(self.demonstrator)

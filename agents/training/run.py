@@ -24,6 +24,7 @@ __all__ = [
     "RESUMABLE_OPTIONS",
     "RUN_FILES",
     "RUN_RECORD",
+    "append_eval_episodes",
     "check_resume_config",
     "make_optimizer",
     "prepare_run_dir",
@@ -37,8 +38,20 @@ CHECKPOINT = "checkpoint.pt"
 """A run's checkpoint, in its folder."""
 
 EVAL_EPISODES = "eval_episodes.jsonl"
-"""Per-question outcomes of a GRPO run's evaluations, one JSON line each (``GRPOTrainer.evaluate``); a resumed
-run appends, so the last line of a (step, question) pair is the one that counts."""
+"""Per-question outcomes of a run's greedy evaluations, one JSON line each (:func:`append_eval_episodes`); a
+resumed run appends, so the last line of a (step, question) pair is the one that counts."""
+
+
+def append_eval_episodes(run_dir: str | Path, step: int, episodes: list[dict[str, Any]], reward: str) -> None:
+    """Appends one evaluation's per-question outcomes to ``RUN_DIR/eval_episodes.jsonl``: step, question id,
+    EM, F1, the run's ``reward``, searches, and whether the episode answered; two evaluations can then be
+    compared question by question."""
+    with open(Path(run_dir) / EVAL_EPISODES, "a", encoding="utf-8") as f:
+        for info in episodes:
+            record = {"step": step, "question_id": info["question_id"], "em": info["em"], "f1": info["f1"]}
+            record |= {"reward": info[reward], "searches": info["searches"]}
+            f.write(json.dumps(record | {"answered": info["answer"] is not None}) + "\n")
+
 
 RUN_FILES = (CHECKPOINT, "metrics.jsonl", "tb", EVAL_EPISODES)
 """What a training run writes into its folder: a folder holding any of them holds a run."""

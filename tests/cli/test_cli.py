@@ -175,6 +175,21 @@ def test_demos_beyond_the_split_say_that_questions_repeat(
     assert "note:" not in capsys.readouterr().err
 
 
+def test_demos_count_each_teacher_and_refuse_an_unknown_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "d.jsonl"
+    argv = ["demos", "--split", "train", "--episodes", "40", "--out", str(out)]
+    assert main([*argv, "--demonstrator", "shortcut"]) == 0
+    line = capsys.readouterr().out
+    shortcut = int(re.search(r"shortcut (\d+) \(0 rewarded\)", line).group(1))  # type: ignore[union-attr]
+    oracle = int(re.search(r"oracle (\d+) \(", line).group(1))  # type: ignore[union-attr]
+    assert shortcut > 0 and shortcut + oracle == 40
+    out.unlink()
+    assert main([*argv, "--demonstrator", "mix:oracle=1,wizard=2"]) == 2
+    assert "wizard" in capsys.readouterr().err and not out.exists()
+
+
 def test_eval_help_lists_every_agent_form(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
