@@ -575,6 +575,18 @@ def cmd_lld3(args: argparse.Namespace) -> None:
     _print_report(lld3_report, "LLD-3", args)
 
 
+def cmd_learn2_summarize(args: argparse.Namespace) -> None:
+    import learn2_report
+
+    learn2_report.summarize(args.runs_dir, args.out, args.only, _commit())
+
+
+def cmd_learn2(args: argparse.Namespace) -> None:
+    import learn2_report
+
+    _print_report(learn2_report, "LEARN-2", args)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -609,6 +621,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("summaries", type=Path)
     p.add_argument("--plots", type=Path, default=None)
     p.set_defaults(func=cmd_lld3)
+    p = sub.add_parser("learn2-summarize", help="one small JSON per finished run of LEARN-2")
+    p.add_argument("runs_dir", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--only", nargs="*", default=None, help="ARM/sSEED of the runs to summarize")
+    p.set_defaults(func=cmd_learn2_summarize)
+    p = sub.add_parser("learn2", help="LEARN-2's tables and criteria G1-G3, from the summaries")
+    p.add_argument("summaries", type=Path)
+    p.add_argument("--plots", type=Path, default=None)
+    p.set_defaults(func=cmd_learn2)
     p = sub.add_parser("summarize", help="one small JSON per finished LLD-2 run")
     p.add_argument("runs_dir", type=Path)
     p.add_argument("--out", type=Path, required=True)

@@ -1,7 +1,8 @@
 """GRPO's advantages: how a response's reward becomes the weight of its tokens in the policy gradient.
 
-``group`` (GRPO's group-normalised advantage), ``mean`` (Dr. GRPO's unscaled group baseline) and ``sign``
-(a fixed reference, ``2r - 1``), chosen by ``--advantage``; :func:`broadcast_advantages` spreads a
+``group`` (GRPO's group-normalised advantage), ``mean`` (Dr. GRPO's unscaled group baseline), ``sign`` (a
+fixed reference, ``2r - 1``) and ``greedy`` (the self-critical baseline of SCST: the reward of the current
+policy's greedy play on the same question), chosen by ``--advantage``; :func:`broadcast_advantages` spreads a
 response's advantage over its policy tokens. The maths is in ``docs/grpo.md``.
 """
 
@@ -25,6 +26,7 @@ __all__ = [
     "compute_advantages",
     "group_advantages",
     "mean_advantages",
+    "self_critical_advantages",
     "sign_advantages",
 ]
 
@@ -98,16 +100,68 @@ def sign_advantages(rewards: Tensor) -> Tensor:
     return 2.0 * r - 1.0
 
 
-ADVANTAGES = ADVANTAGE_CHOICES
-"""``--advantage`` values: :func:`group_advantages`, :func:`mean_advantages`, :func:`sign_advantages`."""
+def self_critical_advantages(rewards: Tensor, greedy_rewards: Tensor, group_ids: Tensor | int) -> Tensor:
+    """The self-critical advantages of SCST (Rennie et al. 2017) ``A_i = r_i - r_greedy(q_i)``: each
+    response's reward minus the reward greedy decoding of the current policy gets on its question.
 
+    No standard-deviation scaling. A sample that beats the greedy answer is pushed up, one that does worse is
+    pushed down, one that ties gets 0: the signal aims at changing what greedy play does. The baseline comes
+    from outside the group, so a group of one response, or of equal rewards, still has a signal.
 
-def compute_advantages(rewards: Tensor, group_ids: Tensor | int, kind: str = "group") -> Tensor:
-    """The advantages of ``kind`` (one of :data:`ADVANTAGES`) for ``rewards`` in groups ``group_ids``.
+    Args:
+        rewards: ``(B,)`` one scalar reward per sampled response.
+        greedy_rewards: ``(Q,)`` the greedy reward of each group's question: with an int ``group_ids``, group
+            ``k`` is responses ``k*G … (k+1)*G - 1``; with labels, the ``k``-th smallest label.
+        group_ids: ``(B,)`` integer group label of each response, or an int ``G`` (consecutive groups of
+            ``G``), as in :func:`group_advantages`.
+
+    Returns:
+        ``(B,)`` float advantages.
 
     Raises:
-        ConfigError: an unknown ``kind``.
+        ConfigError: ``rewards`` is not ``(B,)``, the groups do not fit ``B``, or ``greedy_rewards`` is not
+            ``(Q,)`` for the ``Q`` groups.
     """
+    r, inverse, count, _ = _groups(rewards, group_ids)
+    if greedy_rewards.shape != count.shape:
+        raise ConfigError(
+            f"greedy_rewards must have shape ({count.shape[0]},), one reward per group, "
+            f"got {tuple(greedy_rewards.shape)}"
+        )
+    baseline = greedy_rewards.to(device=r.device, dtype=r.dtype)
+    return r - baseline[inverse]
+
+
+ADVANTAGES = ADVANTAGE_CHOICES
+"""``--advantage`` values: :func:`group_advantages`, :func:`mean_advantages`, :func:`sign_advantages`,
+:func:`self_critical_advantages`."""
+
+
+def compute_advantages(
+    rewards: Tensor, group_ids: Tensor | int, kind: str = "group", *, greedy_rewards: Tensor | None = None
+) -> Tensor:
+    """The advantages of ``kind`` (one of :data:`ADVANTAGES`) for ``rewards`` in groups ``group_ids``.
+
+    Args:
+        rewards: ``(B,)`` one scalar reward per response.
+        group_ids: ``(B,)`` group labels, or an int ``G`` (see :func:`group_advantages`).
+        kind: Which advantage.
+        greedy_rewards: ``(Q,)`` the greedy reward of each group's question: the baseline of ``greedy``
+            (:func:`self_critical_advantages`), and only of ``greedy``.
+
+    Raises:
+        ConfigError: an unknown ``kind``; ``greedy`` without ``greedy_rewards``, or ``greedy_rewards`` with
+            another kind.
+    """
+    if kind == "greedy":
+        if greedy_rewards is None:
+            raise ConfigError(
+                "advantage 'greedy' needs greedy_rewards, the reward of greedy play on each group's question "
+                "(train grpo plays them every step); choose another --advantage here"
+            )
+        return self_critical_advantages(rewards, greedy_rewards, group_ids)
+    if greedy_rewards is not None and kind in ADVANTAGES:
+        raise ConfigError(f"greedy_rewards is the baseline of advantage 'greedy', not of {kind!r}")
     if kind == "group":
         return group_advantages(rewards, group_ids)
     if kind == "mean":

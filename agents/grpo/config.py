@@ -40,7 +40,7 @@ MinibatchPlan: TypeAlias = Literal["groups", "shuffle"]
 MINIBATCH_PLANS: tuple[str, ...] = get_args(MinibatchPlan)
 MASchedule: TypeAlias = Literal["paper", "code"]
 MA_SCHEDULES: tuple[str, ...] = get_args(MASchedule)
-Advantage: TypeAlias = Literal["group", "mean", "sign"]
+Advantage: TypeAlias = Literal["group", "mean", "sign", "greedy"]
 ADVANTAGE_CHOICES: tuple[str, ...] = get_args(Advantage)
 """``--advantage`` values (see :func:`searchgym.agents.grpo.advantages.compute_advantages`)."""
 
@@ -161,7 +161,9 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
     advantage: Advantage = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "group",
         "group: (r - mean) / (std + eps) within the group (GRPO); mean: r - mean (Dr. GRPO); sign: 2r - 1, a "
-        "fixed reference with no group statistics",
+        "fixed reference with no group statistics; greedy: r - r_greedy, the reward of the current policy's "
+        "greedy play on the same question (self-critical baseline, SCST; one greedy episode per question "
+        "per step)",
     )
     filter_groups: bool = option(
         False,

@@ -36,7 +36,7 @@ from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import CheckpointError
 from searchgym.run_lock import lock_run_dir
 
-from ..llm import DEFAULT_SCORING, ScoringOptions, token_logprobs
+from ..llm import DEFAULT_SCORING, LLMPolicy, ScoringOptions, token_logprobs
 from ..training.checkpoint import load_checkpoint, save_checkpoint
 from ..training.metrics import MetricLogger, read_metrics
 from ..training.policy import build_policy
@@ -130,6 +130,10 @@ class GRPOTrainer:
             autoreset_mode="Disabled",
             **{**cfg.env_kwargs(), "tokenizer": self.policy.tokenizer},
         )
+        # greedy_play's env and argmax policy (built on first use): apart from the sampled rollouts' own,
+        # so the greedy episodes never touch their env or their sampling generator.
+        self.greedy_env: SearchQAVectorEnv | None = None
+        self.greedy_policy: LLMPolicy | None = None
         self.probe = self._build_probe()
         # Sampled now, from the initial weights (a resumed run rebuilds the same sets before restoring).
         self.onpolicy_probes, self.warmstart = self._build_onpolicy_probes()
@@ -168,8 +172,13 @@ class GRPOTrainer:
                 # rollout (and reward: the env scores each finished episode)
                 batch, sampling = self.sample_step()
                 t1 = time.perf_counter()
-                advantages = compute_advantages(batch.rewards, cfg.group_size, cfg.advantage)  # advantage
-                metrics = self.rollout_metrics(batch, advantages) | sampling
+                # the self-critical baseline: greedy play on the batch's questions (--advantage greedy)
+                greedy = self.greedy_play(batch).rewards if cfg.advantage == "greedy" else None
+                t_greedy = time.perf_counter()
+                advantages = compute_advantages(  # advantage
+                    batch.rewards, cfg.group_size, cfg.advantage, greedy_rewards=greedy
+                )
+                metrics = self.rollout_metrics(batch, advantages, greedy) | sampling
                 metrics |= self.update(batch, advantages)  # loss, optimizer updates, displacement
                 t2 = time.perf_counter()
                 if self.step in (1, cfg.steps) or self.step % cfg.probe_every == 0:
@@ -181,9 +190,11 @@ class GRPOTrainer:
                     self.step == cfg.steps or (cfg.eval_every and self.step % cfg.eval_every == 0)
                 ):
                     metrics |= self.evaluate()
+                if greedy is not None:
+                    metrics["time/greedy_s"] = t_greedy - t1
                 metrics |= {
                     "time/rollout_s": t1 - t0,
-                    "time/update_s": t2 - t1,
+                    "time/update_s": t2 - t_greedy,
                     "time/probe_s": t3 - t2,
                     "time/ledger_s": t4 - t3,
                     "time/step_s": time.perf_counter() - t0,
@@ -199,6 +210,8 @@ class GRPOTrainer:
             bar.close()
             self.logger.close()
             self.env.close()
+            if self.greedy_env is not None:
+                self.greedy_env.close()
         return metrics
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
@@ -258,8 +271,60 @@ class GRPOTrainer:
         metrics["rollout/gen_batches"] = float(draws)
         return batch, metrics
 
-    def rollout_metrics(self, batch: RolloutBatch, advantages: Tensor) -> dict[str, float]:
-        """Reward, EM, searches, lengths, and the rollout policy's likelihood of correct/incorrect responses."""
+    def greedy_play(self, batch: RolloutBatch) -> RolloutBatch:
+        """The current policy's greedy episodes on ``batch``'s questions, one per group, in group order: their
+        ``rewards`` (``(Q,)``) are the self-critical baseline of ``--advantage greedy``.
+
+        The questions are read from the batch's episodes, so a batch that ``filter_groups`` assembled from
+        several draws gets its own groups' questions. One greedy episode per group, all in one batch through
+        the greedy env (reset with the step's seed, which matters only to a faulty retriever), with the model
+        in eval mode and no gradient. Argmax decoding draws no random number, and the sampled rollouts' env
+        and generator are not used, so the step's draws are the same with and without this pass.
+
+        Raises:
+            RuntimeError: the responses of a group do not share one question.
+        """
+        cfg = self.config
+        ids = [str(info["question_id"]) for info in batch.infos]
+        groups = [ids[g : g + cfg.group_size] for g in range(0, len(ids), cfg.group_size)]
+        if any(len(set(group)) != 1 for group in groups):
+            raise RuntimeError(f"a group's responses answer different questions: {groups}")
+        if self.greedy_env is None or self.greedy_env.num_envs != len(groups):
+            if self.greedy_env is not None:
+                self.greedy_env.close()
+            self.greedy_env = SearchQAVectorEnv(
+                len(groups),
+                autoreset_mode="Disabled",
+                **{**cfg.env_kwargs(), "tokenizer": self.policy.tokenizer},
+            )
+        if self.greedy_policy is None:
+            self.greedy_policy = LLMPolicy(
+                self.model,
+                self.policy.tokenizer,
+                greedy=True,
+                max_turn_tokens=cfg.max_turn_tokens,
+                scoring=self.policy.scoring,
+            )
+        mode = self.model.training
+        self.model.eval()
+        try:
+            played = collect_rollouts(
+                self.greedy_env,
+                self.greedy_policy,
+                seed=step_seed(cfg.seed, self.step),
+                group_size=1,
+                question_ids=[group[0] for group in groups],
+            )
+        finally:
+            self.model.train(mode)
+        return played
+
+    def rollout_metrics(
+        self, batch: RolloutBatch, advantages: Tensor, greedy_rewards: Tensor | None = None
+    ) -> dict[str, float]:
+        """Reward, EM, searches, lengths, and the rollout policy's likelihood of correct/incorrect responses;
+        with ``greedy_rewards`` (``(Q,)``, ``--advantage greedy``), the greedy reward of the step's questions
+        and the share of responses that beat their question's."""
         summary = summarize_episodes(batch.infos)
         groups = batch.rewards.view(-1, self.config.group_size)
         metrics = {
@@ -273,6 +338,9 @@ class GRPOTrainer:
             "rollout/zero_adv_groups": float((groups.std(dim=1) == 0).float().mean()),
             "rollout/adv_abs": float(advantages.abs().mean()),
         }
+        if greedy_rewards is not None:
+            metrics["rollout/greedy_reward"] = float(greedy_rewards.mean())
+            metrics["rollout/beats_greedy_frac"] = float((groups > greedy_rewards[:, None]).float().mean())
         # The sampler's likelihood of fresh responses: context, not LLD (see update() and probe_metrics()).
         lik = likelihood_metrics(batch.logp_old, batch.loss_mask, batch.rewards > 0)
         return metrics | {f"rollout/{k}": v for k, v in lik.items()}

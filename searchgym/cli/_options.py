@@ -76,6 +76,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "batch_size",
         "demos",
         "demo_episodes",
+        "demonstrator",
+        "keep_unrewarded",
         "use_vllm",
         "vllm_mode",
     ),

@@ -95,7 +95,7 @@ def test_reward_f1_reaches_the_env_the_evaluation_and_the_manifest(
     assert manifest["reward"]["metric"] == "f1"
 
 
-@pytest.mark.parametrize("advantage", ["group", "mean", "sign"])
+@pytest.mark.parametrize("advantage", ["group", "mean", "sign", "greedy"])
 def test_advantage_choice_reaches_the_update(
     tmp_path: Path, tiny: Callable[..., GRPOConfig], monkeypatch: pytest.MonkeyPatch, advantage: str
 ) -> None:
@@ -104,17 +104,20 @@ def test_advantage_choice_reaches_the_update(
     seen: list[Any] = []
     real = trainer_module.compute_advantages
 
-    def spy(rewards: Any, groups: Any, kind: str) -> Any:
-        out = real(rewards, groups, kind)
-        seen.append((rewards.clone(), kind, out))
+    def spy(rewards: Any, groups: Any, kind: str, *, greedy_rewards: Any = None) -> Any:
+        out = real(rewards, groups, kind, greedy_rewards=greedy_rewards)
+        seen.append((rewards.clone(), kind, greedy_rewards, out))
         return out
 
     monkeypatch.setattr(trainer_module, "compute_advantages", spy)
     GRPOTrainer(tiny(tmp_path, advantage=advantage)).train()
-    rewards, kind, out = seen[0]
+    rewards, kind, greedy, out = seen[0]
     assert kind == advantage
+    assert (greedy is not None) == (advantage == "greedy")  # the greedy pass runs for greedy only
     if advantage == "sign":  # every response gets +1 or -1, whatever its group did
         assert torch.equal(out, 2 * rewards - 1)
+    if advantage == "greedy":  # each response minus its question's greedy reward
+        assert torch.equal(out, rewards - greedy.repeat_interleave(2))
 
 
 def test_filter_groups_samples_more_batches_for_informative_groups(

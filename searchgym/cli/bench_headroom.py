@@ -1,0 +1,220 @@
+"""``searchgym bench headroom``: can RL move greedy play? Success of sampled episodes where greedy fails."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from searchgym.cli._common import add_env_arguments, env_kwargs, format_table
+
+if TYPE_CHECKING:
+    from searchgym.bench.headroom import HeadroomSettings, QuestionRecord
+
+COMMAND = ("bench", "headroom")
+HELP = (
+    "play each question greedily and K times sampled: pass@K, and how often samples succeed where greedy "
+    "fails (by question kind and greedy failure stage)"
+)
+
+_MODEL_FIELDS: dict[str, type] = {
+    "init": str,
+    "model": str,
+    "device": str,
+    "dtype": str,
+    "tiny_layers": int,
+    "tiny_hidden": int,
+    "threads": int,
+}
+"""The model options and their types: fields of :class:`~searchgym.agents.training.config.CommonConfig`,
+whose defaults and help they take (but for :data:`_HELP`'s)."""
+
+_HELP = {
+    "init": "the checkpoint to measure (a train sft or train grpo checkpoint.pt; its training turn and "
+    "context sizes are the default --max-turn-tokens and --max-context-tokens); default: the tiny model at "
+    "random weights (--tiny-layers, --tiny-hidden), or --model",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    import typing
+
+    from searchgym.agents.training.config import CommonConfig, literal_choices
+
+    add_env_arguments(parser)
+    fields = {f.name: f for f in dataclasses.fields(CommonConfig)}
+    hints = typing.get_type_hints(CommonConfig)
+    model = parser.add_argument_group("model")
+    for name, kind in _MODEL_FIELDS.items():
+        choices = list(literal_choices(hints[name])) or None
+        model.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=kind,
+            choices=choices,
+            default=fields[name].default,
+            help=_HELP.get(name, fields[name].metadata["help"]),
+        )
+    parser.add_argument(
+        "--questions", type=int, default=200, help="the first N questions of --split are played"
+    )
+    parser.add_argument(
+        "--samples", type=int, default=5, help="sampled episodes per question and temperature (K)"
+    )
+    parser.add_argument(
+        "--temperatures",
+        default="1",
+        help="comma-separated sampling temperatures, e.g. 1,0.7; the first one's figures are also at the "
+        "top level of --json (default: 1)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the samples (and of a tiny model's random weights)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="at most this many episodes generated together"
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="also write one JSON line per question (id, kind, greedy EM and failure stage, sampled EMs)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from searchgym.bench.headroom import HeadroomSettings, parse_temperatures
+    from searchgym.errors import ConfigError
+
+    settings = HeadroomSettings(
+        questions=args.questions,
+        samples=args.samples,
+        temperatures=parse_temperatures(args.temperatures),
+        seed=args.seed,
+        batch_size=args.batch_size,
+    )
+    if args.env != "SearchQA-v0":
+        raise ConfigError(f"bench headroom plays SearchQA-v0 (through its vector env), not --env {args.env}")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    figures = measure(args, settings)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print(report(figures))
+    return 0
+
+
+def measure(args: argparse.Namespace, settings: HeadroomSettings) -> dict[str, Any]:
+    """Builds the policy and the env from ``args``, plays (:func:`~searchgym.bench.headroom.run_headroom`),
+    and returns :func:`~searchgym.bench.headroom.headroom_figures` with the run's settings and wall time."""
+    import torch
+
+    from searchgym.agents.training.config import CommonConfig
+    from searchgym.agents.training.policy import build_policy
+    from searchgym.bench.headroom import LLMHeadroomPolicy, headroom_figures, run_headroom
+    from searchgym.cli._manifest import warn_on_data_mismatch
+    from searchgym.envs.episode import EpisodeConfig
+
+    start = time.perf_counter()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = _env_sizes(args)
+    kwargs = {**env_kwargs(args), **sizes}
+    if args.init is not None or args.model is not None:
+        warn_on_data_mismatch(f"checkpoint:{args.init or args.model}", kwargs)
+    defaults = EpisodeConfig()
+    turn = kwargs.get("max_turn_tokens", defaults.max_turn_tokens)
+    context = kwargs.get("max_context_tokens", defaults.max_context_tokens)
+    config = CommonConfig(
+        init=args.init,
+        model=args.model,
+        tokenizer=args.tokenizer,
+        device=args.device,
+        dtype=args.dtype,
+        tiny_layers=args.tiny_layers,
+        tiny_hidden=args.tiny_hidden,
+        seed=args.seed,
+        max_turn_tokens=turn,
+        max_context_tokens=context,
+        progress=False,
+        tensorboard=False,
+    )
+    built, _ = build_policy(config, max_turn_tokens=turn)
+    built.model.eval()
+    policy = LLMHeadroomPolicy(built.model, built.tokenizer, turn)
+    kwargs["tokenizer"] = built.tokenizer
+    records = run_headroom(policy, kwargs, settings, progress=not args.no_progress)
+    if args.out is not None:
+        write_question_records(records, args.out)
+    return {
+        **headroom_figures(records),
+        "split": args.split,
+        "init": args.init,
+        "model": args.model,
+        "seed": settings.seed,
+        "batch_size": settings.batch_size,
+        "max_turn_tokens": turn,
+        "max_context_tokens": context,
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def write_question_records(records: Sequence[QuestionRecord], path: str) -> None:
+    """One JSON line per question (id, kind, the greedy episode's EM and failure stage, each temperature's
+    sampled EMs), written through ``PATH.partial``: the figures can be joined with other runs question by
+    question."""
+    from searchgym.data.jsonl import replace_on_success
+
+    with replace_on_success(path) as partial, partial.open("w", encoding="utf-8") as f:
+        for r in records:
+            samples = {str(t): list(v) for t, v in r.samples.items()}
+            line = {"question_id": r.question_id, "kind": r.kind, "stage": r.stage, "greedy": r.greedy}
+            f.write(json.dumps(line | {"samples": samples}) + "\n")
+
+
+def _env_sizes(args: argparse.Namespace) -> dict[str, int]:
+    """``--max-turn-tokens`` and ``--max-context-tokens``: those given, else those the ``--init`` checkpoint
+    (or the ``--model`` folder ``searchgym export`` wrote) was trained with, as ``searchgym eval`` takes them."""
+    from searchgym.cli.eval import checkpoint_env_defaults
+
+    given = {
+        n: getattr(args, n) for n in ("max_turn_tokens", "max_context_tokens") if getattr(args, n) is not None
+    }
+    source = args.init if args.init is not None else args.model
+    if source is None:
+        return given
+    recorded = checkpoint_env_defaults(argparse.Namespace(**{**vars(args), "agent": f"checkpoint:{source}"}))
+    return {**recorded, **given}
+
+
+_COLUMNS = (
+    "group",
+    "questions",
+    "greedy_em",
+    "greedy_wrong",
+    "mean_at_k",
+    "pass_at_k",
+    "solvable_given_greedy_wrong",
+    "success_given_greedy_wrong",
+    "greedy_gain_bound",
+)
+
+
+def report(figures: dict[str, Any]) -> str:
+    """The figures as text: one table per temperature, rows all / kind:K / stage:S (empty stages left out)."""
+    lines = [
+        f"{figures['questions']} questions of split {figures['split']!r}, greedy EM {figures['greedy_em']:.3f}, "
+        f"K={figures['samples']} samples per temperature ({figures['wall_s']:.0f} s)"
+    ]
+    for key, block in figures["by_temperature"].items():
+        rows = [{"group": "all", **block}]
+        rows += [{"group": f"kind:{kind}", **fig} for kind, fig in block["by_kind"].items()]
+        rows += [
+            {"group": f"stage:{stage}", **fig} for stage, fig in block["by_stage"].items() if fig["questions"]
+        ]
+        lines += ["", f"temperature {key}", format_table(rows, _COLUMNS)]
+    return "\n".join(lines)
