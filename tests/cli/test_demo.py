@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,13 @@ def test_demo_runs_end_to_end_on_a_small_budget(
         and "SFT taught the protocol" in out
         and "untrained tiny model" in out
         and "GRPO+LLDS (action)" in out
-        and "docs/experiments/lld.md" in out
+        and "docs/experiments/learn2.md" in out
+        and "docs/experiments/lld3.md" in out
     )
+    headroom = re.search(
+        r"Headroom at the warm-start \((\d+) test questions, 4 samples at T 1\): greedy EM ([0-9.]+)", out
+    )
+    assert headroom is not None and headroom.group(1) == "4"
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     # The GRPO runs skip their step-0 evaluation: the figure gets the SFT run's EM as the warm-start line.
     sft_em = read_metrics(tmp_path / "sft" / "metrics.jsonl")[-1]["eval/em"]
