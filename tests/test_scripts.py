@@ -90,6 +90,7 @@ def test_the_usage_lists_the_stages() -> None:
         ("lld2_experiment.sh", "warmstart"),
         ("learn_experiment.sh", "gns"),
         ("lld3_experiment.sh", "runs"),
+        ("learn2_experiment.sh", "headroom"),
     ):
         done = subprocess.run(["bash", str(ROOT / "scripts" / script)], capture_output=True, text=True)
         assert done.returncode == 2 and stage in done.stdout and "SMALL=1" in done.stdout
@@ -184,6 +185,37 @@ def test_lld3_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
     stdout = report(["lld3", str(summaries), "--plots", str(tmp_path)], env)
     assert "C1 learn, then collapse" in stdout and "C3 sapo" in stdout and "C4 the phases" in stdout
     assert (tmp_path / "lld3_curves.png").stat().st_size > 10_000
+
+
+def test_learn2_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
+    """docs/experiments/learn2.md's stages: the headroom demonstrations and warm-start, the headroom gate,
+    the four arms of seed 0 (summarised as each lands), and the report with its criteria G1-G3."""
+    summaries = tmp_path / "summaries"
+    env = small_env(tmp_path, SUMMARIES=str(summaries))
+    out = Path(env["OUT"])
+    run_stage("learn2_experiment.sh", ["warmstart"], env)
+    demos = [json.loads(line) for line in (out / "demos_headroom.jsonl").read_text().splitlines()]
+    assert len(demos) == 8 and {d["demonstrator"] for d in demos} <= {"oracle", "shortcut"}
+    assert (out / "warmstart" / "checkpoint.pt").is_file()
+    run_stage("learn2_experiment.sh", ["headroom"], env)
+    gate = json.loads((summaries / "headroom_warmstart.json").read_text())
+    assert (gate["questions"], gate["samples"], sum(k["questions"] for k in gate["by_kind"].values())) == (
+        2,
+        2,
+        2,
+    )
+    run_stage("learn2_experiment.sh", ["runs", "0"], env)
+    arms = ("control", "grpo", "scst", "sft")
+    assert not run_files(out, [f"{arm}/s0" for arm in arms if arm != "sft"])
+    options = {arm: json.loads((summaries / f"{arm}_s0.json").read_text())["config"] for arm in arms}
+    assert (options["control"]["lr"], options["grpo"]["advantage"], options["scst"]["advantage"]) == (
+        0.0,
+        "group",
+        "greedy",
+    )
+    assert options["sft"]["keep_unrewarded"] is True and options["sft"]["lr"] == 3e-4
+    stdout = report(["learn2", str(summaries)], env)
+    assert "control s0: greedy test EM by step" in stdout and "scst: G1" in stdout and "G3" in stdout
 
 
 @pytest.mark.parametrize("study", ["learn", "lld3"])
