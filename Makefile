@@ -63,7 +63,8 @@ $(VERL_STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)
-	SEARCHGYM_REQUIRE_VERL=1 $(VERL_BIN)/pytest tests/agents/integrations/test_verl.py tests/agents/integrations/test_verl_tool.py
+	SEARCHGYM_REQUIRE_VERL=1 $(VERL_BIN)/pytest tests/agents/integrations/test_verl.py tests/agents/integrations/test_verl_tool.py \
+		tests/agents/integrations/test_conform_verl.py
 
 test: lint typecheck unit test-verl
 

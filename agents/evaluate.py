@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
@@ -14,7 +15,7 @@ import numpy as np
 
 from .base import Agent
 
-__all__ = ["EpisodeRecord", "EvalSummary", "evaluate", "run_episode"]
+__all__ = ["EpisodeRecord", "EvalSummary", "check_record", "evaluate", "run_episode"]
 
 
 @dataclass
@@ -35,12 +36,68 @@ class EpisodeRecord:
         return {**self.info, "reward": self.reward, "steps": self.steps, "transcript": self.transcript}
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> EpisodeRecord:
-        """The record :meth:`to_json` wrote (a line of ``eval --out``)."""
+    def from_json(cls, record: Any) -> EpisodeRecord:
+        """The record :meth:`to_json` wrote (a line of ``eval --out``), its fields checked.
+
+        Raises:
+            ValueError: not an object, or a field the figures read is missing or of the wrong type (named).
+        """
+        check_record(record)
         info = dict(record)
         return cls(
             info=info, reward=info.pop("reward"), steps=info.pop("steps"), transcript=info.pop("transcript")
         )
+
+
+_NUMBER_FIELDS = ("em", "subem", "f1", "reward")
+_COUNT_FIELDS = ("searches", "invalid_turns", "policy_tokens", "steps")
+_FLAG_FIELDS = ("gold_retrieved", "gold_all_retrieved")
+
+
+def check_record(record: Any) -> None:
+    """Checks an episode record (a line of ``eval --out``) holds what the figures read, with its type: the
+    answer metrics and the reward as finite numbers, the counts as integers >= 0, ``end_reason`` and
+    ``transcript`` as strings, the gold-retrieval flags as booleans or null, ``retrieval_faults`` as counts.
+
+    Raises:
+        ValueError: naming the first field that is missing or wrong.
+    """
+    if not isinstance(record, dict):
+        raise ValueError(f"a {type(record).__name__}, not an episode record")
+
+    def field(name: str, ok: Callable[[Any], bool], what: str, required: bool = True) -> None:
+        if name not in record:
+            if required:
+                raise ValueError(f"no {name!r} field")
+            return
+        if not ok(record[name]):
+            raise ValueError(f"{name!r} is {record[name]!r:.40}, not {what}")
+
+    def number(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    for name in _NUMBER_FIELDS:
+        field(name, number, "a finite number")
+    for name in _COUNT_FIELDS:
+        field(name, count, "a count")
+    for name in ("end_reason", "transcript"):
+        field(name, lambda v: isinstance(v, str), "a string")
+    for name in _FLAG_FIELDS:
+        field(
+            name,
+            lambda v: v is None or isinstance(v, bool),
+            "true, false or null",
+            required=name == "gold_retrieved",
+        )
+    field(
+        "retrieval_faults",
+        lambda v: isinstance(v, dict) and all(count(c) for c in v.values()),
+        "an object of counts",
+        required=False,
+    )
 
 
 @dataclass
@@ -163,6 +220,7 @@ def evaluate(
     progress: bool = False,
     held: list[EpisodeRecord] | None = None,
     on_episode: Callable[[EpisodeRecord], None] | None = None,
+    on_line: Callable[[bytes], None] | None = None,
 ) -> EvalSummary:
     """Evaluates ``agent`` on the first ``episodes`` questions of the env's split (in order).
 
@@ -177,6 +235,8 @@ def evaluate(
             them and is appended to); the run plays the rest, and the summary covers all ``episodes``.
             Every episode is seeded by its index alone, so the result equals an uninterrupted run's.
         on_episode: Called with each record this run plays, once it is written (a caller's own progress).
+        on_line: Called with each line's bytes (newline included) once it is written to ``out`` and flushed
+            (:meth:`~searchgym.data.digests.RecordDigests.append` records its digest).
     """
     start = time.perf_counter()
     records: list[EpisodeRecord] = list(held or [])
@@ -194,8 +254,11 @@ def evaluate(
         for record in iterator:
             records.append(record)
             if sink is not None:
-                sink.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+                line = json.dumps(record.to_json(), ensure_ascii=False) + "\n"
+                sink.write(line)
                 sink.flush()
+                if on_line is not None:
+                    on_line(line.encode("utf-8"))
             if on_episode is not None:
                 on_episode(record)
     finally:

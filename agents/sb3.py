@@ -254,15 +254,15 @@ def _guess_algo(path: Path, data: dict[str, Any]) -> str:
 
 
 def _run_env(path: Path) -> gym.Env[Any, Any]:
-    """The env a ``searchgym train sb3`` run trained on, from its ``config.json``."""
+    """The env a ``searchgym train sb3`` run trained on, from its ``config.json``: a searchgym env id with its
+    own arguments only (:func:`~searchgym.envs.recorded.make_recorded_env`), so the file cannot make
+    ``gym.make`` import a module."""
     config = path.parent / "config.json"
     if not config.is_file() and path.parent.name == "checkpoints":
         config = path.parent.parent / "config.json"
     try:
         saved = json.loads(config.read_text(encoding="utf-8"))
         env_id, env_kwargs = saved["env_id"], saved.get("env", {})
-        if not isinstance(env_id, str) or not isinstance(env_kwargs, dict):
-            raise TypeError("env_id must be a string and env an object")
     except (
         OSError,
         UnicodeDecodeError,
@@ -276,9 +276,9 @@ def _run_env(path: Path) -> gym.Env[Any, Any]:
             f"{path}: pass the env the model plays (load_model(path, env=...)): its spaces are not read from the "
             f"file (that would unpickle them), and no readable run config.json is next to it ({type(e).__name__})"
         ) from None
-    import searchgym  # noqa: F401 - registers the env ids
+    from searchgym.envs.recorded import make_recorded_env
 
-    return gym.make(env_id, **env_kwargs)
+    return make_recorded_env(env_id, env_kwargs, str(config))
 
 
 def _parameter_lower_bound(kwargs: dict[str, Any], env: gym.Env[Any, Any], path: Path) -> int:

@@ -77,7 +77,7 @@ def train_sft(config: SFTConfig) -> dict[str, float]:
 
 
 def _train_sft(config: SFTConfig) -> dict[str, float]:
-    prepare_run_dir(config.run_dir, resume=False, overwrite=config.overwrite)
+    prepare_run_dir(config.run_dir, resume=False, overwrite=config.overwrite, resumable=False)
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)

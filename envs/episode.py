@@ -121,6 +121,20 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
+MAX_CONTEXT_TOKENS = 1 << 20
+"""The largest transcript an env holds (its observation arrays are allocated at ``max_context_tokens``)."""
+
+SIZE_BOUNDS: dict[str, tuple[int, int]] = {
+    "topk": (1, 1024),
+    "max_turns": (1, 1024),
+    "max_turn_tokens": (1, MAX_CONTEXT_TOKENS),
+    "max_context_tokens": (16, MAX_CONTEXT_TOKENS),
+    "max_passage_words": (1, MAX_CONTEXT_TOKENS),
+    "max_obs_tokens": (1, MAX_CONTEXT_TOKENS),
+}
+"""Each episode size option's bounds, inclusive (``max_passage_words`` and ``max_obs_tokens`` may be None)."""
+
+
 @dataclass(frozen=True)
 class EpisodeConfig:
     """Episode dynamics (see :class:`searchgym.envs.search_qa.SearchQAEnv` for each argument)."""
@@ -136,17 +150,16 @@ class EpisodeConfig:
     append_question_mark: bool = True
 
     def __post_init__(self) -> None:
-        minimum = {"topk": 1, "max_turns": 1, "max_turn_tokens": 1, "max_context_tokens": 16}
-        optional = {"max_passage_words": 1, "max_obs_tokens": 1}
-        for name, low in (*minimum.items(), *optional.items()):
+        required = ("topk", "max_turns", "max_turn_tokens", "max_context_tokens")
+        for name, (low, high) in SIZE_BOUNDS.items():
             value = getattr(self, name)
-            if value is None and name in optional:
+            if value is None and name not in required:
                 continue
-            none = " or None" if name in optional else ""
+            none = "" if name in required else " or None"
             if not _is_int(value):
-                raise ConfigError(f"{name} must be an integer >= {low}{none}, got {value!r}")
-            if value < low:
-                raise ConfigError(f"{name} must be >= {low}{none}, got {value}")
+                raise ConfigError(f"{name} must be an integer in [{low}, {high}]{none}, got {value!r:.40}")
+            if not low <= value <= high:
+                raise ConfigError(f"{name} must be >= {low} and <= {high}{none}, got {value}")
             object.__setattr__(self, name, int(value))  # NumPy integers become plain ints
         if not isinstance(self.append_question_mark, bool):
             raise ConfigError(

@@ -25,8 +25,8 @@ import numpy as np
 from gymnasium import spaces
 
 from searchgym.data import Dataset, Question, load_dataset
-from searchgym.envs.episode import Episode, EpisodeConfig
-from searchgym.errors import ConfigError, InvalidActionError
+from searchgym.envs.episode import Episode, EpisodeConfig, _is_int
+from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError
 from searchgym.retrieval import Hit, Retriever
 from searchgym.rewards import normalize_answer
 from searchgym.tokenization import Tokenizer
@@ -82,6 +82,9 @@ CANDIDATE_FEATURES: tuple[str, ...] = (
     "words",  # its number of words / 4 (clipped at 1)
 )
 """Names of the per-candidate features: each slot of the observation is one such vector."""
+
+MAX_CANDIDATES = 1024
+"""The most query or answer candidates an observation describes (``n_queries``, ``n_answers``)."""
 
 _SPAN = re.compile(r"\b[A-Z][\w'-]*(?:\s+(?:of\s+)?[A-Z][\w'-]*)*")
 _NUMBER = re.compile(r"\b\d+\b")
@@ -321,8 +324,11 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
         retriever_patience: float = 0.0,
         **token_env_kwargs: Any,
     ) -> None:
-        if n_queries < 1 or n_answers < 1:
-            raise ConfigError(f"n_queries and n_answers must be >= 1, got {n_queries} and {n_answers}")
+        if not all(_is_int(n) and 1 <= n <= MAX_CANDIDATES for n in (n_queries, n_answers)):
+            raise ConfigError(
+                f"n_queries and n_answers must be integers >= 1 and <= {MAX_CANDIDATES}, got {n_queries!r:.40} "
+                f"and {n_answers!r:.40}"
+            )
         data = load_dataset(dataset, world_seed=world_seed)
         # The recorder keeps the scored hits of each search; the token env executes the search itself.
         inner, owned = acquire_retriever(data, retriever, retriever_patience)
@@ -386,6 +392,8 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
         return self._observation(), self._with_slots(info)
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.episode.question is None:
+            raise EpisodeFinishedError("step() called before reset(): call reset() to start an episode")
         text = self.turn_text(action)
         n_searches = len(self.episode.queries)
         reward, terminated, truncated = 0.0, False, False

@@ -431,7 +431,14 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         if "question_id" in options:
             return self.dataset.find_question(self.split, str(options["question_id"]))
         if "question_index" in options:
-            index = int(options["question_index"])
+            index = options["question_index"]
+            # Exactly an integer: "3", 2.7 or True would otherwise be taken silently as questions 3, 2 and 1.
+            if not isinstance(index, int | np.integer) or isinstance(index, bool | np.bool_):
+                raise ConfigError(
+                    f"question_index must be an integer in [0, {len(self.questions)}), got {index!r:.40} "
+                    f"({type(index).__name__})"
+                )
+            index = int(index)
             if not 0 <= index < len(self.questions):
                 raise UnknownQuestionError(f"question_index {index} is outside [0, {len(self.questions)})")
             return self.questions[index]

@@ -11,13 +11,19 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from searchgym.envs.episode import Episode, EpisodeSnapshot, Event, check_segment
+from searchgym.envs.episode import Episode, EpisodeSnapshot, Event, _is_int, check_segment
 from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError, RetrieverError
 from searchgym.retrieval.faults import apply_faults
 
 from .search_qa import SearchQAEnv, fault_rng
 
-__all__ = ["SearchQAVectorEnv", "SegmentStep"]
+__all__ = ["MAX_NUM_ENVS", "MAX_VECTOR_TOKENS", "SearchQAVectorEnv", "SegmentStep"]
+
+MAX_NUM_ENVS = 1 << 16
+"""The most sub-environments a vector env holds."""
+
+MAX_VECTOR_TOKENS = 1 << 28
+"""The most transcript tokens a vector env allocates (``num_envs * max_context_tokens``; 2.3 GiB of arrays)."""
 
 
 @dataclass
@@ -87,10 +93,16 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         copy: bool = True,
         **env_kwargs: Any,
     ) -> None:
-        if num_envs < 1:
-            raise ConfigError(f"num_envs must be >= 1, got {num_envs}")
+        if not _is_int(num_envs) or not 1 <= num_envs <= MAX_NUM_ENVS:
+            raise ConfigError(f"num_envs must be an integer >= 1 and <= {MAX_NUM_ENVS}, got {num_envs!r:.40}")
         env_kwargs.pop("max_episode_steps", None)  # episodes are bounded by the turn and context budgets
         self.template = SearchQAEnv(**env_kwargs)
+        if num_envs * self.template.config.max_context_tokens > MAX_VECTOR_TOKENS:
+            self.template.close()
+            raise ConfigError(
+                f"num_envs x max_context_tokens must be <= {MAX_VECTOR_TOKENS:,} (the transcripts the vector env "
+                f"allocates), got {num_envs} x {self.template.config.max_context_tokens}"
+            )
         mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         if mode == AutoresetMode.SAME_STEP:
             raise ConfigError("autoreset_mode 'SameStep' is not supported; use 'NextStep' or 'Disabled'")

@@ -2,22 +2,22 @@
 ``python scripts/lld_report.py learn-summarize RUNS_DIR --out DIR`` and ``lld_report.py learn DIR``.
 
 A run folder is kept only as long as the machine: ``summarize`` writes one small JSON per finished run (its
-per-step curves, each evaluation's per-question EM, the sampled test reward), and ``report`` recomputes
-every table and verdict of learn.md from those files alone.
+per-step curves, each evaluation's per-question EM, the sampled test reward:
+:func:`searchgym.study.summary.run_summary`), and ``report`` recomputes every table and verdict of learn.md
+from those files alone.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from searchgym.agents.training.metrics import read_metrics
-from searchgym.agents.training.run import EVAL_EPISODES
+from searchgym.study.summary import em_vector, run_summary, series
+from searchgym.study.summary import load_summaries as load
 
 CURVES = (
     "rollout/sampled_reward",
@@ -52,10 +52,6 @@ BOOTSTRAP = 10_000
 CONTROL = "control"
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
 CONFIG_KEYS = (
     "init",
     "lr",
@@ -75,46 +71,6 @@ CONFIG_KEYS = (
     "probe_every",
     "threads",
 )
-
-
-def run_summary(
-    run: Path, commit: str | None, curves: Sequence[str] = CURVES, keys: Sequence[str] = CONFIG_KEYS
-) -> dict[str, Any]:
-    """The small JSON that stands for one run of a study once its folder is gone: the run's per-step
-    ``curves``, the config's ``keys``, each evaluation's per-question EM, the sampled test reward."""
-    history = read_metrics(run)
-    config = json.loads((run / "manifest.json").read_text()).get("config", {})
-    steps = [r for r in history if r["step"] > 0]
-    start = next((r for r in history if r["step"] == 0), {})
-    evals: dict[str, dict[str, Any]] = {}
-    path = run / EVAL_EPISODES
-    if path.is_file():
-        by_step: dict[int, dict[str, float]] = {}
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            by_step.setdefault(int(r["step"]), {})[r["question_id"]] = float(r["em"])
-        for step, outcomes in sorted(by_step.items()):
-            ids = list(outcomes)
-            evals[str(step)] = {
-                "em": sum(outcomes.values()) / len(ids),
-                "questions": ids[0] + ".." + ids[-1] + f" ({len(ids)})",
-                "em_by_question": "".join("1" if outcomes[q] > 0 else "0" for q in ids),
-            }
-    sampled = run / "sampled_test.json"
-    wall = run / "wall_s"
-    return {
-        "arm": run.parent.name,
-        "seed": int(run.name.removeprefix("s")),
-        "commit": commit,
-        "config": {k: config.get(k) for k in keys},
-        "steps": max((int(r["step"]) for r in steps), default=0),
-        "wall_s": _num(float(wall.read_text())) if wall.is_file() and wall.read_text().strip() else None,
-        "curves": {"step": [int(r["step"]) for r in steps]}
-        | {k: [_num(r.get(k)) for r in steps] for k in curves},
-        "probe_step0": {k: _num(start.get(k)) for k in ("lld/probe_logp", *PROBES)},
-        "eval": evals,
-        "sampled_test": json.loads(sampled.read_text()) if sampled.is_file() else None,
-    }
 
 
 def summarize(
@@ -137,28 +93,14 @@ def summarize(
         print(f"wrote {path} ({summary['steps']} steps, final greedy EM {final})")
 
 
-def load(folder: Path) -> dict[str, dict[int, dict[str, Any]]]:
-    by_arm: dict[str, dict[int, dict[str, Any]]] = {}
-    for path in sorted(folder.glob("*_s*.json")):
-        if not re.fullmatch(r"[A-Za-z0-9.\-]+_s\d+\.json", path.name):
-            continue
-        s = json.loads(path.read_text())
-        by_arm.setdefault(s["arm"], {})[int(s["seed"])] = s
-    return by_arm
-
-
-def _series(s: dict[str, Any], key: str) -> dict[int, float]:
-    return {step: v for step, v in zip(s["curves"]["step"], s["curves"][key], strict=True) if v is not None}
-
-
 def paired_gain(
     arm: dict[str, Any], control: dict[str, Any], key: str = "rollout/sampled_reward"
 ) -> dict[str, Any]:
     """L1 for one seed: the per-step difference arm − control of ``key`` over the last half of the run
     (steps > steps / 2), its mean and normal 95 % interval (mean ± 1.96 · sd / √n)."""
-    a, c = _series(arm, key), _series(control, key)
+    a, c = series(arm, key), series(control, key)
     if arm["config"].get("reward") == "f1" and key == "rollout/sampled_reward":
-        c = _series(control, "rollout/f1")  # the control's F1 of the same samples
+        c = series(control, "rollout/f1")  # the control's F1 of the same samples
     last = arm["steps"]
     d = [a[t] - c[t] for t in sorted(a) if t > last / 2 and t in c]
     if len(d) < 2:
@@ -176,17 +118,12 @@ def paired_gain(
 
 def block_means(arm: dict[str, Any], control: dict[str, Any], width: int = 10) -> list[float | None]:
     """Mean paired difference of sampled reward per block of ``width`` steps (the table of part 2)."""
-    a, c = _series(arm, "rollout/sampled_reward"), _series(control, "rollout/sampled_reward")
+    a, c = series(arm, "rollout/sampled_reward"), series(control, "rollout/sampled_reward")
     out: list[float | None] = []
     for lo in range(1, arm["steps"] + 1, width):
         d = [a[t] - c[t] for t in range(lo, lo + width) if t in a and t in c]
         out.append(statistics.fmean(d) if d else None)
     return out
-
-
-def em_vector(s: dict[str, Any], step: int) -> list[int] | None:
-    e = s["eval"].get(str(step))
-    return [int(ch) for ch in e["em_by_question"]] if e else None
 
 
 def pooled_em_gain(arms: Sequence[dict[str, Any]], warm: list[int]) -> dict[str, Any]:
@@ -210,8 +147,8 @@ def probe_change(s: dict[str, Any]) -> dict[str, float | None]:
     """L3 for one seed: each on-policy probe at the last step minus step 0."""
     out: dict[str, float | None] = {}
     for k in PROBES:
-        series, start = _series(s, k), s["probe_step0"].get(k)
-        end = series.get(s["steps"])
+        values, start = series(s, k), s["probe_step0"].get(k)
+        end = values.get(s["steps"])
         out[k] = end - start if end is not None and start is not None else None
     return out
 
@@ -330,14 +267,14 @@ def plot(by_arm: dict[str, dict[int, dict[str, Any]]], folder: Path) -> None:
             }
             c = controls.get(seed)
             if arm != CONTROL and c is not None:
-                a, b = _series(s, "rollout/sampled_reward"), _series(c, "rollout/sampled_reward")
+                a, b = series(s, "rollout/sampled_reward"), series(c, "rollout/sampled_reward")
                 steps = [t for t in sorted(a) if t in b]
                 d = [a[t] - b[t] for t in steps]
                 smooth = [statistics.fmean(d[max(0, j - 9) : j + 1]) for j in range(len(d))]
                 axes[0].plot(steps, smooth, **style)
-            e = _series(s, "train/entropy")
+            e = series(s, "train/entropy")
             axes[1].plot(sorted(e), [e[t] for t in sorted(e)], **style)
-            p = _series(s, "lld/probe_onpolicy_heldout")
+            p = series(s, "lld/probe_onpolicy_heldout")
             start = s["probe_step0"].get("lld/probe_onpolicy_heldout")
             if start is not None:
                 axes[2].plot([0, *sorted(p)], [0.0, *(p[t] - start for t in sorted(p))], **style)

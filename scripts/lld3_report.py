@@ -72,8 +72,8 @@ HELDOUT = "lld/probe_onpolicy_heldout"
 
 def paired(arm: dict[str, Any], control: dict[str, Any]) -> dict[int, float]:
     """``d_t``: the arm's sampled reward minus the control's, step by step (the steps both have)."""
-    a = learn_report._series(arm, "rollout/sampled_reward")
-    c = learn_report._series(control, "rollout/sampled_reward")
+    a = learn_report.series(arm, "rollout/sampled_reward")
+    c = learn_report.series(control, "rollout/sampled_reward")
     return {t: a[t] - c[t] for t in sorted(a) if t in c}
 
 
@@ -103,7 +103,7 @@ def collapse_step(d: dict[int, float]) -> int | None:
 def probe_onset(s: dict[str, Any], key: str = HELDOUT, drawdown: float = PROBE_DRAWDOWN) -> int | None:
     """Precursor P: the first probe step at which ``key`` is ``drawdown`` below its highest earlier value."""
     best = s["probe_step0"].get(key)
-    for t, v in sorted(learn_report._series(s, key).items()):
+    for t, v in sorted(learn_report.series(s, key).items()):
         if best is not None and v <= best - drawdown:
             return t
         best = v if best is None else max(best, v)
@@ -113,7 +113,7 @@ def probe_onset(s: dict[str, Any], key: str = HELDOUT, drawdown: float = PROBE_D
 def ledger_onset(s: dict[str, Any]) -> int | None:
     """Precursor R: the first step with ``lld/ledger_delta`` at or below :data:`LEDGER_BELOW`."""
     return next(
-        (t for t, v in sorted(learn_report._series(s, "lld/ledger_delta").items()) if v <= LEDGER_BELOW), None
+        (t for t, v in sorted(learn_report.series(s, "lld/ledger_delta").items()) if v <= LEDGER_BELOW), None
     )
 
 
@@ -133,7 +133,7 @@ def behaviour(s: dict[str, Any]) -> int | None:
 
 
 def window_mean(s: dict[str, Any], key: str, lo: int, hi: int) -> float | None:
-    xs = [v for t, v in learn_report._series(s, key).items() if lo <= t <= hi]
+    xs = [v for t, v in learn_report.series(s, key).items() if lo <= t <= hi]
     return statistics.fmean(xs) if xs else None
 
 
@@ -304,12 +304,12 @@ def plot(by_arm: dict[str, dict[int, dict[str, Any]]], folder: Path) -> None:
             if arm != CONTROL and c is not None:
                 big_d = trailing(paired(s, c))
                 axes[0].plot(list(big_d), list(big_d.values()), **style)
-            p = learn_report._series(s, HELDOUT)
+            p = learn_report.series(s, HELDOUT)
             start = s["probe_step0"].get(HELDOUT)
             if start is not None:
                 axes[1].plot([0, *p], [0.0, *(v - start for v in p.values())], **style)
             if arm != CONTROL:
-                a = learn_report._series(s, "lld/delta_adv_pos")
+                a = learn_report.series(s, "lld/delta_adv_pos")
                 axes[2].plot(list(a), list(a.values()), **style)
             em = sorted((int(k), v["em"]) for k, v in s["eval"].items())
             axes[3].plot([t for t, _ in em], [v for _, v in em], marker="o", **style)

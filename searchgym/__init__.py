@@ -40,14 +40,19 @@ __all__ = [
 
 
 def _register_envs() -> None:
+    # order_enforce=False: the envs refuse step() before reset() themselves, with searchgym's
+    # EpisodeFinishedError, instead of Gymnasium's ResetNeeded from its OrderEnforcing wrapper.
     if "SearchQA-v0" not in registry:
         register(
             id="SearchQA-v0",
             entry_point="searchgym.envs.search_qa:SearchQAEnv",
             vector_entry_point="searchgym.envs.vector:SearchQAVectorEnv",
+            order_enforce=False,
         )
     if "SearchQAMacro-v0" not in registry:
-        register(id="SearchQAMacro-v0", entry_point="searchgym.envs.macro:SearchQAMacroEnv")
+        register(
+            id="SearchQAMacro-v0", entry_point="searchgym.envs.macro:SearchQAMacroEnv", order_enforce=False
+        )
 
 
 _register_envs()

@@ -12,6 +12,7 @@ __all__ = [
     "ConfigError",
     "DataFormatError",
     "DiskFullError",
+    "DownloadError",
     "EpisodeFinishedError",
     "InvalidActionError",
     "MissingDependencyError",
@@ -87,3 +88,8 @@ class MissingDependencyError(SearchGymError, ImportError):
         )
         self.package = package
         self.extra = extra
+
+
+class DownloadError(SearchGymError, OSError):
+    """A file could not be downloaded: the host refused it, could not be reached, or kept dropping the
+    connection; the message names the address and what was kept."""

@@ -102,7 +102,11 @@ def _records_digest(records: Iterable[Any]) -> str:
 
 
 def _split_file(root: Path, split: str) -> Path | None:
-    for name in (f"{split}.jsonl", f"{split}.parquet"):
+    """The file holding ``split``'s questions (a sliced split, ``test[:100]``, is read from ``test``'s)."""
+    from searchgym.data import parse_split
+
+    stem = parse_split(split).name
+    for name in (f"{stem}.jsonl", f"{stem}.parquet"):
         if (root / name).is_file():
             return root / name
     return None

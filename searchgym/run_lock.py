@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.errors import ConfigError
+from searchgym.integrity import disk_full_is_clear
 
 __all__ = ["LOCK_NAME", "RunLock", "lock_run_dir"]
 
@@ -109,11 +110,13 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
     Raises:
         ConfigError: another live process holds the folder (named, with its command and start time), or
             ``run_dir`` is a file.
+        DiskFullError: no space to write the holder's record (no ``run.lock`` is left behind).
     """
     root = Path(run_dir)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"run_dir {str(root)!r} is a file, not a folder")
-    root.mkdir(parents=True, exist_ok=True)
+    with disk_full_is_clear(root / LOCK_NAME, kept="nothing was written"):
+        root.mkdir(parents=True, exist_ok=True)
     path = (root / LOCK_NAME).resolve()
     held = _HELD.get(str(path))
     if held is not None and held.held:
@@ -122,7 +125,9 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: no advisory locks
         return RunLock(path, None)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    created = not path.exists()
+    with disk_full_is_clear(path, kept="nothing was written into the run folder"):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -139,8 +144,15 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
             UserWarning,
             stacklevel=2,
         )
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(_holder()) + "\n").encode("utf-8"), 0)
+    try:
+        with disk_full_is_clear(path, kept="nothing was written into the run folder"):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(_holder()) + "\n").encode("utf-8"), 0)
+    except BaseException:
+        if created:  # an empty record would read as a lock someone holds or held
+            path.unlink(missing_ok=True)
+        os.close(fd)
+        raise
     lock = RunLock(path, fd)
     _HELD[str(path)] = lock
     return lock

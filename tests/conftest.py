@@ -17,6 +17,43 @@ NQ = SHARED_DATA / "nq_open_oracle_2655"
 QUICKSTART = SHARED_DATA / "flashrag_quickstart_nq"
 
 
+SERVER_WAIT = float(os.environ.get("SEARCHGYM_TEST_SERVER_WAIT", "120"))
+"""Seconds a test waits for a server it started: to come up, and for each answer. Sized for a loaded machine
+(CI shares its two cores with experiment runs, where a first answer took more than httpx's default 5 s): only
+a server that does not answer at all fails. A test that measures a deadline of its own names that one."""
+
+
+def server_client(url: str) -> Any:
+    """An ``httpx.Client`` for a server the test started, with :data:`SERVER_WAIT` as its timeout."""
+    import httpx
+
+    return httpx.Client(base_url=url, timeout=SERVER_WAIT)
+
+
+def wait_for_health(url: str, alive: Any = None) -> None:
+    """Waits until ``URL/health`` answers 200, polling for at most :data:`SERVER_WAIT` seconds.
+
+    Args:
+        url: The server's base URL.
+        alive: Called between polls; False (the server's process ended) stops the wait at once.
+    """
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + SERVER_WAIT
+    while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            raise AssertionError(f"the server for {url} ended before it answered /health")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=SERVER_WAIT) as r:
+                if r.status == 200:
+                    return
+        except (OSError, urllib.error.URLError):
+            time.sleep(0.2)
+    raise AssertionError(f"{url}/health did not answer within {SERVER_WAIT:g} s")
+
+
 def require(path: Path) -> Path:
     """Skips the calling test when a shared data folder is missing (users outside this workspace)."""
     if not (path / "corpus.jsonl").is_file():
@@ -125,7 +162,7 @@ def searchr1_client(url: str, queries: list[str], topk: int = 3) -> list[list[di
     import httpx
 
     payload = {"queries": queries, "topk": topk, "return_scores": True}
-    response = httpx.post(url + "/retrieve", json=payload, timeout=120)
+    response = httpx.post(url + "/retrieve", json=payload, timeout=SERVER_WAIT)
     return response.json()["result"]  # type: ignore[no-any-return]
 
 

@@ -1,7 +1,8 @@
 """Fuzzes the file loaders in this process; run by ``test_fuzz_files.py`` in a child process.
 
 ``python fuzz_files_worker.py KIND CASES [--derandomize]`` mutates valid files of KIND (``checkpoint``, ``index``,
-``dense``, ``jsonl``, ``parquet``, ``demos``, ``metrics``) with hypothesis: truncation, bit flips, overwritten,
+``dense``, ``jsonl``, ``parquet``, ``demos``, ``metrics``, ``cassette``, ``partial`` — ``eval --out``'s
+``OUT.partial`` with its digests and run record —, ``pairs`` — benchmark's cached pair files) with hypothesis: truncation, bit flips, overwritten,
 inserted and deleted bytes, changes of types, dtypes, shapes and values, integer bombs (a JSON integer of
 thousands of digits), manifest field changes (re-sealed, as a crafted index is, or not), faiss ids past the
 corpus and parquet row bombs. Every case ends in one outcome:
@@ -63,6 +64,14 @@ NO_CHECKSUM = {
     "metrics/record": "a run's log, well-formed with other values",
     "metrics/integer bomb": "a bad last line is taken for a torn write (a run being written) and skipped, "
     "with a warning",
+    "cassette/json bytes": "an edit that damages the cassette's own sha256 field loads as a cassette recorded "
+    "without one (its values are still type-checked)",
+    "cassette/field": "as above: the sha256 field itself replaced or dropped",
+    "cassette/field (re-sealed)": "an edited cassette whose sha256 was recomputed: the hash proves the content "
+    "is whole, not who wrote it (its values are still type-checked)",
+    "partial/record (re-digested)": "rewritten with fresh digests: they prove the lines belong together, not who "
+    "wrote them (the records' types are still checked)",
+    "pairs/record (re-digested)": "as above: a pair file crafted with a fresh digest",
 }
 """The mutation families where ``silently wrong`` is acceptable, with the reason no checksum can catch them."""
 
@@ -631,6 +640,228 @@ def fuzz_parquet(cases: int) -> None:
     check()
 
 
+# -- retrieval cassettes --------------------------------------------------------------------------------------------
+
+
+def _json_mutation(data: Any, document: Any) -> tuple[str, bytes]:
+    """A mutation family and the mutated JSON text of ``document``: damaged bytes, one value anywhere replaced
+    by another JSON value, an integer bomb, or a nesting bomb."""
+    text = json.dumps(document)
+    family = data.draw(st.sampled_from(["json bytes", "field", "integer bomb", "nesting bomb"]))
+    if family == "json bytes":
+        return family, data.draw(byte_mutation(text.encode()))
+    if family == "integer bomb":
+        return family, data.draw(integer_bomb(text)).encode()
+    if family == "nesting bomb":
+        return family, text.replace("[", "[" * 100_000, 1).encode()
+    spots: list[tuple[Any, Any]] = []
+
+    def walk(value: Any) -> None:
+        items = (
+            value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        )
+        for key, child in items:
+            spots.append((value, key))
+            walk(child)
+
+    changed = json.loads(text)
+    walk(changed)
+    container, key = spots[data.draw(st.integers(0, len(spots) - 1))]
+    container[key] = data.draw(JSON)
+    return family, json.dumps(changed).encode()
+
+
+def fuzz_cassette(cases: int) -> None:
+    import gzip
+    import os
+
+    from searchgym.data import load_dataset
+    from searchgym.integrity import content_sha256
+    from searchgym.retrieval import BM25Retriever, Cassette
+
+    os.environ["SEARCHGYM_MAX_FILE_MB"] = "1"  # an inflation bomb past the limit stays cheap to write
+    passages = load_dataset().passages[:40]
+    queries = ["city founded", "river guild", "a person", "works written"]
+    root = Path(tempfile.mkdtemp())
+    recorder = Cassette(BM25Retriever(passages), root / "c.json.gz", "record")
+    recorder.search(queries, 3)
+    recorder.save()
+    original = (root / "c.json.gz").read_bytes()
+    document = json.loads(gzip.decompress(original))
+
+    def answers(path: Path) -> Any:
+        replay = Cassette(None, path, "replay")
+        return [[(h.passage_id, h.title, h.text, h.raw_contents, h.score) for h in hits]
+                for hits in replay.search(queries, 3)]  # fmt: skip
+
+    reference = answers(root / "c.json.gz")
+
+    @case_settings(cases)
+    @given(st.data())
+    def check(data: Any) -> None:
+        path = Path(tempfile.mkdtemp()) / "c.json.gz"
+        family = data.draw(st.sampled_from(["gzip bytes", "json", "inflation bomb"]))
+        if family == "gzip bytes":
+            path.write_bytes(data.draw(byte_mutation(original)))
+        elif family == "inflation bomb":
+            padded = {**document, "retriever": "x" * (2 << 20)}  # 2 MiB inflated, a few KB on disk
+            path.write_bytes(gzip.compress(json.dumps(padded).encode(), compresslevel=1))
+        else:
+            family, text = _json_mutation(data, document)
+            if family == "field" and data.draw(st.booleans()):
+                try:
+                    edited = json.loads(text)
+                    edited["sha256"] = content_sha256({k: v for k, v in edited.items() if k != "sha256"})
+                    text, family = json.dumps(edited).encode(), "field (re-sealed)"
+                except (ValueError, TypeError, AttributeError):
+                    pass  # a document the hash cannot cover stays as it is
+            path.write_bytes(gzip.compress(text))
+        run(family, lambda: answers(path), reference)
+
+    check()
+
+
+# -- eval --out partial records and benchmark pair caches ------------------------------------------------------------
+
+
+def _episode_records(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "question_id": f"q{i}", "question": f"Q{i}?", "em": float(i % 2), "subem": float(i % 2),
+            "f1": 0.5 * (i % 2), "reward": float(i % 2), "searches": i, "invalid_turns": 0,
+            "policy_tokens": 10 + i, "end_reason": "answered", "gold_retrieved": None, "steps": 12 + i,
+            "transcript": f"<answer> a{i} </answer> é",
+        }
+        for i in range(n)
+    ]  # fmt: skip
+
+
+IDENTITY = {
+    "agent": "heuristic",
+    "agent_sha256": None,
+    "env": "SearchQA-v0",
+    "env_options": {"topk": 3},
+    "seed": 0,
+}
+
+
+def _mutated_run_record(data: Any, record: dict[str, Any]) -> tuple[str, bytes]:
+    """The run record's family: damaged bytes, or one field changed (or dropped)."""
+    text = json.dumps(record, indent=2) + "\n"
+    if data.draw(st.booleans()):
+        return "run record bytes", data.draw(byte_mutation(text.encode()))
+    changed = dict(record)
+    key = data.draw(st.sampled_from(sorted(changed)))
+    if data.draw(st.booleans()):
+        del changed[key]
+    else:
+        changed[key] = data.draw(JSON)
+    return "run record field", json.dumps(changed).encode()
+
+
+def fuzz_partial(cases: int) -> None:
+    """``eval --resume``'s reading of ``OUT.partial`` (with its digests) and ``OUT.partial.run.json``: a held
+    episode must be exactly one the run wrote, in its place; what is not is played again (a prefix is kept)."""
+    from searchgym.cli.eval import held_episodes
+    from searchgym.data.digests import RecordDigests
+
+    records = _episode_records(4)
+
+    def fresh() -> tuple[Path, Path]:
+        root = Path(tempfile.mkdtemp())
+        partial, record_path = root / "e.jsonl.partial", root / "e.jsonl.partial.run.json"
+        record_path.write_text(json.dumps(IDENTITY, indent=2) + "\n")
+        partial.write_bytes(b"")
+        digests = RecordDigests(partial, IDENTITY)
+        digests.restart()
+        with partial.open("ab") as f:
+            for line in _lines(records).splitlines(keepends=True):
+                f.write(line)
+                digests.append(line)
+        return partial, record_path
+
+    def held(partial: Path, record_path: Path) -> Any:
+        kept, _ = held_episodes(partial, record_path, dict(IDENTITY), 4)
+        return [r.to_json() for r in kept]
+
+    reference = held(*fresh())
+    assert reference == records
+
+    def kept_prefix(
+        result: Any, expected: Any
+    ) -> bool:  # the rest is played again: the final file is the same
+        return bool(result == expected[: len(result)])
+
+    @case_settings(cases)
+    @given(st.data())
+    def check(data: Any) -> None:
+        partial, record_path = fresh()
+        target = data.draw(st.sampled_from(["records", "digests", "run record"]))
+        if target == "records":
+            family, mutated = _line_mutation(data, records)
+            partial.write_bytes(mutated)
+            if family == "record" and data.draw(st.booleans()):
+                RecordDigests(partial, IDENTITY).restart()
+                family = "record (re-digested)"
+        elif target == "digests":
+            digests = Path(str(partial) + ".digests")
+            family, mutated = "digests bytes", data.draw(byte_mutation(digests.read_bytes()))
+            digests.write_bytes(mutated)
+        else:
+            family, mutated = _mutated_run_record(data, IDENTITY)
+            record_path.write_bytes(mutated)
+        run(family, lambda: held(partial, record_path), reference, kept_prefix)
+
+    check()
+
+
+def fuzz_pairs(cases: int) -> None:
+    """``benchmark``'s cached pair files: a cache is entered only when its record's digest vouches for every
+    line, in order; otherwise the pair is played again (counted here as a typed refusal)."""
+    from searchgym.cli.benchmark import RECORDS_DIGEST, _cached_records
+    from searchgym.data.digests import chain_digest
+    from searchgym.errors import DataFormatError
+
+    records = _episode_records(4)
+    identity = {**IDENTITY, "episodes": 4, "data": {"split_sha256": "0" * 64}}
+
+    def fresh() -> tuple[Path, Path]:
+        root = Path(tempfile.mkdtemp())
+        path, record_path = root / "nq.jsonl", root / "nq.jsonl.run.json"
+        path.write_bytes(_lines(records))
+        digest = chain_digest(identity, _lines(records).splitlines(keepends=True))
+        record_path.write_text(json.dumps({**identity, RECORDS_DIGEST: digest}, indent=2) + "\n")
+        return path, record_path
+
+    def cached(path: Path, record_path: Path) -> Any:
+        found, why = _cached_records(path, record_path, dict(identity), 4)
+        if found is None:
+            raise DataFormatError(str(path), None, f"played again: {why}")
+        return found
+
+    reference = cached(*fresh())
+
+    @case_settings(cases)
+    @given(st.data())
+    def check(data: Any) -> None:
+        path, record_path = fresh()
+        if data.draw(st.booleans()):
+            family, mutated = _line_mutation(data, records)
+            path.write_bytes(mutated)
+            if family == "record" and data.draw(st.booleans()):  # crafted with a fresh digest
+                saved = json.loads(record_path.read_text())
+                saved[RECORDS_DIGEST] = chain_digest(identity, mutated.splitlines(keepends=True))
+                record_path.write_text(json.dumps(saved))
+                family = "record (re-digested)"
+        else:
+            saved = json.loads(record_path.read_text())
+            family, mutated = _mutated_run_record(data, saved)
+            record_path.write_bytes(mutated)
+        run(family, lambda: cached(path, record_path), reference)
+
+    check()
+
+
 KINDS: dict[str, Callable[[int], None]] = {
     "checkpoint": fuzz_checkpoint,
     "index": fuzz_index,
@@ -639,6 +870,9 @@ KINDS: dict[str, Callable[[int], None]] = {
     "parquet": fuzz_parquet,
     "demos": fuzz_demos,
     "metrics": fuzz_metrics,
+    "cassette": fuzz_cassette,
+    "partial": fuzz_partial,
+    "pairs": fuzz_pairs,
 }
 
 

@@ -16,8 +16,10 @@ What runs:
   are made once by :func:`prerequisites`. After a command, every ``--out`` and ``--run-dir`` it names must
   exist. Every ``searchgym`` line without shell variables must also parse with the real CLI parser
   (:func:`test_documented_command_parses`, which runs nothing).
-* README's quickstart ``make demo`` and its "what next" block run literally, with ``make`` and
-  ``source .venv/bin/activate``, in a copy of the repository: :func:`test_readme_first_hour`.
+* README's ``make demo`` (of its two commands) and its "what next" block run literally, with ``make`` and
+  ``source .venv/bin/activate``, in a copy of the repository: :func:`test_readme_first_hour`; the README
+  itself reads as a first-hour guide, every term defined at first use or linked:
+  :func:`test_readme_is_a_first_hour_guide`.
 
 What does not run, and why, is visible in the Markdown next to the block:
 
@@ -114,6 +116,7 @@ BUDGETS: dict[tuple[str, ...], list[str]] = {
         "bench update": "--repeats 1 --questions 1 --group-size 2",
         "bench rollout": "--repeats 1 --questions 1 --group-size 2",
         "bench gns": "--groups 2 --questions-per-step 1 --group-size 2 --threads 1",
+        "bench headroom": "--questions 4 --samples 2 --threads 1 --no-progress",
         "bench retrieval": "--sizes 2000 --repeats 1 --queries 16 --batch 8 --reference-queries 4",
     }.items()
 }
@@ -336,7 +339,7 @@ def audit(documents: Sequence[Path], first_hour: set[str], root: Path = ROOT) ->
 
 
 def readme_first_hour() -> list[Snippet]:
-    """``make demo`` from the quickstart block, then every line of the block that activates ``.venv``."""
+    """``make demo`` from the two commands' block, then every line of the block that activates ``.venv``."""
     blocks = [b for b in fenced_blocks(ROOT / "README.md") if b.language in SHELL_LANGUAGES]
     quickstart = next(b for b in blocks if any(line.code.startswith("make demo") for line in shell_lines(b)))
     after = next(b for b in blocks if b.code.lstrip().startswith("source .venv/bin/activate"))
@@ -414,6 +417,31 @@ def test_documented_command_parses(snippet: Snippet, parser: argparse.ArgumentPa
         raise AssertionError from e  # unreachable: keeps type checkers aware that the test ends here
 
 
+SHARED_COMMANDS = [c for c in COMMANDS if "--dataset ../shared/" in c.code]
+
+
+@pytest.mark.parametrize("snippet", SHARED_COMMANDS, ids=[c.id for c in SHARED_COMMANDS])
+def test_documented_dataset_and_splits_exist(snippet: Snippet, parser: argparse.ArgumentParser) -> None:
+    """Every documented command that names a folder of ``../shared/data`` — those not run here too (a GPU,
+    hours) — names a dataset that exists and splits (slices included) that it has, as the command itself
+    checks them before it starts."""
+    from searchgym.cli._splits import check_splits
+
+    if not (SHARED / "data").is_dir():
+        pytest.skip(f"../shared is absent here ({SHARED})")
+    argv = searchgym_argv(snippet.code)
+    assert argv is not None
+    args = parser.parse_args(argv)
+    args.dataset = str(SHARED / Path(args.dataset).relative_to("../shared"))
+    check_splits(args)
+
+
+def test_every_documented_dataset_command_is_checked() -> None:
+    """The check above finds the real-data training commands of grpo.md and scale.md (run on a GPU only)."""
+    where = {(c.path, words_of(c.code)[1]) for c in SHARED_COMMANDS}
+    assert {("docs/grpo.md", "train"), ("docs/scale.md", "train"), ("docs/scale.md", "prepare")} <= where
+
+
 def subparser(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> argparse.ArgumentParser:
     """The parser of a sub-command path, e.g. ``("train", "grpo")``."""
     for name in path:
@@ -436,6 +464,108 @@ def test_budgets_only_shrink_sizes(parser: argparse.ArgumentParser) -> None:
                 assert float(value) <= default, (
                     f"searchgym {' '.join(path)} {option} {value} > default {default}"
                 )
+
+
+# --- README as a first-hour guide ---------------------------------------------------------------------------
+
+#: README's sections, in the order a newcomer needs them.
+README_SECTIONS = (
+    "Install",
+    "The two commands",
+    "What the studies found",
+    "Using the environment",
+    "The command line",
+)
+#: Abbreviations every reader knows: no definition asked.
+COMMON_ABBREVIATIONS = frozenset(
+    {"API", "CI", "CLI", "CPU", "GPU", "HTML", "HTTP", "JSON", "JSONL", "PNG", "README", "URL"}
+)
+#: The project's words that are not abbreviations but still need a definition or a link at first use.
+README_TERMS = (
+    "FlashRAG",
+    "frozen control",
+    "warm-start",
+    "pre-registered",
+    "likelihood displacement",
+    "ledger-LLDS",
+    "three-phase",
+    "A ≥ 0",
+)
+ABBREVIATION = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]*[A-Z0-9](?![\w])")
+LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]*)\)")
+
+
+def readme_prose(text: str) -> str:
+    """The README as a reader's eye meets words: fenced blocks, HTML comments and inline code blanked out
+    (same length, so positions hold), link texts kept."""
+
+    def blank(match: re.Match[str]) -> str:
+        return re.sub(r"[^\n]", " ", match[0])
+
+    text = re.sub(r"^\s*```.*?^\s*```[^\n]*$", blank, text, flags=re.MULTILINE | re.DOTALL)
+    text = re.sub(r"<!--.*?-->", blank, text, flags=re.DOTALL)
+    return re.sub(r"`[^`]+`", blank, text)
+
+
+def undefined_terms(text: str) -> list[str]:
+    """Each abbreviation and :data:`README_TERMS` word whose first use in ``text`` is neither inside a link's
+    text nor defined beside it: ``TERM (meaning…)``, ``TERM: meaning``, ``meaning (TERM)`` or
+    ``(TERM: meaning…)``."""
+    prose = readme_prose(text)
+    links = [m.span(1) for m in LINK.finditer(prose)]
+    firsts: dict[str, tuple[int, int]] = {}
+    for match in ABBREVIATION.finditer(prose):
+        if match[0] not in COMMON_ABBREVIATIONS:
+            firsts.setdefault(match[0], match.span())
+    for term in README_TERMS:
+        if (at := prose.lower().find(term.lower())) >= 0:
+            firsts[term] = (at, at + len(term))
+    missing = []
+    for term, (start, end) in firsts.items():
+        linked = any(a <= start and end <= b for a, b in links)
+        after = " ".join(prose[end : end + 3].split())
+        named = prose[:start].rstrip().endswith("(") and prose[end : end + 1] in (")", ":")  # "long (ABBR)"
+        defined = after.startswith(("(", ":")) or named
+        if not (linked or defined):
+            line = prose.count("\n", 0, start) + 1
+            missing.append(f"README.md:{line}: {term!r} is used before it is defined or linked")
+    return missing
+
+
+def test_readme_is_a_first_hour_guide() -> None:
+    """What it is, install, the two commands, three findings with their pages, then the API and the command
+    line; every term defined at its first use or linked to the page that explains it."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
+    assert [h for h in headings if h in README_SECTIONS] == list(README_SECTIONS), headings
+    intro = text.split("\n## ", 1)[0]
+    assert len(re.findall(r"[.!?](?:\s|$)", intro.split("\n\n")[1])) == 3, "what it is: three sentences"
+    quickstart = next(b for b in BLOCKS if b.path == "README.md" and b.language in SHELL_LANGUAGES)
+    assert [words_of(line)[:2] for _, line in logical_lines(quickstart)] == [
+        ["make", "demo"],
+        ["make", "test"],
+    ]
+    findings = text.split("## What the studies found", 1)[1].split("\n## ", 1)[0]
+    bullets = re.findall(r"^- (.+(?:\n  .+)*)", findings, flags=re.MULTILINE)
+    assert len(bullets) == 3 and all(re.search(r"\]\(docs/experiments/\w+\.md\)", b) for b in bullets)
+    assert "in progress — see" in bullets[-1] and "learn2.md" in bullets[-1]
+    assert not re.search(r"\b1,\d{3} tests\b", text), "test counts go stale: say what the commands run"
+    assert undefined_terms(text) == []
+    broken = [t for _, t in LINK.findall(text) if "://" not in t and not (ROOT / t.split("#")[0]).exists()]
+    assert broken == []
+
+
+def test_the_term_check_catches_an_unexplained_term() -> None:
+    assert undefined_terms("We train with GRPO (group relative policy optimisation).\n") == []
+    assert undefined_terms("Group relative policy optimisation (GRPO) then [LLDS](docs/grpo.md).\n") == []
+    assert undefined_terms("`SFT` in code is fine; (C1 met), SAPO too.\n") == [
+        "README.md:1: 'C1' is used before it is defined or linked",
+        "README.md:1: 'SAPO' is used before it is defined or linked",
+    ]
+    assert undefined_terms("a frozen control of the same seed, then ledger-LLDS\n") == [
+        "README.md:1: 'frozen control' is used before it is defined or linked",
+        "README.md:1: 'ledger-LLDS' is used before it is defined or linked",
+    ]
 
 
 # --- README's demo table --------------------------------------------------------------------------------------

@@ -20,7 +20,18 @@ import pytest
 pytest.importorskip("hypothesis")
 
 WORKER = Path(__file__).with_name("fuzz_files_worker.py")
-KINDS = ["checkpoint", "index", "dense", "jsonl", "parquet", "demos", "metrics"]
+KINDS = [
+    "checkpoint",
+    "index",
+    "dense",
+    "jsonl",
+    "parquet",
+    "demos",
+    "metrics",
+    "cassette",
+    "partial",
+    "pairs",
+]
 NEEDS = {"checkpoint": "torch", "metrics": "torch", "parquet": "pyarrow", "dense": "faiss"}
 
 

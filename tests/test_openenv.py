@@ -27,10 +27,12 @@ from searchgym.errors import ConfigError, UnknownQuestionError
 from searchgym.openenv import SearchQAAction, SearchQAEnvClient
 from searchgym.openenv.environment import SearchQAEnvironment, SearchQAEnvOptions
 
+from .conftest import SERVER_WAIT
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 READY = re.compile(r"serving SearchQA \(OpenEnv\) on (http://\S+)")
-STARTUP_TIMEOUT_S = 120  # a hang guard: the machine may be busy
+STARTUP_TIMEOUT_S = SERVER_WAIT  # a hang guard: the machine may be busy
 SERVER_ARGS = ["--topk", "2", "--max-turns", "3", "--max-sessions", "16"]
 
 
@@ -65,7 +67,7 @@ def _server(command: list[str], log: Path, env: dict[str, str] | None = None) ->
 
 def _healthy(url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+        with urllib.request.urlopen(f"{url}/health", timeout=SERVER_WAIT) as r:
             return r.status == 200 and json.loads(r.read())["status"] == "healthy"
     except OSError:
         return False
@@ -322,3 +324,73 @@ def test_trl_environment_factory_drives_the_client_in_a_grpo_step(
     assert [i["em"] for i in infos] == [1.0, 0.0, 1.0, 0.0] and all(i["searches"] == 1 for i in infos)
     assert any(0 in row for row in trainer._buffered_inputs[0]["tool_mask"].tolist())  # tool results masked
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+# -- the guards `searchgym serve` has: idle sessions, bodies, bad input, repeated log lines ---------------------
+
+
+def test_idle_sessions_are_closed_and_free_their_slots() -> None:
+    """With every session slot held by a client that went quiet, a new client still gets a session once the
+    idle ones pass ``session_timeout``."""
+    from searchgym.openenv.server import create_searchqa_app
+    from searchgym.server import ServerThread
+
+    app = create_searchqa_app(SearchQAEnvOptions(topk=2), max_sessions=2, session_timeout=1.0)
+
+    async def play(url: str) -> str:
+        idle = [SearchQAEnvClient(base_url=url) for _ in range(2)]
+        for client in idle:
+            await client.__aenter__()
+            await client.reset(seed=0)
+        await asyncio.sleep(3.0)  # both sessions silent past the timeout
+        async with SearchQAEnvClient(base_url=url) as fresh:
+            result = await fresh.reset(question_id="train-3")
+        for client in idle:
+            with contextlib.suppress(Exception):
+                await client.close()
+        return str(result.observation.question_id)
+
+    with ServerThread(app) as srv:
+        assert asyncio.run(asyncio.wait_for(play(srv.url), SERVER_WAIT)) == "train-3"
+
+
+def test_bad_input_and_large_bodies_over_http_are_one_4xx_line() -> None:
+    from searchgym.openenv.server import create_searchqa_app
+    from searchgym.server import ServerThread
+
+    from .conftest import server_client
+
+    app = create_searchqa_app(SearchQAEnvOptions(topk=2))
+    with ServerThread(app) as srv, server_client(srv.url) as http:
+        r = http.post("/reset", json={"question_id": "nope"})
+        assert r.status_code == 404 and "question 'nope' is not in this split" in r.json()["detail"]
+        r = http.post("/step", json={"action": {"tool": "answer", "text": "x"}})  # no episode is running
+        assert r.status_code == 409 and "no episode is running" in r.json()["detail"]
+        json_body = {"content-type": "application/json"}
+        r = http.post("/reset", content=b"{" + b" " * (2 << 20) + b"}", headers=json_body)
+        assert r.status_code == 413 and "request body over 1048576 bytes" in r.json()["detail"]
+
+        def chunks() -> Iterator[bytes]:  # no content-length: the body is counted as it streams
+            for _ in range(64):
+                yield b" " * 65536
+
+        r = http.post("/reset", content=chunks(), headers=json_body)
+        assert r.status_code == 413
+        assert http.get("/health").json() == {"status": "healthy"}
+
+
+def test_openenv_serve_options_reach_the_guards() -> None:
+    from searchgym.cli import build_parser
+    from searchgym.cli.openenv_serve import build_app
+
+    parser = build_parser()
+    app = build_app(parser.parse_args(["openenv", "serve"]))
+    limits = app.state.limits
+    assert (limits.read_timeout, limits.max_connections, limits.max_body_bytes) == (10.0, 1024, 1 << 20)
+    args = ["--read-timeout", "2.5", "--max-connections", "64", "--max-body-mb", "4"]
+    args += ["--session-timeout", "30"]
+    app = build_app(parser.parse_args(["openenv", "serve", *args]))
+    limits = app.state.limits
+    assert (limits.read_timeout, limits.max_connections, limits.max_body_bytes) == (2.5, 64, 4 << 20)
+    with pytest.raises(ConfigError, match="session_timeout"):
+        build_app(parser.parse_args(["openenv", "serve", "--session-timeout", "0"]))

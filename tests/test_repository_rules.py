@@ -67,3 +67,25 @@ def test_every_test_docs_security_names_exists() -> None:
     ]
     assert missing == []
     assert sorted(bare - set().union(*defined.values())) == []
+
+
+def test_every_request_a_test_sends_a_server_it_started_names_its_timeout() -> None:
+    """On a machine whose cores are busy (CI beside experiment runs) a server's first answer can take longer
+    than httpx's default 5 s. Every request or client a test makes names its timeout: ``SERVER_WAIT`` (the
+    one helper in ``tests/conftest.py``: ``server_client``, ``wait_for_health``) unless the test measures a
+    deadline of its own."""
+    import ast
+
+    calls = {"get", "post", "put", "delete", "request", "stream", "Client", "AsyncClient", "urlopen"}
+    missing = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            owner = node.func.value
+            owner_name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", None)
+            named = owner_name in ("httpx", "request") and node.func.attr in calls
+            if named and not any(k.arg == "timeout" for k in node.keywords):
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert missing == [], f"requests with httpx's default timeout: {missing}"

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import torch
 
 from searchgym.agents.training.checkpoint import load_checkpoint
 
-from .conftest import SHARED_DATA
+from .conftest import SHARED_DATA, wait_for_health
 
 pytestmark = pytest.mark.slow  # real server processes, killed and restarted
 
@@ -49,15 +48,8 @@ class Server:
     def start(self) -> None:
         cmd = [*CLI, "serve", "--corpus", str(self.corpus), "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError("searchgym serve did not come up")
+        proc = self.proc
+        wait_for_health(f"http://127.0.0.1:{self.port}", alive=lambda: proc.poll() is None)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

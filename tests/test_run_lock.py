@@ -118,3 +118,25 @@ def test_a_second_training_command_on_a_held_folder_is_refused_and_deletes_nothi
         assert f"is in use: process {holder.pid}" in capsys.readouterr().err
         assert (run / "checkpoint.pt").read_bytes() == b"the live run's checkpoint"
         assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_a_full_disk_when_the_run_starts_is_one_line_and_leaves_no_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from searchgym import run_lock
+    from searchgym.errors import DiskFullError
+
+    def no_space(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(run_lock.os, "pwrite", no_space)
+        with pytest.raises(DiskFullError, match=r"no space left on the device writing .*run\.lock") as caught:
+            lock_run_dir(run_dir)
+    assert "\n" not in str(caught.value)
+    assert not (run_dir / "run.lock").exists()  # no empty lock record left behind
+    with lock_run_dir(run_dir) as lock:  # the folder is free once there is space
+        assert lock.held

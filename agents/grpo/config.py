@@ -8,6 +8,7 @@ stays fast.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeAlias, get_args
@@ -15,6 +16,7 @@ from typing import ClassVar, Literal, TypeAlias, get_args
 from searchgym.errors import ConfigError
 
 from ..training.config import CommonConfig, option
+from .loss_term import check_loss_term_spec
 
 __all__ = [
     "ADVANTAGE_CHOICES",
@@ -23,6 +25,7 @@ __all__ = [
     "LLDS_COEF",
     "MA_SCHEDULES",
     "MINIBATCH_PLANS",
+    "PRECISIONS",
     "SAPO_THRESHOLD",
     "GRPOConfig",
     "GroupedLLDS",
@@ -43,6 +46,9 @@ MA_SCHEDULES: tuple[str, ...] = get_args(MASchedule)
 Advantage: TypeAlias = Literal["group", "mean", "sign", "greedy"]
 ADVANTAGE_CHOICES: tuple[str, ...] = get_args(Advantage)
 """``--advantage`` values (see :func:`searchgym.agents.grpo.advantages.compute_advantages`)."""
+Precision: TypeAlias = Literal["fp32", "bf16-autocast"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+"""``--precision`` values: the arithmetic of a run's rollouts and updates."""
 
 SAPO_THRESHOLD = 0.8
 """Default ratio threshold of SAPO's conditional KL: the lower edge of the default PPO clip range."""
@@ -158,6 +164,13 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "optimizer step. --rescore-pi-old: a separate no-grad pass re-scores all of them (exact lld/ zeros on a "
         "step that changes nothing, one forward pass more); --no-rescore-pi-old: the sampler's log-probs for all",
     )
+    precision: Precision = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
+        "fp32",
+        "arithmetic of the rollouts and updates: fp32, or bf16-autocast (matrix products in bfloat16 under "
+        "torch.autocast; weights, optimizer state, log-softmax and every log-probability stay float32; needs a "
+        "CPU with AVX512-BF16 or AMX, or a bfloat16 GPU, else runs fp32 and says so). The probes and the greedy "
+        "evaluation are scored in fp32 either way",
+    )
     advantage: Advantage = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "group",
         "group: (r - mean) / (std + eps) within the group (GRPO); mean: r - mean (Dr. GRPO); sign: 2r - 1, a "
@@ -210,6 +223,14 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
     sapo_threshold: float = option(
         SAPO_THRESHOLD, "SAPO's ratio threshold t in (0, 1]: a token is penalised once pi/pi_old <= t"
     )
+    loss_term: str | None = option(
+        None,
+        "a loss term of your own, module:function: called on every micro-batch with its tensors and masks "
+        "(LossTermInputs), it returns (scalar, metrics), added to the loss times --loss-term-coef and logged "
+        "as train/loss_term and train/loss_term/NAME (docs/study.md; the module is imported from the current "
+        "directory or the installed packages)",
+    )
+    loss_term_coef: float = option(1.0, "weight of --loss-term in the loss")
     kl_coef: float = option(0.001, "weight of the k3 KL to the frozen initial policy (0: no reference model)")
     entropy_coef: float = option(
         0.001, "entropy bonus weight (reference: 0.001; 0 while no group is solved, see docs/grpo.md)"
@@ -315,6 +336,10 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
             raise ConfigError(f"sapo_coef must be >= 0, got {self.sapo_coef}")
         if not 0 < self.sapo_threshold <= 1:
             raise ConfigError(f"sapo_threshold must be in (0, 1], got {self.sapo_threshold}")
+        if self.loss_term is not None:
+            check_loss_term_spec(self.loss_term)
+        if not math.isfinite(self.loss_term_coef):
+            raise ConfigError(f"loss_term_coef must be a finite number, got {self.loss_term_coef}")
         if self.ledger_batch is not None and self.ledger_batch < 1:
             raise ConfigError(f"ledger_batch must be >= 1, got {self.ledger_batch}")
         if self.llds_ledger and not self.ledger_size:

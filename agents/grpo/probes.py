@@ -84,6 +84,8 @@ def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatc
     """
     if not cfg.onpolicy_probe_size:
         return {}, {}
+    from tqdm.auto import tqdm
+
     budget = cfg.onpolicy_probe_episodes or 4 * cfg.onpolicy_probe_size
     probes: dict[str, RolloutBatch] = {}
     summary: dict[str, float] = {}
@@ -96,6 +98,10 @@ def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatc
         ids = [q.id for q in env.questions]
         kept: list[RolloutBatch] = []
         found, infos, rewards = 0, [], []
+        # Sampling the probes takes a while before the first step: say what runs (episodes sampled, probes found).
+        bar = tqdm(
+            total=budget, desc=f"on-policy probe ({name})", unit="ep", disable=not cfg.progress, leave=False
+        )
         try:
             for start in range(0, budget, env.num_envs):
                 chunk = [ids[(start + j) % len(ids)] for j in range(env.num_envs)]
@@ -108,9 +114,12 @@ def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatc
                 if rows:
                     kept.append(batch.select(rows))
                     found += len(rows)
+                bar.update(len(batch))
+                bar.set_postfix_str(f"{found} of {cfg.onpolicy_probe_size} correct found", refresh=False)
                 if found >= cfg.onpolicy_probe_size:
                     break
         finally:
+            bar.close()
             env.close()
         probes[name] = concat_batches(kept, policy.tokenizer.pad_token_id)
         if name == "train":

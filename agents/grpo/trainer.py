@@ -37,7 +37,9 @@ from searchgym.errors import CheckpointError
 from searchgym.run_lock import lock_run_dir
 
 from ..llm import DEFAULT_SCORING, LLMPolicy, ScoringOptions, token_logprobs
+from ..llm.precision import resolve_precision
 from ..training.checkpoint import load_checkpoint, save_checkpoint
+from ..training.clock import PhaseClock
 from ..training.metrics import MetricLogger, read_metrics
 from ..training.policy import build_policy
 from ..training.rollout import (
@@ -70,6 +72,7 @@ from .config import GRPOConfig
 from .diagnostics import lld_warning
 from .displacement import displacement_by_advantage, ledger_displacement, likelihood_metrics, probe_metrics
 from .ledger import Ledger
+from .loss_term import LossTermInputs, apply_loss_term, load_loss_term
 from .losses import (
     grpo_llds_loss,
     ledger_llds_loss,
@@ -94,8 +97,9 @@ class GRPOTrainer:
 
     Args:
         config: The run's configuration (validated on construction).
-        scoring: How the policy's log-probabilities are computed, in the updates and in every
-            gradient-free scoring pass (held by the policy: ``trainer.policy.scoring``).
+        scoring: How the policy's log-probabilities are computed, in the rollouts, the updates and every
+            gradient-free scoring pass (held by the policy: ``trainer.policy.scoring``); its
+            ``autocast_bf16`` is set from ``config.precision`` (the probes are scored without it).
 
     Raises:
         CheckpointError: ``config.resume`` is set and ``RUN_DIR/checkpoint.pt`` is missing or corrupted, or
@@ -108,17 +112,20 @@ class GRPOTrainer:
         if config.resume:
             config = resume_init(config)
         self.config = cfg = config
+        # --loss-term: the user's module, imported before any file is written
+        self.loss_term = load_loss_term(cfg.loss_term) if cfg.loss_term else None
         prepare_run_dir(cfg.run_dir, cfg.resume, cfg.overwrite)  # never silently replaces an earlier run
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.run_dir = Path(cfg.run_dir)
+        bf16 = resolve_precision(cfg.precision, cfg.device) == "bf16-autocast"  # else one line, and fp32
         self.policy, self.arch = build_policy(
             cfg,
             temperature=cfg.temperature,
             max_turn_tokens=cfg.max_turn_tokens,
             seed=cfg.seed,
-            scoring=scoring,
+            scoring=dataclasses.replace(scoring, autocast_bf16=bf16),
         )
         self.model = self.policy.model
         # The reference is the initial policy; skipped entirely (no copy, no forward) when kl_coef == 0.
@@ -150,6 +157,7 @@ class GRPOTrainer:
         # The logged history feeds the early-warning rule; a resumed run reads back what it had logged.
         self.history: list[dict[str, Any]] = read_metrics(self.run_dir) if cfg.resume else []
         self.update_metrics: list[dict[str, float]] = []  # per optimizer update of the last step (tests)
+        self.clock = PhaseClock()  # the update's phases (time/pi_old_s, time/forward_s …)
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -167,41 +175,7 @@ class GRPOTrainer:
             self._log(0, start)
         try:
             while self.step < cfg.steps:
-                self.step += 1
-                t0 = time.perf_counter()
-                # rollout (and reward: the env scores each finished episode)
-                batch, sampling = self.sample_step()
-                t1 = time.perf_counter()
-                # the self-critical baseline: greedy play on the batch's questions (--advantage greedy)
-                greedy = self.greedy_play(batch).rewards if cfg.advantage == "greedy" else None
-                t_greedy = time.perf_counter()
-                advantages = compute_advantages(  # advantage
-                    batch.rewards, cfg.group_size, cfg.advantage, greedy_rewards=greedy
-                )
-                metrics = self.rollout_metrics(batch, advantages, greedy) | sampling
-                metrics |= self.update(batch, advantages)  # loss, optimizer updates, displacement
-                t2 = time.perf_counter()
-                if self.step in (1, cfg.steps) or self.step % cfg.probe_every == 0:
-                    metrics |= self.probe_metrics()
-                t3 = time.perf_counter()
-                metrics |= self.ledger_metrics(batch)  # cross-step displacement, then this step's successes
-                t4 = time.perf_counter()
-                if cfg.eval_questions and (
-                    self.step == cfg.steps or (cfg.eval_every and self.step % cfg.eval_every == 0)
-                ):
-                    metrics |= self.evaluate()
-                if greedy is not None:
-                    metrics["time/greedy_s"] = t_greedy - t1
-                metrics |= {
-                    "time/rollout_s": t1 - t0,
-                    "time/update_s": t2 - t_greedy,
-                    "time/probe_s": t3 - t2,
-                    "time/ledger_s": t4 - t3,
-                    "time/step_s": time.perf_counter() - t0,
-                }
-                self._log(self.step, metrics)  # log: the one place metrics are recorded
-                if self.step == cfg.steps or (cfg.save_every and self.step % cfg.save_every == 0):
-                    self.save()
+                metrics = self.train_step()
                 bar.update(1)
                 bar.set_postfix(
                     reward=f"{metrics['rollout/reward']:.2f}", grad=f"{metrics['train/grad_norm']:.2f}"
@@ -212,6 +186,47 @@ class GRPOTrainer:
             self.env.close()
             if self.greedy_env is not None:
                 self.greedy_env.close()
+        return metrics
+
+    def train_step(self) -> dict[str, float]:
+        """One step: rollout → reward → advantage → updates, then the probes, the ledger and the evaluation
+        when they are due; logs the step (and saves when due) and returns its metrics."""
+        cfg = self.config
+        self.step += 1
+        t0 = time.perf_counter()
+        # rollout (and reward: the env scores each finished episode)
+        batch, sampling = self.sample_step()
+        t1 = time.perf_counter()
+        # the self-critical baseline: greedy play on the batch's questions (--advantage greedy)
+        greedy = self.greedy_play(batch).rewards if cfg.advantage == "greedy" else None
+        t_greedy = time.perf_counter()
+        advantages = compute_advantages(batch.rewards, cfg.group_size, cfg.advantage, greedy_rewards=greedy)
+        metrics = self.rollout_metrics(batch, advantages, greedy) | sampling
+        metrics |= self.update(batch, advantages)  # loss, optimizer updates, displacement
+        t2 = time.perf_counter()
+        if self.step in (1, cfg.steps) or self.step % cfg.probe_every == 0:
+            metrics |= self.probe_metrics()
+        t3 = time.perf_counter()
+        metrics |= self.ledger_metrics(batch)  # cross-step displacement, then this step's successes
+        t4 = time.perf_counter()
+        if cfg.eval_questions and (
+            self.step == cfg.steps or (cfg.eval_every and self.step % cfg.eval_every == 0)
+        ):
+            metrics |= self.evaluate()
+            metrics["time/eval_s"] = time.perf_counter() - t4
+        if greedy is not None:
+            metrics["time/greedy_s"] = t_greedy - t1
+        metrics |= {
+            "time/rollout_s": t1 - t0,
+            "time/update_s": t2 - t_greedy,
+            "time/probe_s": t3 - t2,
+            "time/ledger_s": t4 - t3,
+            "time/step_s": time.perf_counter() - t0,
+        }
+        metrics |= self.clock.take()
+        self._log(self.step, metrics)  # log: the one place metrics are recorded
+        if self.step == cfg.steps or (cfg.save_every and self.step % cfg.save_every == 0):
+            self.save()
         return metrics
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
@@ -376,8 +391,15 @@ class GRPOTrainer:
         overhead = call_overhead_tokens(self.config.device)
         return [length_buckets(mb, lengths, micro, overhead) for mb in minibatches]
 
-    def _score(self, model: Any, batch: RolloutBatch, micro_batches: list[Tensor]) -> Tensor:
-        """``(B, T)`` log-probs of the batch's policy tokens under ``model``, micro-batch by micro-batch.
+    def _score(
+        self,
+        model: Any,
+        batch: RolloutBatch,
+        micro_batches: list[Tensor],
+        scoring: ScoringOptions | None = None,
+    ) -> Tensor:
+        """``(B, T)`` log-probs of the batch's policy tokens under ``model``, micro-batch by micro-batch, with
+        ``scoring`` (default: the policy's).
 
         Runs under :data:`torch.inference_mode` (no autograd bookkeeping at all; the policy's
         :class:`ScoringOptions` may ask for ``torch.no_grad`` instead); the result is an ordinary tensor, so
@@ -387,7 +409,7 @@ class GRPOTrainer:
         with self.policy.scoring.no_grad():
             for idx in micro_batches:
                 mb = batch.select(idx).to(self.config.device)
-                logp, _ = _token_logprobs(self.policy, model, mb)
+                logp, _ = _token_logprobs(self.policy, model, mb, scoring=scoring)
                 out[idx, : logp.shape[1]] = logp.float().cpu()
         return out
 
@@ -411,8 +433,10 @@ class GRPOTrainer:
         plan, first_epoch = self._plan(batch)
         model_mode = self.model.training
         self.model.eval()  # dropout off: pi_old and pi_theta must be the same function of the parameters
-        pi_old = self._pi_old(batch, plan, first_epoch)
-        ref_logp = self._reference_logprobs(batch, first_epoch)
+        with self.clock("pi_old"):
+            pi_old = self._pi_old(batch, plan, first_epoch)
+        with self.clock("reference"):
+            ref_logp = self._reference_logprobs(batch, first_epoch)
         weights, beta = self._llds_weights(batch)
         self.update_metrics = []
         for n, micro_batches in enumerate(plan):  # one optimizer update per mini-batch
@@ -433,7 +457,8 @@ class GRPOTrainer:
         if not cfg.frozen:  # the frozen control's rate is 0 throughout, and it never steps the optimizer
             self.scheduler.step()
         metrics = self._update_summary(len(plan), rate, pi_old.gap(), beta)
-        metrics |= self.displacement(batch, advantages, pi_old.logp, first_epoch)
+        with self.clock("displacement"):
+            metrics |= self.displacement(batch, advantages, pi_old.logp, first_epoch)
         self.model.train(model_mode)
         return metrics
 
@@ -558,7 +583,7 @@ class GRPOTrainer:
             width = mb.tokens.shape[1]
             own = torch.empty(mb.tokens.shape, dtype=torch.float32, device=cfg.device)
             # The frozen control computes the loss (its metrics) but no gradient.
-            with torch.set_grad_enabled(not cfg.frozen):
+            with torch.set_grad_enabled(not cfg.frozen), self.clock("forward"):
                 loss, m = self.loss(
                     mb,
                     advantages[idx].to(cfg.device),
@@ -573,7 +598,8 @@ class GRPOTrainer:
                 logp_old[idx, :width] = own.cpu()
             finite = finite and bool(torch.isfinite(loss))
             if finite and not cfg.frozen:
-                loss.backward()
+                with self.clock("backward"):
+                    loss.backward()
                 if noise is not None:
                     noise.add(len(idx), float(mb.loss_mask.sum()) / num_tokens)
             share = float(mb.loss_mask.sum()) / num_tokens  # token-weighted, like the loss itself
@@ -585,21 +611,24 @@ class GRPOTrainer:
                     direct = ("loss", "pg_loss", "llds_loss", "sapo_loss", "sapo_frac", "kl", "entropy")
                     sums[k] += v if k in direct else v * share
         if ledger_rows is not None and finite and not cfg.frozen:
-            ledger_loss, m = self._ledger_term(ledger_rows)
+            with self.clock("ledger_llds"):
+                ledger_loss, m = self._ledger_term(ledger_rows)
             finite = bool(torch.isfinite(ledger_loss))
             sums.update(m)
         if before_step is not None:
-            before_step()
-        if cfg.frozen:  # no gradient and no optimizer step: the weights and Adam's state never change
-            grad_norm = torch.zeros(())
-        else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
-        finite = finite and bool(torch.isfinite(grad_norm))
-        zero = finite and float(grad_norm) == 0.0  # no term of the loss moves any weight
-        if finite and not cfg.frozen and not (zero and cfg.skip_zero_signal):
-            self.optimizer.step()
-        else:  # a NaN/Inf loss or gradient, or a skipped zero-signal update: the weights and moments stay
-            self.optimizer.zero_grad(set_to_none=True)
+            with self.clock("pi_old"):
+                before_step()
+        with self.clock("optimizer"):
+            if cfg.frozen:  # no gradient and no optimizer step: the weights and Adam's state never change
+                grad_norm = torch.zeros(())
+            else:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
+            finite = finite and bool(torch.isfinite(grad_norm))
+            zero = finite and float(grad_norm) == 0.0  # no term of the loss moves any weight
+            if finite and not cfg.frozen and not (zero and cfg.skip_zero_signal):
+                self.optimizer.step()
+            else:  # a NaN/Inf loss or gradient, or a skipped zero-signal update: the weights and moments stay
+                self.optimizer.zero_grad(set_to_none=True)
         gns = noise.sizes() if noise is not None else {}
         return {
             **sums,
@@ -684,6 +713,15 @@ class GRPOTrainer:
             sapo_threshold=cfg.sapo_threshold,
             sapo_tokens=sapo_tokens,
         )
+        if self.loss_term is not None:  # --loss-term, weighted by the micro-batch's share of the tokens
+            inputs = LossTermInputs.of(mb, logp, logp_old, advantages, entropy, ref_logp, self.step)
+            share = float(mask.sum()) / num_tokens if num_tokens else 1.0
+            term, term_metrics = apply_loss_term(
+                self.loss_term, inputs, cfg.loss_term_coef, share, str(cfg.loss_term)
+            )
+            loss = loss + term
+            metrics["loss"] += float(term.detach())
+            metrics |= term_metrics
         with torch.no_grad():
             if not cfg.llds_enabled:  # vanilla GRPO still reports what LLDS (action gate) would measure
                 metrics |= llds_loss(logp, logp_old, advantages, mask, "action", None, num_tokens)[1]
@@ -735,12 +773,11 @@ class GRPOTrainer:
         out["ledger_added"] = float(self.ledger.add(batch, self.logp_after, self.step))
         return {f"lld/{k}": v for k, v in out.items()}
 
-    def _score_all(self, batch: RolloutBatch) -> Tensor:
+    def _score_all(self, batch: RolloutBatch, scoring: ScoringOptions | None = None) -> Tensor:
         """``(B, T)`` log-probs of every response of ``batch`` under the current model, no grad, in
         length-bucketed micro-batches (the shapes of the update passes)."""
-        return self._score(
-            self.model, batch, self._micro([torch.arange(len(batch))], batch.attention_mask.sum(dim=1))[0]
-        )
+        micro = self._micro([torch.arange(len(batch))], batch.attention_mask.sum(dim=1))[0]
+        return self._score(self.model, batch, micro, scoring)
 
     def _build_probe(self) -> RolloutBatch | None:
         """The fixed oracle probe set (:func:`.probes.oracle_probe`); its action-kind masks in ``probe_masks``."""
@@ -751,14 +788,20 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def probe_metrics(self) -> dict[str, float]:
-        """Mean per-token log-likelihood of the probe set, overall and per action kind (``lld/probe_logp*``)."""
+        """Mean per-token log-likelihood of the probe set, overall and per action kind (``lld/probe_logp*``).
+
+        Scored with float32 matrix products whatever ``precision`` the run trains at, so the probe curves of
+        runs at different precisions compare."""
         mode = self.model.training
         self.model.eval()
         out: dict[str, float] = {}
+        fp32 = dataclasses.replace(self.policy.scoring, autocast_bf16=False)
         if self.probe is not None:
-            out |= probe_metrics(self._score_all(self.probe), self.probe_masks)
+            out |= probe_metrics(self._score_all(self.probe, fp32), self.probe_masks)
         for name, probe in self.onpolicy_probes.items():
-            value = float(masked_mean(self._score_all(probe), probe.loss_mask)) if len(probe) else math.nan
+            value = (
+                float(masked_mean(self._score_all(probe, fp32), probe.loss_mask)) if len(probe) else math.nan
+            )
             out[f"probe_onpolicy_{name}"] = value
         self.model.train(mode)
         return {f"lld/{k}": v for k, v in out.items()}
@@ -829,10 +872,14 @@ class GRPOTrainer:
 
 
 def _token_logprobs(
-    policy: Any, model: Any, mb: RolloutBatch, with_entropy: bool = False
+    policy: Any,
+    model: Any,
+    mb: RolloutBatch,
+    with_entropy: bool = False,
+    scoring: ScoringOptions | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of ``mb``'s policy tokens under ``model`` at the policy's temperature, with
-    the policy's scoring options."""
+    ``scoring`` (default: the policy's scoring options)."""
     return token_logprobs(
         model,
         mb.tokens,
@@ -841,7 +888,7 @@ def _token_logprobs(
         temperature=policy.temperature,
         with_entropy=with_entropy,
         score_mask=mb.loss_mask,
-        scoring=policy.scoring,
+        scoring=scoring if scoring is not None else policy.scoring,
     )
 
 

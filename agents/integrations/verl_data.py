@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from searchgym.data import load_dataset
+from searchgym.data import load_dataset, parse_split
 from searchgym.errors import ConfigError, MissingDependencyError
 from searchgym.protocol import format_prompt
 
@@ -117,12 +117,13 @@ def write_verl_parquet(
     *,
     limit: int | None = None,
 ) -> dict[str, Path]:
-    """Writes ``OUT_DIR/{split}.parquet`` for each split (atomically: a temporary file moved into place).
+    """Writes ``OUT_DIR/{split}.parquet`` for each split (atomically: a temporary file moved into place); a
+    sliced split (``test[:2000]``) is written as ``test_0-2000.parquet``, a name Hydra overrides take as is.
 
     Args:
         out_dir: The folder to write (created).
         env_kwargs: SearchQA settings (see :func:`question_rows`; ``split`` is set per file).
-        splits: The dataset splits to write, e.g. ``("train", "test")``.
+        splits: The dataset splits to write, e.g. ``("train", "test")`` or ``("test[:2000]", "test[2000:]")``.
         limit: Keep only the first ``limit`` questions of each split.
 
     Returns:
@@ -138,10 +139,13 @@ def write_verl_parquet(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = {}
-    for split in splits:
+    stems = [parse_split(split).file_stem for split in splits]
+    if len(set(stems)) != len(stems):
+        raise ConfigError(f"splits {list(splits)} would write the same file twice")
+    for split, stem in zip(splits, stems, strict=True):
         rows = question_rows({**env_kwargs, "split": split}, limit=limit)
-        path = out / f"{split}.parquet"
-        tmp = out / f".{split}.parquet.tmp"
+        path = out / f"{stem}.parquet"
+        tmp = out / f".{stem}.parquet.tmp"
         pq.write_table(pa.Table.from_pylist(rows), tmp)
         os.replace(tmp, path)
         written[split] = path

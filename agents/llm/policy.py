@@ -72,7 +72,8 @@ class LLMPolicy(SegmentAgent):
             a trainer's ratio assumes).
         reuse_cache: Keep each sequence's KV cache across :meth:`rollout_segments` calls, so a turn after a
             tool observation feeds the model only the new tokens (see :meth:`generate_segments`).
-        scoring: How :meth:`token_logprobs` computes log-probabilities (a trainer scores through it too).
+        scoring: How :meth:`token_logprobs` computes log-probabilities (a trainer scores through it too);
+            its ``autocast_bf16`` also sets the precision of generation's forward passes.
     """
 
     name = "llm"
@@ -216,7 +217,8 @@ class LLMPolicy(SegmentAgent):
         self.model.eval()
         try:
             ids = torch.as_tensor(new, device=self.device).unsqueeze(0)
-            logits, self._cache = self._io.forward(self.model, self._cache, True, input_ids=ids)
+            with self.scoring.autocast(ids.device):
+                logits, self._cache = self._io.forward(self.model, self._cache, True, input_ids=ids)
         finally:
             self.model.train(was_training)
         self._cached_ids = context.copy()
@@ -321,8 +323,10 @@ class LLMPolicy(SegmentAgent):
         self._session = None  # consumed (its cache is updated in place), or stale
         was_training = self.model.training
         self.model.eval()
+        autocast = self.scoring.autocast(self.device)  # the sampler reads the logits in float32
         try:
-            logits, cache, mask = self._prefill(self.model, session, ctx)
+            with autocast:
+                logits, cache, mask = self._prefill(self.model, session, ctx)
             next_pos = torch.tensor([[len(c)] for c in ctx], device=mask.device)
             fed = [len(c) for c in ctx]  # tokens of each row held in the cache
             for step in range(max(budgets)):
@@ -346,14 +350,15 @@ class LLMPolicy(SegmentAgent):
                     fed[i] += alive[i]
                 column = torch.tensor(alive, dtype=mask.dtype, device=mask.device).unsqueeze(-1)
                 mask = torch.cat([mask, column], dim=1)
-                logits, cache = self._io.forward(
-                    self.model,
-                    cache,
-                    True,
-                    input_ids=token.unsqueeze(-1),
-                    attention_mask=mask,
-                    position_ids=next_pos,
-                )
+                with autocast:
+                    logits, cache = self._io.forward(
+                        self.model,
+                        cache,
+                        True,
+                        input_ids=token.unsqueeze(-1),
+                        attention_mask=mask,
+                        position_ids=next_pos,
+                    )
                 next_pos = next_pos + 1
         finally:
             self.model.train(was_training)

@@ -10,6 +10,7 @@ the tokenizer's real vocabulary only (:func:`_scaled_logits`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,11 +104,16 @@ class ScoringOptions:
             worth it).
         inference_mode: Gradient-free scoring (a trainer's ``pi_old``, reference and diagnostics) runs
             under ``torch.inference_mode`` (``False``: ``torch.no_grad``). See :meth:`no_grad`.
+        autocast_bf16: The model's matrix products run in bfloat16 under ``torch.autocast`` (the weights
+            stay as they are, float32 for a trainer); the output layer's log-softmax, the picked log-probs
+            and the entropies are computed in float32 from the logits whatever this says. See
+            :meth:`autocast`.
     """
 
     fused: bool = True
     shared_prefix_min: int = 16
     inference_mode: bool = True
+    autocast_bf16: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.shared_prefix_min, bool) or self.shared_prefix_min < 0:
@@ -123,6 +129,13 @@ class ScoringOptions:
     def no_grad(self) -> Any:
         """The context manager of gradient-free scoring: ``torch.inference_mode()`` or ``torch.no_grad()``."""
         return torch.inference_mode() if self.inference_mode else torch.no_grad()
+
+    def autocast(self, device: torch.device | str) -> Any:
+        """The context manager of the model's forward: bfloat16 autocast on ``device``'s type with
+        ``autocast_bf16``, else nothing."""
+        if not self.autocast_bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
 DEFAULT_SCORING = ScoringOptions()
@@ -171,7 +184,10 @@ def token_logprobs(
         return _selected_logprobs(
             model, input_ids, mask, positions, score_mask, vocab, temperature, with_entropy, scoring
         )
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    with scoring.autocast(input_ids.device):
+        logits = model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False
+        ).logits
     target = input_ids[:, 1:]
     # A token is scored when it and its predecessor are real: the first real token has no prefix.
     real = mask[:, 1:].bool() & mask[:, :-1].bool()
@@ -268,12 +284,13 @@ def _selected_logprobs(
     scoring: ScoringOptions,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`token_logprobs` restricted to ``score_mask``: the output layer runs on those positions only."""
-    hidden = _hidden_states(model.base_model, input_ids, mask, positions, scoring.shared_prefix_min)
     # Token t is predicted from the hidden state at t - 1; the first token has no prefix.
     real = mask[:, 1:].bool() & mask[:, :-1].bool() & score_mask[:, 1:].bool()
     target = input_ids[:, 1:]
     valid = real & (target < vocab)
-    logits = model.get_output_embeddings()(hidden[:, :-1][real])
+    with scoring.autocast(input_ids.device):
+        hidden = _hidden_states(model.base_model, input_ids, mask, positions, scoring.shared_prefix_min)
+        logits = model.get_output_embeddings()(hidden[:, :-1][real])
     picked, ent_sel = scoring.pick(
         logits, torch.where(valid, target, 0)[real], vocab, temperature, with_entropy
     )

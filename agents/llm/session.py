@@ -108,7 +108,26 @@ class _Prefill:
     def extend(
         self, model: Any, session: _Session, rows: list[int], contexts: list[list[int]]
     ) -> Prefilled | None:
-        """Feeds each context's tokens beyond its cached row, right-aligned in one chunk (padding masked)."""
+        """Feeds each context's tokens beyond its cached row, right-aligned in one chunk (padding masked); each
+        distinct context once (a GRPO group's responses that searched alike get the same tool output: their
+        contexts are equal again), its cache rows then repeated for the equal contexts."""
+        unique: dict[tuple[int, ...], int] = {}
+        inverse = [unique.setdefault(tuple(c), len(unique)) for c in contexts]
+        if len(unique) == len(contexts):
+            return self._extend(model, session, rows, contexts)
+        first = {u: i for i, u in reversed(list(enumerate(inverse)))}  # each distinct context's first row
+        picked = [first[u] for u in range(len(unique))]
+        out = self._extend(model, session, [rows[i] for i in picked], [contexts[i] for i in picked])
+        if out is None:
+            return None
+        logits, cache, mask = out
+        index = torch.tensor(inverse, device=mask.device)
+        selected = _select_rows(cache, index)
+        return None if selected is None else (logits[index], selected, mask[index])
+
+    def _extend(
+        self, model: Any, session: _Session, rows: list[int], contexts: list[list[int]]
+    ) -> Prefilled | None:
         device = session.mask.device
         index = torch.tensor(rows, device=device)
         cache = _select_rows(session.cache, index)

@@ -47,6 +47,7 @@ from searchgym.integrity import disk_full_is_clear, sigint_held, temp_path
 from .checkpoint_checks import (
     check_arch,
     check_config,
+    check_token_ids,
     iter_tensors,
     storage_elements,
 )
@@ -256,6 +257,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         check_config(payload["config"], payload.get("kind"), path)
     if "arch" in payload:
         check_arch(payload["arch"], payload.get("model", {}), path)
+    check_token_ids(payload, path)
     return payload
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import torch
 
+from searchgym.envs.episode import MAX_CONTEXT_TOKENS as ENV_MAX_CONTEXT_TOKENS
 from searchgym.errors import CheckpointError
 
 __all__ = [
@@ -25,13 +26,14 @@ __all__ = [
     "MAX_LAYERS",
     "check_arch",
     "check_config",
+    "check_token_ids",
     "iter_tensors",
     "storage_elements",
 ]
 
-MAX_CONTEXT_TOKENS = 1 << 20
-"""The largest ``max_context_tokens`` / ``max_turn_tokens`` a checkpoint's config may hold (the env
-allocates its observation arrays at this size)."""
+MAX_CONTEXT_TOKENS = ENV_MAX_CONTEXT_TOKENS
+"""The largest ``max_context_tokens`` / ``max_turn_tokens`` a checkpoint's config may hold: the env's own
+bound (it allocates its observation arrays at this size)."""
 
 MAX_LAYERS = 1024
 """The most transformer layers a checkpoint's architecture may describe (the largest open models have
@@ -247,3 +249,56 @@ def _config_parameters(values: Any, path: str | Path) -> int:
         id(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
     }
     return sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+
+
+#: Names (suffixes) of the token-embedding weight in the model families searchgym builds or loads.
+_EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
+
+
+def _vocabulary_rows(state: Any) -> int | None:
+    """The rows of the model's token embedding (the ids it can embed), ``None`` when it is not found."""
+    if isinstance(state, Mapping):
+        for name, tensor in state.items():
+            named = isinstance(name, str) and name.endswith(_EMBEDDING_NAMES)
+            if named and isinstance(tensor, torch.Tensor) and tensor.dim() == 2:
+                return int(tensor.shape[0])
+    return None
+
+
+def check_token_ids(payload: Mapping[str, Any], path: str | Path) -> None:
+    """Every token id a checkpoint carries besides its weights — the GRPO ledger's transcripts — within
+    the model's vocabulary (``0 <= id <`` the embedding's rows), and every source mark a :class:`Source`.
+
+    Raises:
+        CheckpointError: naming the entry and the id (a crafted or re-sealed file; the embedding lookup of a
+            training step would otherwise fail with an ``IndexError``).
+    """
+    from searchgym.protocol import Source
+
+    ledger = payload.get("ledger")
+    if not isinstance(ledger, Mapping):
+        return
+    vocabulary = _vocabulary_rows(payload.get("model"))
+    marks = len(Source) - 1
+    for field, high in (("tokens", vocabulary), ("sources", marks + 1)):
+        entries = ledger.get(field)
+        if not isinstance(entries, list | tuple):
+            continue
+        for i, tensor in enumerate(entries):
+            if not isinstance(tensor, torch.Tensor) or tensor.is_floating_point() or tensor.is_complex():
+                raise CheckpointError(f"{path}: ledger {field}[{i}] is not a tensor of integer ids")
+            if tensor.numel() == 0:
+                continue
+            low_id, high_id = int(tensor.min()), int(tensor.max())
+            bad = low_id if low_id < 0 else high_id if high is not None and high_id >= high else None
+            if bad is None:
+                continue
+            if field == "tokens":
+                raise CheckpointError(
+                    f"{path}: ledger tokens[{i}] holds token id {bad} outside the vocabulary "
+                    f"[0, {vocabulary}) of the model it was saved with; the file is damaged or crafted"
+                )
+            raise CheckpointError(
+                f"{path}: ledger sources[{i}] holds source mark {bad}, not one of 0..{marks}; the file is "
+                "damaged or crafted"
+            )

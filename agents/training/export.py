@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,20 @@ def export_pretrained(checkpoint: str | Path, out_dir: str | Path, *, overwrite:
         "env": checkpoint_env_sizes(checkpoint),
     }
     (out / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
+    _usual_modes(out)
     return out
+
+
+def _usual_modes(folder: Path) -> None:
+    """Gives every file of ``folder`` the mode a plain ``open`` would (0666 less the umask): safetensors
+    writes its file private (0600), unlike the folder's other files, and a model folder is meant to be
+    shared."""
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = 0o666 & ~umask
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
 
 
 def checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:

@@ -9,40 +9,56 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from searchgym.data.jsonl import parse_json, read_lines
 from searchgym.errors import DataFormatError
 from searchgym.integrity import disk_full_is_clear
 
 __all__ = ["MetricLogger", "read_metrics"]
 
 
+def _check_record(record: Any) -> None:
+    """A metrics record: an object whose ``step`` is an integer and whose other values are numbers or null
+    (what :meth:`MetricLogger.log` writes).
+
+    Raises:
+        ValueError: naming what is wrong.
+    """
+    if not isinstance(record, dict):
+        raise ValueError(f"a {type(record).__name__}, not a metrics record")
+    step = record.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError("'step' is not an integer")
+    for key, value in record.items():
+        if (
+            key != "step"
+            and value is not None
+            and (isinstance(value, bool) or not isinstance(value, int | float))
+        ):
+            raise ValueError(f"{key!r:.60} holds a {type(value).__name__}, not a number")
+
+
 def _read_metric_records(path: Path, repair: bool) -> list[dict[str, Any]]:
-    """Parses ``metrics.jsonl``: a torn last line (a kill or a full disk mid-write) is dropped with a warning;
-    a bad line anywhere else is an error."""
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise DataFormatError(str(path), None, f"cannot read the metrics log ({e.strerror or e})") from None
-    lines = raw.split(b"\n")
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    """Parses ``metrics.jsonl`` (within the read limits of :mod:`searchgym.data.limits`): a torn last line (a
+    kill or a full disk mid-write) is dropped with a warning; a bad line anywhere else is an error."""
+    lines = list(read_lines(path))
+    last = max((n for n, line in lines if line.strip()), default=-1)
     records: list[dict[str, Any]] = []
-    for i, line in enumerate(lines):
+    for n, line in lines:
         if not line.strip():
             continue
         try:
-            record = json.loads(line.decode("utf-8"))
-            if not isinstance(record, dict) or isinstance(record.get("step"), bool):
-                raise ValueError("not a metrics record")
-            if not isinstance(record.get("step", 0), int):
-                raise ValueError("'step' is not an integer")
-        except (UnicodeDecodeError, ValueError) as e:
-            if i == last:
+            record = parse_json(line, path, n)
+            _check_record(record)
+        except (DataFormatError, ValueError) as e:
+            reason = str(e).removeprefix(f"{path}:{n}: ")
+            if n == last:
                 action = "dropping it" if repair else "ignoring it"
                 warnings.warn(
-                    f"{path}:{i + 1}: torn last line in the metrics log ({e}); {action}", stacklevel=3
+                    f"{path}:{n}: torn last line in the metrics log ({reason}); {action}", stacklevel=3
                 )
                 break
             raise DataFormatError(
-                str(path), i + 1, f"corrupt metrics record ({e}); only a torn last line can be repaired"
+                str(path), n, f"corrupt metrics record ({reason}); only a torn last line can be repaired"
             ) from None
         records.append(record)
     return records

@@ -116,7 +116,9 @@ def make_optimizer(
     return optimizer, scheduler
 
 
-def prepare_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False) -> Path:
+def prepare_run_dir(
+    run_dir: str | Path, resume: bool, overwrite: bool = False, resumable: bool = True
+) -> Path:
     """Makes ``run_dir`` ready for a run, never silently replacing an earlier one.
 
     Temporary files that a save killed mid-write left behind are removed first. A new run (``resume``
@@ -127,6 +129,7 @@ def prepare_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False) 
         run_dir: The run folder (created if missing).
         resume: The run continues the folder's checkpoint.
         overwrite: Replace the run the folder holds.
+        resumable: Whether the trainer can continue a run (``--resume``); the refusal suggests it only then.
 
     Returns:
         The folder.
@@ -144,9 +147,13 @@ def prepare_run_dir(run_dir: str | Path, resume: bool, overwrite: bool = False) 
     if not resume:
         existing = [name for name in RUN_FILES if (root / name).exists()]
         if existing and not overwrite:
+            choices = (
+                "pass --resume to continue it, --overwrite to replace it"
+                if resumable
+                else "this trainer saves once, at the end, so it cannot continue one: pass --overwrite to train it again"
+            )
             raise ConfigError(
-                f"run_dir {str(root)!r} already holds a run ({', '.join(existing)}); pass --resume to continue "
-                "it, --overwrite to replace it, or choose another --run-dir"
+                f"run_dir {str(root)!r} already holds a run ({', '.join(existing)}); {choices}, or choose another --run-dir"
             )
         for name in existing:
             path = root / name

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from searchgym.cli._usage import Parser, UsageError, explained, friendly_errors
 from searchgym.errors import RetrieverError, SearchGymError
 
 __all__ = ["build_parser", "main"]
@@ -42,10 +43,8 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with one sub-parser per discovered command."""
-    parser = argparse.ArgumentParser(
-        prog="searchgym", description="Search-and-answer RL environments and agents."
-    )
-    groups: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {
+    parser = Parser(prog="searchgym", description="Search-and-answer RL environments and agents.")
+    groups: dict[tuple[str, ...], argparse._SubParsersAction[Parser]] = {
         (): parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     }
     parents: dict[tuple[str, ...], argparse.ArgumentParser] = {}
@@ -70,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``searchgym`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with friendly_errors():
+            args = parser.parse_args(words)
+    except UsageError as e:  # one line saying what was wrong, then the command's usage; exit 2, as argparse
+        print("\n".join(explained(e, parser, words)), file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         return int(args._run(args) or 0)
     except SearchGymError as e:

@@ -246,7 +246,17 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
             raise ConfigError(f"cannot load agent {name!r}: {e}") from e
         finally:
             sys.path[:] = saved_path
-        return cls(env)
+        if not isinstance(cls, type):
+            raise ConfigError(
+                f"--agent {name}: {attr} is a {type(cls).__name__}, not a class; package.module:Class names an "
+                "agent class, built as Class(env)"
+            )
+        agent = cls(env)
+        if not callable(getattr(agent, "act", None)):
+            raise ConfigError(
+                f"--agent {name}: {attr} has no act(observation, info) method; it is not an agent"
+            )
+        return agent
     raise ConfigError(
         f"unknown agent {name!r}; choose one of {list(BUILTIN_AGENTS)}, checkpoint:PATH, sb3:PATH, or "
         "package.module:Class"

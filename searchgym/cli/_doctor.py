@@ -96,6 +96,7 @@ def run_checks(
         _guarded("python", check_python),
         _guarded("requirements", check_requirements),
         _guarded("torch", check_torch),
+        _guarded("bf16", check_bf16, required=False),
         *check_extras(),
         _guarded("env", check_env, f"{REINSTALL}; {TRACEBACK}"),
         _guarded("bm25", check_bm25, f"{REINSTALL}; {TRACEBACK}"),
@@ -286,6 +287,21 @@ def check_torch() -> Check:
     if torch.backends.mps.is_available():
         devices.append("mps")
     return _ok("torch", f"torch {version} ({build}); devices: {', '.join(devices)}")
+
+
+def check_bf16() -> Check:
+    """Whether this CPU multiplies bfloat16 matrices natively (AVX512-BF16 or AMX): what ``train grpo
+    --precision bf16-autocast`` needs to run in bfloat16 (elsewhere it runs fp32, saying so)."""
+    try:
+        from searchgym.agents.llm.precision import bf16_support
+    except ImportError:
+        return Check("bf16", "skip", False, "not checked: torch is not importable")
+    supported, reason = bf16_support("cpu")
+    if supported:
+        return Check(
+            "bf16", "ok", False, f"{reason}: --precision bf16-autocast runs bfloat16 matrix products"
+        )
+    return Check("bf16", "skip", False, f"{reason}: --precision bf16-autocast would run fp32 on this CPU")
 
 
 def check_extras() -> list[Check]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from searchgym.errors import ConfigError
 
-__all__ = ["add_corpus_arguments", "load_corpus", "report"]
+__all__ = ["add_corpus_arguments", "check_index_folder", "load_corpus", "report"]
 
 
 def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +31,26 @@ def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recall-k", type=int, default=3, help="k of --recall-split")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def check_index_folder(folder: str | Path, overwrite: bool, option: str) -> None:
+    """The one rule of every command that writes an index into a folder (``index bm25 --out``, ``serve
+    --index``): a folder that already holds files (another corpus's index, a dense index, anything) is written
+    into only with ``--overwrite``; the index files and the folder's manifest would replace theirs.
+
+    Raises:
+        ConfigError: ``folder`` is a file, or a non-empty folder and ``overwrite`` is not set.
+    """
+    root = Path(folder)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{option} {str(root)!r} is a file, not an index folder")
+    held = sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) if root.is_dir() else []
+    if held and not overwrite:
+        shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+        raise ConfigError(
+            f"{option} {str(root)!r} already holds files ({shown}); pass --overwrite to write the index over "
+            f"them, or choose another {option}"
+        )
 
 
 def load_corpus(args: argparse.Namespace) -> tuple[list[Any], Any]:

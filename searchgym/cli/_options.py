@@ -35,7 +35,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "save_total_limit",
         "save_model",
     ),
-    "model": ("model", "tokenizer", "init", "dtype", "tiny_layers", "tiny_hidden"),
+    "model": ("model", "tokenizer", "init", "dtype", "precision", "tiny_layers", "tiny_hidden"),
     "environment": (
         "dataset",
         "world_seed",
@@ -92,6 +92,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "entropy_coef",
         "sapo_coef",
         "sapo_threshold",
+        "loss_term",
+        "loss_term_coef",
         "rescore_pi_old",
     ),
     "LLDS": (

@@ -166,6 +166,7 @@ def _play_pair(
     from searchgym.agents.evaluate import EpisodeRecord
     from searchgym.cli._common import env_kwargs, load_agent, make_env
     from searchgym.cli.eval import checkpoint_env_defaults, held_episodes, run_identity
+    from searchgym.data.digests import RecordDigests
     from searchgym.data.jsonl import iter_jsonl, replace_on_success
     from searchgym.errors import ConfigError, DataFormatError
 
@@ -178,12 +179,11 @@ def _play_pair(
         expected = (
             None if questions is None else (questions if episodes is None else min(episodes, questions))
         )
-        if _read_record(record_path) == identity:
-            records = [record for _, record in iter_jsonl(path)]
-            if expected is None or len(records) == expected:
-                bar.update(len(records))
-                return records, sizes
-        print(f"note: {path} was played with other settings or data; playing it again", file=sys.stderr)
+        records, why = _cached_records(path, record_path, identity, expected)
+        if records is not None:
+            bar.update(len(records))
+            return records, sizes
+        print(f"note: {path} {why}; playing it again", file=sys.stderr)
     record_path.unlink(missing_ok=True)  # from here until the pair is done, no record vouches for the file
     env = make_env(pair, **overrides)
     try:
@@ -200,12 +200,16 @@ def _play_pair(
                 except (ConfigError, DataFormatError, ValueError):
                     held = []  # another command's leftovers, or damaged ones: the pair starts again
             _write_record(partial_record, identity)
+            digests = RecordDigests(partial, identity)  # the chain the finished pair's record carries
+            digests.restart()
             bar.update(len(held))
             evaluate(
-                env, agent, count, seed=pair.seed, out=partial, held=held, on_episode=lambda _: bar.update(1)
-            )
+                env, agent, count, seed=pair.seed, out=partial, held=held, on_episode=lambda _: bar.update(1),
+                on_line=digests.append,
+            )  # fmt: skip
         partial_record.unlink(missing_ok=True)
-        _write_record(record_path, identity)
+        _write_record(record_path, {**identity, RECORDS_DIGEST: digests.head})
+        digests.remove()
     finally:
         env.close()
     return [record for _, record in iter_jsonl(path)], sizes
@@ -214,10 +218,11 @@ def _play_pair(
 def _data_stamp(pair: argparse.Namespace) -> dict[str, Any]:
     """What the pair's data was: the split file's SHA-256 (its questions and answers) and the corpus file's
     size and modification time (hashing a large corpus on every run would cost minutes)."""
+    from searchgym.data import parse_split
     from searchgym.integrity import file_sha256
 
     folder = Path(pair.dataset)
-    split, corpus = folder / f"{pair.split}.jsonl", folder / "corpus.jsonl"
+    split, corpus = folder / f"{parse_split(pair.split).name}.jsonl", folder / "corpus.jsonl"
     stamp: dict[str, Any] = {"split_sha256": file_sha256(split) if split.is_file() else None}
     if corpus.is_file():
         info = corpus.stat()
@@ -225,11 +230,46 @@ def _data_stamp(pair: argparse.Namespace) -> dict[str, Any]:
     return stamp
 
 
+RECORDS_DIGEST = "records_sha256"
+"""The field of a finished pair's record holding the digest of its episodes, in order
+(:func:`~searchgym.data.digests.chain_digest` of the pair file's lines under the pair's identity)."""
+
+
+def _cached_records(
+    path: Path, record_path: Path, identity: dict[str, Any], expected: int | None
+) -> tuple[list[dict[str, Any]] | None, str]:
+    """A finished pair's episodes when its record vouches for them — the same identity, the digest of exactly
+    these lines in this order, the expected count, well-typed records — else ``None`` and why not."""
+    from searchgym.agents.evaluate import check_record
+    from searchgym.data.digests import chain_digest
+    from searchgym.data.jsonl import parse_json, read_lines
+    from searchgym.errors import DataFormatError
+
+    saved = _read_record(record_path)
+    if not isinstance(saved, dict) or {k: v for k, v in saved.items() if k != RECORDS_DIGEST} != identity:
+        return None, "was played with other settings or data"
+    try:
+        lines = [line for _, line in read_lines(path)]
+        if chain_digest(identity, lines) != saved.get(RECORDS_DIGEST):
+            return None, "does not match the digest written with it (edited, reordered or damaged)"
+        records = [parse_json(line, path, n) for n, line in enumerate(lines, start=1)]
+        for record in records:
+            check_record(record)
+    except (DataFormatError, ValueError) as e:
+        return None, f"holds a bad episode record ({str(e)[:200]})"
+    if expected is not None and len(records) != expected:
+        return None, f"holds {len(records)} episodes, not {expected}"
+    return records, ""
+
+
 def _read_record(path: Path) -> Any:
     """A pair's record, or ``None`` when it is missing or unreadable (a run killed while writing it)."""
+    from searchgym.data.jsonl import read_json
+    from searchgym.errors import DataFormatError
+
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json(path)
+    except DataFormatError:
         return None
 
 
@@ -241,11 +281,13 @@ def _write_record(path: Path, identity: dict[str, Any]) -> None:
 
 
 def _split_questions(folder: Path, split: str) -> int | None:
-    """The questions of a FlashRAG split file (``None`` for a dataset stored otherwise)."""
+    """The questions of a FlashRAG split file, or of its slice (``None`` for a dataset stored otherwise)."""
+    from searchgym.data import parse_split
     from searchgym.data.jsonl import iter_jsonl
 
-    path = folder / f"{split}.jsonl"
-    return sum(1 for _ in iter_jsonl(path)) if path.is_file() else None
+    selection = parse_split(split)
+    path = folder / f"{selection.name}.jsonl"
+    return len(selection.indices(sum(1 for _ in iter_jsonl(path)))) if path.is_file() else None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -68,4 +69,6 @@ def run(args: argparse.Namespace) -> int:
         for name in sorted({name for name, _ in counts})
     )
     print(f"wrote {n} demonstrations to {args.out}: {by_teacher}")
+    # train sft generates its own oracle demonstrations unless it is given a file.
+    print(f"train on them with: searchgym train sft --demos {shlex.quote(args.out)} --run-dir RUN_DIR")
     return 0

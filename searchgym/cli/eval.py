@@ -44,13 +44,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         default=None,
         help="write transcripts to this JSONL file (through OUT.partial, renamed when the run completes: "
-        "a failed run leaves OUT as it was)",
+        "a failed run leaves OUT as it was, and the same command run again continues it)",
     )
-    parser.add_argument(
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument(
         "--resume",
         action="store_true",
-        help="continue the interrupted run whose finished episodes are in OUT.partial (the same agent, env "
-        "options and seed; refused otherwise): it plays only the rest, and OUT ends as an uninterrupted run's",
+        help="insist on continuing an interrupted run: refused when OUT.partial holds no finished episodes of "
+        "this same eval (without it, a matching OUT.partial is continued anyway, as benchmark does, and any "
+        "other is replaced with a note)",
+    )
+    again.add_argument(
+        "--restart",
+        action="store_true",
+        help="discard the finished episodes an interrupted run left in OUT.partial and play every episode",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -116,14 +123,19 @@ def held_episodes(
     partial: Path, record_path: Path, identity: dict[str, Any], episodes: int
 ) -> tuple[list[Any], int]:
     """The finished episodes an interrupted run left in ``partial`` and the bytes they take (a last line
-    without its newline, the episode being written when the run stopped, is left out).
+    without its newline, the episode being written when the run stopped, is left out). Only the first lines
+    that match the digests written with them are kept (:class:`~searchgym.data.digests.RecordDigests`):
+    from the first edited, reordered or undigested line on, episodes are played again, with a note.
 
     Raises:
         ConfigError: nothing to resume, another command wrote it (the differing fields named), or it holds
             more episodes than asked for.
-        DataFormatError: a line other than the last is not an episode record.
+        DataFormatError: the run record is damaged, or a kept line is not an episode record (its field
+            named).
     """
     from searchgym.agents.evaluate import EpisodeRecord
+    from searchgym.data.digests import RecordDigests
+    from searchgym.data.jsonl import parse_json, read_json, read_lines
     from searchgym.errors import ConfigError, DataFormatError
 
     if not record_path.is_file():
@@ -131,35 +143,87 @@ def held_episodes(
             f"--resume: no interrupted eval to continue ({record_path} is missing; it is written when an eval "
             "--out run starts); run without --resume"
         )
-    saved = json.loads(record_path.read_text(encoding="utf-8"))
+    saved = read_json(record_path)
+    if not isinstance(saved, dict):
+        raise DataFormatError(str(record_path), None, f"a {type(saved).__name__}, not a run record")
     differ = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
     if differ:
-        listed = "; ".join(f"{k}: was {saved.get(k)!r}, now {identity.get(k)!r}" for k in differ)
+        listed = "; ".join(f"{k}: was {saved.get(k)!r:.200}, now {identity.get(k)!r}" for k in differ)
         raise ConfigError(
             f"--resume: {partial} was written by another eval ({listed}); run it as it was, or without --resume"
         )
-    raw = partial.read_bytes()
-    lines = raw.split(b"\n")
-    held, size = [], 0
-    for i, line in enumerate(lines[:-1]):  # complete lines only: the last piece has no newline
+    # Only the lines that match the digests written with them are kept: an edited, reordered or foreign
+    # episode is played again rather than entered into the figures.
+    count, size = RecordDigests(partial, identity).verified()
+    complete = sum(1 for _, line in read_lines(partial) if line.endswith(b"\n"))
+    if count < complete:
+        print(
+            f"note: {partial}: {complete - count} finished episode(s) from episode {count + 1} on do not match "
+            "the digests written with them (edited or reordered, or the run stopped between writing one and its "
+            "digest): playing them again",
+            file=sys.stderr,
+        )
+    held = []
+    for n, line in read_lines(partial):
+        if n > count:
+            break
         try:
-            held.append(EpisodeRecord.from_json(json.loads(line.decode("utf-8"))))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise DataFormatError(str(partial), i + 1, f"not an episode record ({e})") from None
-        size += len(line) + 1
+            held.append(EpisodeRecord.from_json(parse_json(line, partial, n)))
+        except ValueError as e:  # DataFormatError included
+            reason = str(e).removeprefix(f"{partial}:{n}: ")
+            raise DataFormatError(str(partial), n, f"not an episode record ({reason})") from None
     if len(held) > episodes:
         raise ConfigError(f"--resume: {partial} holds {len(held)} episodes, more than --episodes {episodes}")
     return held, size
 
 
+def continued_episodes(
+    args: argparse.Namespace, partial: Path, record_path: Path, identity: dict[str, Any]
+) -> tuple[list[Any], bool]:
+    """What an ``--out`` run keeps of ``OUT.partial`` (read under its lock): the finished episodes of an
+    interrupted run of this same eval, which it continues — by default, as ``benchmark`` does — and whether it
+    continues one. Leftovers of another eval, or damaged ones, are replaced with a note (refused with
+    ``--resume``); ``--restart`` replaces them with a note of what it discards.
+
+    Raises:
+        ConfigError, DataFormatError: ``--resume`` and nothing of this eval to continue (as
+            :func:`held_episodes`).
+    """
+    from searchgym.errors import ConfigError, DataFormatError
+
+    if args.restart or not (args.resume or partial.stat().st_size > 0):
+        if args.restart and partial.stat().st_size > 0:
+            print(f"note: --restart: {partial}'s finished episodes are discarded", file=sys.stderr)
+        os.truncate(partial, 0)
+        return [], False
+    try:
+        held, size = held_episodes(partial, record_path, identity, args.episodes)
+    except (ConfigError, DataFormatError) as e:
+        if args.resume:
+            raise
+        reason = str(e).removeprefix("--resume: ").split(";")[0]
+        print(
+            f"note: {partial} is not this eval's to continue ({reason}); playing every episode",
+            file=sys.stderr,
+        )
+        os.truncate(partial, 0)
+        return [], False
+    os.truncate(partial, size)
+    how = "" if args.resume else " (the same command was interrupted; --restart plays every episode again)"
+    print(f"resuming {args.out}: {len(held)} of {args.episodes} episodes done{how}", file=sys.stderr)
+    return held, True
+
+
 def run(args: argparse.Namespace) -> int:
     from searchgym.agents import evaluate
     from searchgym.cli._manifest import warn_on_data_mismatch, write_run_manifest
+    from searchgym.data.digests import RecordDigests
     from searchgym.data.jsonl import replace_on_success
     from searchgym.errors import ConfigError
 
-    if args.resume and args.out is None:
-        raise ConfigError("--resume continues an interrupted --out run: give its --out")
+    if (args.resume or args.restart) and args.out is None:
+        flag = "--resume" if args.resume else "--restart"
+        raise ConfigError(f"{flag} applies to an interrupted --out run: give its --out")
     if args.resume and args.record_retrieval is not None:
         raise ConfigError(
             "--resume cannot be combined with --record-retrieval (the cassette would miss the searches already made)"
@@ -187,14 +251,12 @@ def run(args: argparse.Namespace) -> int:
         # by a complete run, so a run that fails never destroys an earlier file.
         identity = run_identity(args, settings)
         record_path = Path(args.out + RUN_RECORD_SUFFIX)
-        with replace_on_success(args.out, keep=args.resume) as partial:
-            held: list[Any] = []
-            if args.resume:  # read under the lock: no other run is writing it
-                held, size = held_episodes(partial, record_path, identity, args.episodes)
-                os.truncate(partial, size)
-                print(f"resuming {args.out}: {len(held)} of {args.episodes} episodes done", file=sys.stderr)
-            else:
+        with replace_on_success(args.out, keep=True) as partial:  # continued_episodes decides what stays
+            held, resumed = continued_episodes(args, partial, record_path, identity)
+            if not resumed:
                 record_path.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+            digests = RecordDigests(partial, identity)  # one digest per episode written, for a later resume
+            digests.restart()
             summary = evaluate(
                 env,
                 agent,
@@ -203,8 +265,10 @@ def run(args: argparse.Namespace) -> int:
                 out=partial,
                 progress=not args.no_progress,
                 held=held,
+                on_line=digests.append,
             )
         record_path.unlink(missing_ok=True)
+        digests.remove()
     env.close()
     if args.out is not None:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}

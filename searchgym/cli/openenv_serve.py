@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from searchgym.cli._common import add_retriever_patience
+from searchgym.cli.serve import add_connection_arguments, connection_limits
 
 COMMAND = ("openenv", "serve")
 HELP = (
@@ -46,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reward", default="em", choices=("em", "subem", "f1"), help="answer metric")
     parser.add_argument("--seed", type=int, default=0, help="seed of each session's question draw")
     parser.add_argument("--max-sessions", type=int, default=64, help="WebSocket sessions open at once")
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a WebSocket session may stay silent before it is closed and its slot freed",
+    )
+    add_connection_arguments(parser, body_mb=1)
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")
     parser.add_argument("--log-level", default="info", help="uvicorn log level")
@@ -55,6 +63,7 @@ def build_app(args: argparse.Namespace) -> Any:
     """The OpenEnv app of these options (also what ``searchgym.openenv.app`` serves)."""
     from searchgym.openenv.environment import SearchQAEnvOptions
     from searchgym.openenv.server import create_searchqa_app
+    from searchgym.server import ServerLimits
 
     options = SearchQAEnvOptions(
         dataset=args.dataset,
@@ -68,7 +77,13 @@ def build_app(args: argparse.Namespace) -> Any:
         reward=args.reward,
         seed=args.seed,
     )
-    return create_searchqa_app(options, index=args.index, max_sessions=args.max_sessions)
+    return create_searchqa_app(
+        options,
+        index=args.index,
+        max_sessions=args.max_sessions,
+        limits=ServerLimits(**connection_limits(args)),
+        session_timeout=args.session_timeout,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""``searchgym plot``: the three-phase view of one or more training runs, overlaid."""
+"""``searchgym plot``: the training curves of one or more runs, overlaid, in six panels."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Any
 
 COMMAND = ("plot",)
-HELP = "plot the three-phase view of runs: reward/EM, probe likelihood, LLD by advantage sign, grad norm"
+HELP = (
+    "plot runs' training curves in six panels: reward/EM, probe likelihood, LLD by advantage sign, gradient "
+    "norm, entropy, searches"
+)
 
 FIGURE_TITLE = "training curves per GRPO step"
 """The figure's title when none is given (each panel names its own metrics)."""
@@ -39,7 +42,11 @@ STYLES = ("-", "--", ":", "-.")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders holding metrics.jsonl")
-    parser.add_argument("--out", default=None, help="PNG path (default: FIRST_RUN_DIR/curves.png)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="PNG path (default: curves.png in the first run's folder, FIRST_RUN_DIR/curves.png)",
+    )
     parser.add_argument(
         "--labels",
         nargs="+",
@@ -67,6 +74,26 @@ def _smooth(values: list[float], window: int) -> list[float]:
     # Valid part of the convolution, left-padded with the running mean so lengths match.
     head = [float(np.nanmean(arr[: i + 1])) for i in range(window - 1)]
     return head + list(np.convolve(arr, kernel, mode="valid"))
+
+
+def _plain_values(ax: Any) -> None:
+    """Ticks in the data's own values: no offset (``1e-17 + 2.3`` for a flat curve carrying float noise),
+    and a curve flat to rounding drawn mid-panel on a readable range instead of a magnified noise band."""
+    import numpy as np
+
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+    lines = ax.get_lines()
+    if not lines:
+        return
+    ys = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in lines])
+    ys = ys[np.isfinite(ys)]
+    if ys.size == 0:
+        return
+    low, high = float(ys.min()), float(ys.max())
+    centre = (low + high) / 2
+    if high - low <= 1e-9 * max(1.0, abs(centre)):
+        pad = max(0.05 * abs(centre), 0.05)
+        ax.set_ylim(centre - pad, centre + pad)
 
 
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -97,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=72)
     plt.close(fig)
-    print(f"wrote {out}")
+    where = "" if args.out else " (the first run's folder; --out PATH writes elsewhere)"
+    print(f"wrote {out}{where}")
     return 0
 
 
@@ -163,6 +191,8 @@ def draw(
             ax.axhline(0.0, color="k", lw=0.6)
         if log and ax.has_data():
             ax.set_yscale("log")
+        elif ax.has_data():
+            _plain_values(ax)
         ax.set_title(panel_title + (WARM_START if warm_line else ""), fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 COMMAND = ("serve",)
 HELP = "serve a FlashRAG corpus over HTTP with Search-R1's POST /retrieve protocol (and GET /health)"
@@ -27,7 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--index",
         default=None,
-        help="bm25 index folder: loaded when it matches the corpus, built and saved there when absent",
+        help="bm25 index folder: loaded when it matches the corpus, built and saved there when the folder is "
+        "empty or absent (a folder holding other files, or a stale index, needs --overwrite)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --index write into a folder that holds other files, or rebuild a stale index there",
     )
     parser.add_argument("--default-topk", type=int, default=3, help="topk of requests that give none")
     parser.add_argument("--topk-max", type=int, default=100, help="largest topk a request may ask")
@@ -53,18 +60,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=2,
         help="requests scored, rendered and sent at the same time (others wait)",
     )
-    parser.add_argument(
-        "--read-timeout",
-        type=float,
-        default=10.0,
-        help="seconds a client has to send a request's headers (closed after), and its body (408 after)",
-    )
+    add_connection_arguments(parser, body_mb=16)
     parser.add_argument(
         "--write-timeout",
         type=float,
         default=30.0,
         help="seconds a client has to read its answer (disconnected after; the answer holds a "
         "--max-concurrent slot until then)",
+    )
+    parser.add_argument("--log-level", default="info", help="uvicorn log level")
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser, body_mb: int) -> None:
+    """``--read-timeout``, ``--max-connections`` and ``--max-body-mb``: the guards both servers share
+    (``searchgym serve``, ``searchgym openenv serve``); ``body_mb`` is this server's default body limit."""
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send a request's headers (closed after), and its body (408 after)",
     )
     parser.add_argument(
         "--max-connections",
@@ -73,10 +87,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="open connections at most (fewer if ulimit -n leaves less room); one more closes the "
         "connection waiting longest for a request",
     )
-    parser.add_argument("--log-level", default="info", help="uvicorn log level")
+    parser.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=float(body_mb),
+        help="largest request body in MiB (413 over it); each request in progress may hold this much",
+    )
+
+
+def connection_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~searchgym.server.ServerLimits` fields of :func:`add_connection_arguments`' options."""
+    return {
+        "read_timeout": args.read_timeout,
+        "max_connections": args.max_connections,
+        "max_body_bytes": max(1, int(args.max_body_mb * 2**20)),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
+    from searchgym.cli._index import check_index_folder
     from searchgym.data.flashrag import read_corpus
     from searchgym.data.jsonl import iter_jsonl
     from searchgym.errors import ConfigError
@@ -91,9 +120,8 @@ def run(args: argparse.Namespace) -> int:
         max_query_tokens=args.max_query_tokens,
         max_response_bytes=args.max_response_mb * 2**20,
         max_concurrent=args.max_concurrent,
-        read_timeout=args.read_timeout,
         write_timeout=args.write_timeout,
-        max_connections=args.max_connections,
+        **connection_limits(args),
     )
     path = Path(args.corpus).expanduser()
     corpus_path = path / "corpus.jsonl" if path.is_dir() else path
@@ -109,11 +137,13 @@ def run(args: argparse.Namespace) -> int:
     if found is not None:
         retriever = found
         print(f"loaded the dense index of --retriever {args.retriever}")
-    elif args.index is not None and (Path(args.index) / "bm25.json").is_file():
+    elif args.index is not None and (Path(args.index) / "bm25.json").is_file() and not args.overwrite:
         # Memory-mapped: server replicas on one machine share one copy. A stale index is a ConfigError.
         retriever = BM25Retriever.load(args.index, passages, mmap=True)
         print(f"loaded the BM25 index in {args.index}")
     else:
+        if args.index is not None:  # the rule of `index bm25 --out`: other files are replaced only when asked
+            check_index_folder(args.index, args.overwrite, "--index")
         retriever = make_retriever(args.retriever, passages)
         if args.index is not None and isinstance(retriever, BM25Retriever):
             retriever.save(args.index)

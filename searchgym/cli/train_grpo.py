@@ -6,6 +6,7 @@ import argparse
 import json
 
 from searchgym.cli._manifest import write_config_manifest
+from searchgym.cli._splits import check_splits
 
 COMMAND = ("train", "grpo")
 HELP = "train a policy with GRPO (+LLDS: --llds action|response|token, or none for vanilla GRPO)"
@@ -25,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.cli._options import config_from_args
 
     config = config_from_args(GRPOConfig, args)
+    check_splits(config)
     metrics = train_grpo(config)
     write_config_manifest(config, "train grpo")
     final = {k: v for k, v in metrics.items() if k.startswith(("eval/", "rollout/reward", "rollout/em"))}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from searchgym.cli._manifest import write_config_manifest
+from searchgym.cli._splits import check_splits
 
 COMMAND = ("train", "sft")
 HELP = "warm-start a policy on oracle demonstrations (generated from the training split unless --demos)"
@@ -24,6 +26,13 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.cli._options import config_from_args
 
     config = config_from_args(SFTConfig, args)
+    check_splits(config)
+    if config.demos is None:
+        print(
+            f"note: training on {config.demonstrator} demonstrations generated from split {config.split!r} "
+            "(--demos FILE trains on a file written by `searchgym demos`)",
+            file=sys.stderr,
+        )
     metrics = train_sft(config)
     write_config_manifest(config, "train sft")
     print(json.dumps({"run_dir": config.run_dir, "checkpoint": f"{config.run_dir}/checkpoint.pt", **metrics}))

@@ -7,6 +7,7 @@ import json
 import os
 
 from searchgym.cli._manifest import write_config_manifest
+from searchgym.cli._splits import check_splits
 
 COMMAND = ("train", "trl")
 HELP = "train a policy with TRL's GRPOTrainer on SearchQA episodes (+LLDS: --llds action|response|token)"
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.cli._options import config_from_args
 
     config = config_from_args(TRLConfig, args)
+    check_splits(config)
     overrides = parse_trl_args(args.trl_arg)
     from searchgym.agents.integrations.trl_train import end_processes, train_trl  # needs the trl extra
 

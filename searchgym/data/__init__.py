@@ -7,7 +7,7 @@ from pathlib import Path
 
 from searchgym.data.flashrag import load_flashrag
 from searchgym.data.searchr1 import load_searchr1
-from searchgym.data.types import Dataset, Passage, Question
+from searchgym.data.types import Dataset, Passage, Question, SplitSelection, parse_split
 from searchgym.data.world import WORLD_VERSION, WorldConfig, generate_world
 from searchgym.errors import ConfigError
 
@@ -16,11 +16,13 @@ __all__ = [
     "Dataset",
     "Passage",
     "Question",
+    "SplitSelection",
     "WorldConfig",
     "generate_world",
     "load_dataset",
     "load_flashrag",
     "load_searchr1",
+    "parse_split",
 ]
 
 

@@ -3,7 +3,9 @@
 Reading: every line is decoded as strict UTF-8 and parsed with :mod:`json` (nothing in a data file is
 executed); a line that is not valid UTF-8, not JSON, not an object, or that holds a lone UTF-16 surrogate
 (``"\\ud800"``, which Python's JSON parser accepts but no UTF-8 consumer does) is a
-:class:`~searchgym.errors.DataFormatError` naming the file and the line.
+:class:`~searchgym.errors.DataFormatError` naming the file and the line. Lines and files are read within the
+byte limits of :mod:`searchgym.data.limits`; :func:`parse_json` is the one parser of every JSON document
+searchgym reads without trust.
 
 Writing: :func:`replace_on_success` writes beside the destination and renames onto it only when the
 writing succeeded, so an earlier file is never truncated by a run that fails.
@@ -11,6 +13,7 @@ writing succeeded, so an earlier file is never truncated by a run that fails.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -18,61 +21,119 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from searchgym.data.limits import read_limits
 from searchgym.errors import ConfigError, DataFormatError
 from searchgym.integrity import disk_full_is_clear
 
-__all__ = ["PARTIAL_SUFFIX", "iter_jsonl", "replace_on_success"]
+__all__ = ["PARTIAL_SUFFIX", "iter_jsonl", "parse_json", "read_json", "read_lines", "replace_on_success"]
 
 PARTIAL_SUFFIX = ".partial"
 """Suffix of the file being written: ``OUT.partial`` until it is renamed to ``OUT``."""
 
 
+def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Yields ``(line_number, raw_line)`` for every line of a file, its newline kept (a last line without one
+    is a torn write to the callers that care), never holding more than one line of the size limit.
+
+    Raises:
+        DataFormatError: the file cannot be read, a line is longer than the line limit, or the file holds
+            more bytes than the file limit (:mod:`searchgym.data.limits`; the message names the variable that
+            raises it).
+    """
+    limits = read_limits()
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed by the with below, once an open failure is reported
+    except OSError as e:
+        raise DataFormatError(str(path), None, f"cannot read the file ({e.strerror or e})") from None
+    total = 0
+    with f:
+        for lineno in itertools.count(1):
+            raw = f.readline(limits.line_bytes + 1)
+            if not raw:
+                return
+            if len(raw) > limits.line_bytes:
+                raise limits.line_too_long(path, lineno)
+            total += len(raw)
+            if total > limits.file_bytes:
+                raise limits.file_too_large(path)
+            yield lineno, raw
+
+
+def parse_json(raw: bytes | str, path: str | Path, line: int | None) -> Any:
+    """One JSON document (a line, or a small file) from bytes that must be strict UTF-8.
+
+    A leading UTF-8 byte-order mark is skipped.
+
+    Raises:
+        DataFormatError: naming ``path`` and ``line``: not UTF-8, not JSON, nested too deeply, an integer of
+            more digits than Python converts, or a lone UTF-16 surrogate (``"\\ud800"``, which Python's
+            JSON parser accepts but no UTF-8 consumer does).
+    """
+    where = str(path)
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise DataFormatError(where, line, f"not valid UTF-8 (byte {e.start + 1}: {e.reason})") from None
+    else:
+        text = raw
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataFormatError(where, line, f"invalid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise DataFormatError(where, line, "invalid JSON (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits (Python's conversion limit)
+        raise DataFormatError(where, line, f"invalid JSON ({str(e)[:200]})") from None
+    # Lone surrogates can only come from \u escapes (the bytes were strict UTF-8): check those documents.
+    if "\\u" in text:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataFormatError(
+                where, line, "holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape)"
+            ) from None
+        except RecursionError:
+            raise DataFormatError(where, line, "invalid JSON (nested too deeply)") from None
+    return value
+
+
+def read_json(path: str | Path) -> Any:
+    """A small JSON file (a run record, a manifest) read within the file limit, through :func:`parse_json`.
+
+    Raises:
+        DataFormatError: unreadable, over the file limit, or not JSON (see :func:`parse_json`).
+    """
+    limits = read_limits()
+    try:
+        with Path(path).open("rb") as f:
+            raw = f.read(limits.file_bytes + 1)
+    except OSError as e:
+        raise DataFormatError(str(path), None, f"cannot read the file ({e.strerror or e})") from None
+    if len(raw) > limits.file_bytes:
+        raise limits.file_too_large(path)
+    return parse_json(raw, path, None)
+
+
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yields ``(line_number, object)`` for each non-blank line of a JSONL file.
 
-    A UTF-8 byte-order mark at the start of the file is skipped.
+    A UTF-8 byte-order mark at the start of the file is skipped. Lines and the file are read within the
+    limits of :mod:`searchgym.data.limits`.
 
     Raises:
-        DataFormatError: the file cannot be read, or a line is not UTF-8, not valid JSON, not a JSON object,
-            or holds a lone surrogate.
+        DataFormatError: the file cannot be read, a line or the file is over its size limit, or a line is
+            not UTF-8, not valid JSON, not a JSON object, or holds a lone surrogate.
     """
-    try:
-        f = path.open("rb")
-    except OSError as e:
-        raise DataFormatError(str(path), None, f"cannot read the file ({e.strerror or e})") from None
-    with f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise DataFormatError(
-                    str(path), lineno, f"not valid UTF-8 (byte {e.start + 1} of the line: {e.reason})"
-                ) from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(
-                    str(path), lineno, f"invalid JSON ({e.msg} at column {e.colno})"
-                ) from None
-            except RecursionError:
-                raise DataFormatError(str(path), lineno, "invalid JSON (nested too deeply)") from None
-            except ValueError as e:  # e.g. an integer of more than 4300 digits (Python's conversion limit)
-                raise DataFormatError(str(path), lineno, f"invalid JSON ({str(e)[:200]})") from None
-            if not isinstance(record, dict):
-                raise DataFormatError(
-                    str(path), lineno, f"expected a JSON object, got {type(record).__name__}"
-                )
-            # Lone surrogates can only come from \u escapes (the bytes were strict UTF-8): check those lines.
-            if "\\u" in line:
-                try:
-                    json.dumps(record, ensure_ascii=False).encode("utf-8")
-                except UnicodeEncodeError:
-                    raise DataFormatError(
-                        str(path), lineno, "holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape)"
-                    ) from None
-            yield lineno, record
+    for lineno, raw in read_lines(path):
+        if not raw.strip():
+            continue
+        if lineno > 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark is only skipped at the start
+            raise DataFormatError(str(path), lineno, "invalid JSON (a byte-order mark inside the file)")
+        record = parse_json(raw, path, lineno)
+        if not isinstance(record, dict):
+            raise DataFormatError(str(path), lineno, f"expected a JSON object, got {type(record).__name__}")
+        yield lineno, record
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.data.flashrag import read_corpus, read_questions, supporting_ids
+from searchgym.data.limits import read_limits
 from searchgym.data.types import Dataset, LazySplits, Passage, Question
 from searchgym.errors import ConfigError, DataFormatError, MissingDependencyError
 
@@ -110,19 +111,25 @@ def read_searchr1(path: str | Path, max_rows: int | None = None) -> list[Questio
         path: The parquet file.
         max_rows: Refuse a file of more rows (default :data:`MAX_ROWS`), before decoding any.
 
+    Bytes are bounded too (:mod:`searchgym.data.limits`): a file whose footer declares more uncompressed
+    column data than the file limit is refused unread, and the bytes the rows decode to (a dictionary value
+    counted once per row that uses it) are summed batch by batch before the batch becomes Python objects.
+
     Raises:
         MissingDependencyError: ``pyarrow`` is not installed (extra ``parquet``).
-        DataFormatError: the file is unreadable, lacks a column, holds more than ``max_rows`` rows or a
-            malformed row, or two rows share an id.
+        DataFormatError: the file is unreadable, lacks a column, holds more than ``max_rows`` rows or
+            decodes to more than the file limit, holds a malformed row, or two rows share an id.
     """
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise MissingDependencyError("pyarrow", "parquet", "Reading Search-R1 parquet files") from None
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     path = Path(path)
     limit = MAX_ROWS if max_rows is None else max_rows
+    bytes_limit = read_limits()
     questions: list[Question] = []
     seen: set[str] = set()
     try:
@@ -139,8 +146,17 @@ def read_searchr1(path: str | Path, max_rows: int | None = None) -> list[Questio
             if missing:
                 raise DataFormatError(str(path), None, f"missing column(s) {missing}; found {names}")
             columns = [c for c in (*_COLUMNS, "extra_info") if c in names]
-            number = 0
+            strings = _string_leaves(parquet, columns)
+            if _declared_bytes(parquet, columns) > bytes_limit.file_bytes:
+                raise bytes_limit.file_too_large(path, "declares in its footer")
+        decoded, number = 0, 0
+        # Strings are read dictionary-encoded: a value repeated in many rows is decoded once, and the bytes the
+        # rows would take are counted from the dictionary before any row becomes Python objects.
+        with pq.ParquetFile(path, read_dictionary=strings) as parquet:
             for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
+                decoded += sum(_decoded_bytes(column, pa, pc) for column in batch.columns)
+                if decoded > bytes_limit.file_bytes:
+                    raise bytes_limit.file_too_large(path, "decodes to")
                 for row in batch.to_pylist():
                     number += 1
                     question = parse_row(row, str(path), number)
@@ -164,6 +180,53 @@ def read_searchr1(path: str | Path, max_rows: int | None = None) -> list[Questio
             str(path), None, f"not a readable parquet file ({type(e).__name__}: {e})"
         ) from None
     return questions
+
+
+def _string_leaves(parquet: Any, columns: list[str]) -> list[str]:
+    """The paths of the string (byte-array) leaves under ``columns``, for ``read_dictionary``."""
+    leaves = (parquet.schema.column(i) for i in range(len(parquet.schema)))
+    return [c.path for c in leaves if c.physical_type == "BYTE_ARRAY" and c.path.split(".")[0] in columns]
+
+
+def _declared_bytes(parquet: Any, columns: list[str]) -> int:
+    """The uncompressed bytes the footer declares for ``columns``, over every row group."""
+    meta = parquet.metadata
+    total = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            if chunk.path_in_schema.split(".")[0] in columns:
+                total += max(0, int(chunk.total_uncompressed_size))
+    return total
+
+
+def _decoded_bytes(array: Any, pa: Any, pc: Any) -> int:
+    """The bytes ``array``'s values take once decoded, a dictionary value counted once per row using it (the
+    sizes are summed from the dictionary's lengths: nothing is materialised)."""
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        values = array.dictionary
+        if not _is_bytes(values.type, pa):
+            return int(array.nbytes)
+        total = pc.sum(pc.binary_length(values).take(array.indices)).as_py()
+        return int(total or 0) + int(array.indices.nbytes)
+    if _is_bytes(kind, pa):
+        return int(pc.sum(pc.binary_length(array)).as_py() or 0) + 8 * len(array)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _decoded_bytes(array.flatten(), pa, pc) + 8 * len(array)
+    if pa.types.is_struct(kind):
+        return sum(_decoded_bytes(child, pa, pc) for child in array.flatten())
+    return int(array.nbytes)
+
+
+def _is_bytes(kind: Any, pa: Any) -> bool:
+    return bool(
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    )
 
 
 def load_searchr1(

@@ -2,14 +2,123 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from searchgym.errors import ConfigError, UnknownQuestionError
 
-__all__ = ["Dataset", "LazySplits", "Passage", "Question"]
+__all__ = ["Dataset", "LazySplits", "Passage", "Question", "SplitSelection", "parse_split"]
+
+T = TypeVar("T")
+_SPLIT = re.compile(r"(?P<name>[^\[\]]*)(?:\[(?P<slice>[^\[\]]*)\])?")
+_BOUND = re.compile(r"(?P<value>[+-]?\d+)(?P<percent>%?)")
+_SLICE_EXAMPLES = "e.g. test[:2000], test[2000:], train[10%:], train[:-500]"
+
+
+@dataclass(frozen=True)
+class SplitSelection:
+    """A split name with an optional slice of its questions, as Hugging Face ``datasets`` spells it.
+
+    ``"test"`` is the whole split; ``"test[:2000]"`` its first 2,000 questions, ``"test[2000:]"`` the rest,
+    ``"train[10%:]"`` all but the first tenth (a percentage bound is rounded to the nearest question),
+    ``"train[:-500]"`` all but the last 500. Bounds follow Python's slices: negative ones count from the end.
+
+    Attributes:
+        spec: The text as given.
+        name: The split's name (``"test"``).
+        start: The slice's start as ``(value, is_percent)``, or ``None`` when open.
+        stop: The slice's stop, likewise.
+    """
+
+    spec: str
+    name: str
+    start: tuple[int, bool] | None = None
+    stop: tuple[int, bool] | None = None
+
+    @property
+    def sliced(self) -> bool:
+        """Whether the selection is a slice rather than the whole split."""
+        return self.start is not None or self.stop is not None
+
+    @property
+    def file_stem(self) -> str:
+        """A file-name-safe form of the selection: ``test`` or ``test_0-2000``, ``train_10pct-end``."""
+        if not self.sliced:
+            return self.name
+
+        def word(bound: tuple[int, bool] | None, open_as: str) -> str:
+            if bound is None:
+                return open_as
+            value, percent = bound
+            return ("m" if value < 0 else "") + str(abs(value)) + ("pct" if percent else "")
+
+        return f"{self.name}_{word(self.start, '0')}-{word(self.stop, 'end')}"
+
+    def indices(self, size: int) -> range:
+        """The positions the selection keeps in a split of ``size`` questions."""
+
+        def absolute(bound: tuple[int, bool] | None) -> int | None:
+            if bound is None:
+                return None
+            value, percent = bound
+            return round(value * size / 100) if percent else value
+
+        return range(size)[slice(absolute(self.start), absolute(self.stop))]
+
+    def select(self, items: Sequence[T]) -> list[T]:
+        """The selected items of a whole split.
+
+        Raises:
+            ConfigError: a slice selects nothing (the message gives the split's size).
+        """
+        if not self.sliced:
+            return list(items)
+        kept = self.indices(len(items))
+        if not kept:
+            raise ConfigError(
+                f"split {self.spec!r} selects no questions: split {self.name!r} has {len(items)}"
+            )
+        return [items[i] for i in kept]
+
+
+def parse_split(spec: str) -> SplitSelection:
+    """Reads a split argument: a name, optionally followed by a slice (see :class:`SplitSelection`).
+
+    Raises:
+        ConfigError: the text is not ``NAME`` or ``NAME[START:STOP]`` with integer or percentage bounds (one
+            line, with examples).
+    """
+    whole = _SPLIT.fullmatch(spec.strip()) if isinstance(spec, str) else None
+    if whole is None or not whole["name"].strip():
+        raise ConfigError(f"split {spec!r} is not NAME or NAME[START:STOP] ({_SLICE_EXAMPLES})")
+    name = whole["name"].strip()
+    if whole["slice"] is None:
+        return SplitSelection(spec, name)
+    parts = whole["slice"].split(":")
+    if len(parts) != 2:
+        raise ConfigError(
+            f"split {spec!r}: the slice takes a start and a stop, START:STOP, without a step ({_SLICE_EXAMPLES})"
+        )
+    bounds: list[tuple[int, bool] | None] = []
+    for part in parts:
+        if not part.strip():
+            bounds.append(None)
+            continue
+        bound = _BOUND.fullmatch(part.strip())
+        if bound is None:
+            raise ConfigError(
+                f"split {spec!r}: slice bound {part.strip()!r} is not an integer or a percentage ({_SLICE_EXAMPLES})"
+            )
+        value, percent = int(bound["value"]), bool(bound["percent"])
+        if percent and abs(value) > 100:
+            raise ConfigError(f"split {spec!r}: a percentage bound lies in -100%..100%, got {part.strip()!r}")
+        bounds.append((value, percent))
+    if bounds == [None, None]:
+        raise ConfigError(f"split {spec!r}: the slice selects the whole split; write {name!r}")
+    return SplitSelection(spec, name, bounds[0], bounds[1])
 
 
 @dataclass(frozen=True)
@@ -101,6 +210,7 @@ class Dataset:
     passages: list[Passage]
     splits: Mapping[str, list[Question]]
     _question_indexes: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
+    _selections: dict[str, list[Question]] = field(default_factory=dict, repr=False, compare=False)
     retrievers: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """Named retrievers built over this corpus, shared by every env on the dataset (see ``shared_retriever``)."""
 
@@ -110,13 +220,30 @@ class Dataset:
         return {p.id: p for p in self.passages}
 
     def questions(self, split: str) -> list[Question]:
-        """The questions of ``split``; an unknown split lists the available ones."""
+        """The questions of ``split``: a split's name, or a name with a slice (``"test[:2000]"``,
+        ``"train[10%:]"``; see :class:`SplitSelection`).
+
+        Raises:
+            ConfigError: an unknown split (the message lists the available ones), a malformed slice, or a
+                slice that selects nothing.
+        """
+        selection = parse_split(split)
         try:
-            return self.splits[split]
+            questions = self.splits[selection.name]
         except KeyError:
             raise ConfigError(
-                f"dataset {self.name!r} has no split {split!r}; available: {sorted(self.splits)}"
+                f"dataset {self.name!r} has no split {selection.name!r}; available: {sorted(self.splits)}"
+                + (
+                    f" (a slice of one is written NAME[START:STOP], {_SLICE_EXAMPLES})"
+                    if "[" not in split
+                    else ""
+                )
             ) from None
+        if not selection.sliced:
+            return questions
+        if split not in self._selections:  # kept: find_question asks for the same slice at every reset
+            self._selections[split] = selection.select(questions)
+        return self._selections[split]
 
     def question_index(self, split: str) -> dict[str, int]:
         """Maps question id to its position in ``split`` (built once per split)."""
@@ -136,4 +263,4 @@ class Dataset:
                 f"no question with id {question_id!r} in split {split!r} of {self.name!r} "
                 f"({len(index)} questions; env.unwrapped.questions lists them)"
             )
-        return self.splits[split][index[question_id]]
+        return self.questions(split)[index[question_id]]

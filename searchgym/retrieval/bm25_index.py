@@ -300,7 +300,8 @@ def read_index(folder: str | Path, passages: Sequence[Passage], mmap: bool = Fal
         kind="BM25",
         root=root,
         count_key="passages",
-        fix="delete the folder or rebuild the index",
+        fix=f"rebuild it there (`searchgym index bm25 --corpus CORPUS --out {root} --overwrite`, or `searchgym "
+        f"serve --index {root} --overwrite`), or give another folder",
     )
     try:
         shape = tuple(int(s) for s in meta["shape"])

@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from searchgym.data.jsonl import replace_on_success
-from searchgym.errors import ConfigError, DataFormatError, SearchGymError
+from searchgym.data.jsonl import parse_json, replace_on_success
+from searchgym.data.limits import read_limits
+from searchgym.errors import ConfigError, DataFormatError, RetrieverError, SearchGymError
+from searchgym.integrity import content_sha256
 from searchgym.retrieval.base import Hit, Retriever
 
 __all__ = ["CASSETTE_FORMAT", "Cassette", "CassetteMissError", "cassette_from_spec"]
@@ -131,6 +135,12 @@ class Cassette(Retriever):
 
     def _add(self, query: str, k: int, hits: Sequence[Hit]) -> None:
         for h in hits:
+            if not math.isfinite(h.score):  # a replay checks its scores are finite: record only those
+                raise RetrieverError(
+                    f"the retriever answered {query!r:.60} with score {h.score!r} for passage {h.passage_id!r}; "
+                    f"cassette {str(self.path)!r} records finite scores only"
+                )
+        for h in hits:
             if h.passage_id not in self._passages:
                 self._passages[h.passage_id] = (h.title, h.text, h.raw_contents)
         self._searches[(query, k)] = [(h.passage_id, h.score) for h in hits]
@@ -149,13 +159,16 @@ class Cassette(Retriever):
     def to_json(self) -> dict[str, Any]:
         """The cassette as a JSON-serialisable dict (the file's content before compression).
 
-        A passage's raw ``contents`` is stored only when it differs from the ``"title"\\ntext`` it would
+        Its ``sha256`` is the SHA-256 of the rest (:func:`~searchgym.integrity.content_sha256`): an edit after the
+        recording is refused on load (a cassette without one, or re-hashed by whoever edited it, loads
+        checked by type only). A passage's raw ``contents`` is stored only when it differs from the
+        ``"title"\\ntext`` it would
         default to (``1`` stands for that default), which halves the text a typical corpus needs.
         """
         passages: dict[str, list[Any]] = {}
         for pid, (title, text, raw) in self._passages.items():
             passages[pid] = [title, text, 1 if raw == f'"{title}"\n{text}' else raw]
-        return {
+        document = {
             "format": CASSETTE_FORMAT,
             "version": CASSETTE_VERSION,
             "retriever": getattr(self.inner, "name", None) if self.inner is not None else None,
@@ -164,6 +177,7 @@ class Cassette(Retriever):
                 [q, k, [[pid, score] for pid, score in hits]] for (q, k), hits in self._searches.items()
             ],
         }
+        return {**document, "sha256": content_sha256(document)}
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Writes the cassette (through ``PATH.partial``, renamed over PATH when complete); returns its path.
@@ -184,31 +198,80 @@ class Cassette(Retriever):
         return target
 
     def _load(self) -> None:
+        """Reads the file: gzip inflated within the file limit (:mod:`searchgym.data.limits`), parsed by
+        :func:`~searchgym.data.jsonl.parse_json`, and every field checked for its type, so a damaged or
+        crafted cassette is one :class:`~searchgym.errors.DataFormatError` and never replays altered values."""
         where = str(self.path)
+        limits = read_limits()
         try:
             with gzip.open(self.path, "rb") as f:
-                data = json.loads(f.read().decode("utf-8"))
-        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raw = f.read(limits.file_bytes + 1)
+        except (OSError, EOFError, zlib.error) as e:
             raise DataFormatError(where, None, f"not a readable cassette (gzip JSON): {e}") from None
+        if len(raw) > limits.file_bytes:
+            raise limits.file_too_large(self.path, "inflates to")
+        data = parse_json(raw, self.path, None)
         if not isinstance(data, dict) or data.get("format") != CASSETTE_FORMAT:
             raise DataFormatError(where, None, f"not a searchgym cassette (no format {CASSETTE_FORMAT!r})")
+        if "sha256" in data:
+            try:
+                sealed = content_sha256({k: v for k, v in data.items() if k != "sha256"}) == data["sha256"]
+            except (ValueError, TypeError, RecursionError):
+                sealed = False
+            if not sealed:
+                raise DataFormatError(
+                    where, None, "fails its checksum (edited or damaged after it was recorded); record it again"
+                )
         if data.get("version") != CASSETTE_VERSION:
             raise DataFormatError(
                 where,
                 None,
-                f"cassette version {data.get('version')!r}; this searchgym reads {CASSETTE_VERSION}",
+                f"cassette version {str(data.get('version'))[:20]!r}; this searchgym reads {CASSETTE_VERSION}",
             )
-        try:
-            for pid, (title, text, raw) in data["passages"].items():
-                self._passages[str(pid)] = (str(title), str(text), f'"{title}"\n{text}' if raw == 1 else raw)
-            for query, k, hits in data["searches"]:
-                entries = [(str(pid), float(score)) for pid, score in hits]
-                unknown = [pid for pid, _ in entries if pid not in self._passages]
-                if unknown:
-                    raise DataFormatError(where, None, f"search {query!r} names unknown passages {unknown}")
-                self._searches[(str(query), int(k))] = entries
-        except (KeyError, TypeError, ValueError) as e:
-            raise DataFormatError(where, None, f"malformed cassette: {e!r}") from None
+        passages, searches = data.get("passages"), data.get("searches")
+        if not isinstance(passages, dict):
+            raise DataFormatError(where, None, f"'passages' must be an object, not {type(passages).__name__}")
+        if not isinstance(searches, list):
+            raise DataFormatError(where, None, f"'searches' must be a list, not {type(searches).__name__}")
+        for pid, entry in passages.items():
+            if not (isinstance(entry, list) and len(entry) == 3):
+                raise DataFormatError(where, None, f"passage {pid!r:.40} must be [title, text, contents]")
+            title, text, raw_contents = entry
+            if not isinstance(title, str) or not isinstance(text, str):
+                raise DataFormatError(where, None, f"passage {pid!r:.40}: its title and text must be strings")
+            if type(raw_contents) is int and raw_contents == 1:
+                raw_contents = f'"{title}"\n{text}'
+            elif not isinstance(raw_contents, str | None):
+                raise DataFormatError(
+                    where,
+                    None,
+                    f"passage {pid!r:.40}: its contents must be a string, null or 1 (the default)",
+                )
+            self._passages[pid] = (title, text, raw_contents)
+        for number, search in enumerate(searches, start=1):
+            if not (isinstance(search, list) and len(search) == 3):
+                raise DataFormatError(where, None, f"search {number} must be [query, k, hits]")
+            query, k, hits = search
+            if not isinstance(query, str) or isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise DataFormatError(where, None, f"search {number}: its query must be a string and k >= 1")
+            if not isinstance(hits, list) or not all(isinstance(h, list) and len(h) == 2 for h in hits):
+                raise DataFormatError(
+                    where, None, f"search {number} ({query!r:.40}): hits must be [id, score]s"
+                )
+            entries = []
+            for pid, score in hits:
+                if not isinstance(pid, str) or pid not in self._passages:
+                    raise DataFormatError(
+                        where, None, f"search {query!r:.40} names unknown passage {pid!r:.40}"
+                    )
+                if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+                    raise DataFormatError(
+                        where, None, f"search {query!r:.40}: passage {pid!r:.40} has score {score!r:.40}"
+                    )
+                entries.append((pid, float(score)))
+            if (query, k) in self._searches:
+                raise DataFormatError(where, None, f"search {query!r:.40} with k={k} is recorded twice")
+            self._searches[(query, k)] = entries
 
     def close(self) -> None:
         """Writes what was recorded (unless replaying) and closes the inner retriever."""

@@ -52,6 +52,11 @@ class _Outcome:
     error: BaseException | None = None
 
 
+_ANSWERED: set[str] = set()
+"""The URLs whose server has answered (any HTTP status) in this process: patience waits only for those, so a
+server that went away is waited for and an address where none ever answered fails in seconds."""
+
+
 class HttpRetriever(Retriever):
     """Searches through a remote ``/retrieve`` endpoint, one HTTP request per batch of queries.
 
@@ -78,8 +83,9 @@ class HttpRetriever(Retriever):
         max_backoff: Longest pause between attempts.
         max_batch: Most queries per request; larger batches are split (servers cap their payloads).
         max_response_bytes: Largest answer body read; a larger one is an error (and is not read further).
-        patience: Seconds to keep waiting for a server that is *not there* (no connection, a timeout, a
-            status in :data:`RETRY_STATUSES`) once the ``retries`` are spent, retrying every
+        patience: Seconds to keep waiting for a server that answered before and is now *not there* (no
+            connection, a timeout, a status in :data:`RETRY_STATUSES`) once the ``retries`` are spent —
+            a server that never answered fails once they are spent, in seconds —, retrying every
             ``max_backoff`` seconds: a server being restarted is waited for, and the call returns as if
             nothing happened. One line is written to ``log`` when the wait starts and one when the server
             answers again. A server that *answers wrong* (another 4xx, a malformed body) is never waited
@@ -188,6 +194,8 @@ class HttpRetriever(Retriever):
                 time.sleep(self._pause(attempt - 1))
             attempt += 1
             outcome = self._attempt(payload)
+            if outcome.error is None:
+                _ANSWERED.add(self.url)
             if outcome.error is not None:
                 last = _describe(outcome.error)
                 if not isinstance(outcome.error, self._httpx.TransportError | TimeoutError):
@@ -210,6 +218,12 @@ class HttpRetriever(Retriever):
             # not there (refused, reset, timed out, overloaded): transient
             if attempt < attempts:
                 continue
+            if self.url not in _ANSWERED:  # never up: a wrong address or a server not started, not a restart
+                raise RetrieverError(
+                    f"retrieval server {self.url} failed after {attempts} attempt{'s' * (attempts > 1)} "
+                    f"(deadline {self.timeout:g}s each); last error: {last}; it never answered: is a server "
+                    "running at that address? (--retriever-patience waits only for a server that answered before)"
+                )
             if self.patience > 0 and waiting_since is None:
                 waiting_since = time.monotonic()
                 self._log(

@@ -20,6 +20,7 @@ from searchgym.data.types import Passage
 from searchgym.errors import MissingDependencyError, RetrieverError
 from searchgym.retrieval.base import Hit, Retriever
 
+from .guards import BodyLimit
 from .wire import RequestError, RetrieveRequest, ServerLimits, parse_request
 
 # The key, in each request's ``scope["state"]``, of the server's hook that drops the connection at once.
@@ -124,27 +125,13 @@ def create_app(
     documents = _Documents(passages, contents, limits.topk_max)
     app = FastAPI(title="searchgym retrieval server", docs_url=None, redoc_url=None)
     app.state.limits = limits  # run_server and ServerThread apply the connection limits
+    app.add_middleware(BodyLimit, max_body_bytes=limits.max_body_bytes, read_timeout=limits.read_timeout)
     app.state.answer_bound = documents.answer_bound
     # Semaphores belong to the event loop that serves the app (one app may be served by several in turn).
     slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slots] = weakref.WeakKeyDictionary()
 
     def error(status: int, message: str) -> Response:
-        # A 408 leaves the request body unread: the connection cannot carry another request.
-        headers = {"connection": "close"} if status == 408 else None
-        return JSONResponse({"detail": message}, status_code=status, headers=headers)
-
-    async def read_body(request: Request) -> bytes:
-        """The body, refusing to buffer more than ``max_body_bytes`` (checked before and while reading)."""
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-            raise RequestError(413, f"request body over {limits.max_body_bytes} bytes")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body_bytes:  # chunked uploads declare no length
-                raise RequestError(413, f"request body over {limits.max_body_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return JSONResponse({"detail": message}, status_code=status)
 
     def answer(req: RetrieveRequest) -> bytes:
         """Scores and renders one request (a worker thread: CPU work kept off the event loop)."""
@@ -156,12 +143,7 @@ def create_app(
         if loop_slots is None:
             loop_slots = slots[asyncio.get_running_loop()] = _Slots(limits.max_concurrent)
         try:
-            try:
-                body = await asyncio.wait_for(read_body(request), limits.read_timeout)
-            except TimeoutError:
-                raise RequestError(
-                    408, f"the request body did not arrive within {limits.read_timeout:g} s"
-                ) from None
+            body = await request.body()  # bounded in size and time by BodyLimit, before the route runs
             async with loop_slots.parsing:
                 req = await run_in_threadpool(parse_request, body, limits)
             del body

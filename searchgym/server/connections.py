@@ -13,6 +13,8 @@ as the client likes, and enough of them exhaust the descriptors so that ``/healt
   in progress; only when every connection has a request in progress is the newcomer refused (503). So idle
   or slow connections cannot lock out ``/health``, whereas uvicorn's ``limit_concurrency`` answers 503 to
   everyone once they fill it.
+* **WebSocket sessions leave the count** when a connection upgrades: a session is guarded by the app's idle
+  timeout (:class:`~searchgym.server.guards.SessionIdleTimeout`), not by the read deadline.
 * **An abort hook** in every request's ``scope["state"]`` (under the key the server passes in,
   :data:`searchgym.server.ABORT_KEY`): the app drops a connection that does not take its answer within the
   write deadline.
@@ -118,6 +120,12 @@ class _GuardedH11Protocol(H11Protocol):
         super().data_received(data)
         if self._deadline is not None and self._busy():
             self._stop_waiting()
+
+    def handle_websocket_upgrade(self, event: Any) -> None:
+        # The connection becomes a WebSocket session, served by another protocol object: this one stops
+        # timing and counting it (the session's own guard is the app's idle timeout).
+        self._forget()
+        super().handle_websocket_upgrade(event)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # may start a pipelined request

@@ -16,14 +16,17 @@ from typing import Any
 from searchgym.errors import ConfigError, MissingDependencyError, RetrieverError
 
 from .app import ABORT_KEY
+from .guards import install_repeat_filter
 from .wire import ServerLimits
 
 
 def _uvicorn_server(app: Any, **options: Any) -> Any:
     """A uvicorn server for ``app``, with the connection limits of its :class:`ServerLimits`.
 
-    The limits are those :func:`create_app` recorded on the app (the defaults for any other app): a
-    deadline for each request's head and a cap on open connections (:mod:`searchgym.server.connections`).
+    The limits are those :func:`create_app` (or the OpenEnv app's builder) recorded on the app (the defaults
+    for any other app): a deadline for each request's head and a cap on open connections
+    (:mod:`searchgym.server.connections`). Repeated log lines are rate-limited
+    (:func:`~searchgym.server.guards.install_repeat_filter`).
     """
     try:
         import uvicorn
@@ -35,7 +38,9 @@ def _uvicorn_server(app: Any, **options: Any) -> Any:
     if not isinstance(limits, ServerLimits):
         limits = ServerLimits()
     guards = uvicorn_options(limits.read_timeout, limits.max_connections, ABORT_KEY)
-    return uvicorn.Server(uvicorn.Config(app, **guards, **options))
+    server = uvicorn.Server(uvicorn.Config(app, **guards, **options))
+    install_repeat_filter()  # after uvicorn configured its loggers: a flood of one failure is logged once
+    return server
 
 
 class _Listener(socket.socket):
@@ -106,11 +111,12 @@ class ServerThread:
         app: The ASGI application.
         host: Interface to listen on (loopback by default).
         port: Port; 0 picks a free one. Rebinding a port just released works (``SO_REUSEADDR``).
-        startup_timeout: Seconds to wait for the server to accept connections.
+        startup_timeout: Seconds to wait for the server to accept connections (a guard against one that
+            never starts: generous, since a machine whose cores are busy can take seconds).
     """
 
     def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 10.0
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0
     ) -> None:
         self.app = app
         self.host = host

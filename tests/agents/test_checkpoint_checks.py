@@ -142,3 +142,37 @@ def test_eval_with_a_bad_checkpoint_config_is_a_one_line_error(
         code = main(["eval", "--agent", f"checkpoint:{path}", "--episodes", "1", "--no-progress"])
         err = capsys.readouterr().err
         assert code != 0 and field in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("tokens", "sources", "message"),
+    [
+        ([1, 2, 10**6, 3], [1, 2, 2, 2], r"ledger.*token id 1000000 outside the vocabulary"),
+        ([1, 2, -1, 3], [1, 2, 2, 2], r"ledger.*token id -1 outside the vocabulary"),
+        ([1, 2, 3, 4], [1, 2, 9, 2], r"ledger.*source mark 9"),
+    ],
+    ids=["too-large", "negative", "source"],
+)
+def test_a_resealed_ledger_with_ids_out_of_range_is_refused_on_resume(
+    tmp_path: Path, tokens: list[int], sources: list[int], message: str
+) -> None:
+    """A checkpoint's ledger carries token ids the model will embed: each is range-checked on load, so a
+    crafted (re-sealed) file is a CheckpointError at --resume, not an IndexError inside a training step."""
+    from searchgym.agents.grpo.config import GRPOConfig
+    from searchgym.agents.grpo.ledger import LedgerEntry
+    from searchgym.agents.grpo.trainer import GRPOTrainer
+
+    def config(**values: Any) -> GRPOConfig:
+        sizes = {"questions_per_step": 2, "group_size": 2, "minibatch_size": 2, "probe_size": 0}
+        return GRPOConfig(
+            run_dir=str(tmp_path / "run"), steps=1, eval_questions=0, progress=False, tensorboard=False,
+            onpolicy_probe_size=0, ledger_size=4, **sizes, **values,
+        )  # fmt: skip
+
+    trainer = GRPOTrainer(config())
+    assert trainer.ledger is not None
+    n = len(tokens)
+    trainer.ledger.entries.append(LedgerEntry(torch.tensor(tokens), torch.tensor(sources), torch.zeros(n), 0))
+    trainer.save()  # sealed with the crafted entry, as whoever rewrites a checkpoint would
+    with pytest.raises(CheckpointError, match=message):
+        GRPOTrainer(config(resume=True))

@@ -50,6 +50,18 @@ def test_eval_plays_a_checkpoint_and_its_export_identically(
     }
 
 
+def test_export_writes_every_file_with_the_same_usual_mode(checkpoint: Path, tmp_path: Path) -> None:
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        out = export_pretrained(checkpoint, tmp_path / "hf")
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+
+
 @pytest.mark.slow
 def test_export_loads_with_plain_transformers_and_gives_the_same_logits(
     checkpoint: Path, tmp_path: Path

@@ -86,3 +86,21 @@ def test_bench_gns_prints_the_figures(capsys: pytest.CaptureFixture[str]) -> Non
     assert figures["groups"] == 4 and figures["rollouts"] == 8 and figures["minibatch_groups"] == 2.0
     assert figures["noise_scale_rollouts"] == pytest.approx(2 * figures["noise_scale_groups"])
     assert "SNR" in figures["recommendation"] or "no signal" in figures["recommendation"]
+
+
+def test_bench_gns_without_any_reward_signal_says_so_and_shows_the_gradients_running(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An untrained model never answers right: every group is all-wrong, and the line says there is no signal
+    (not "SNR 133, more signal than noise", which measures the entropy bonus); a timer runs meanwhile."""
+    args = ["bench", "gns", "--tiny-layers", "1", "--tiny-hidden", "32", "--max-turn-tokens", "8"]
+    args += ["--groups", "3", "--group-size", "2", "--minibatch-size", "4", "--questions-per-step", "2"]
+    assert main([*args, "--threads", "1"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out.strip().splitlines()
+    assert "informative_frac       0" in out and "mean_reward            0" in out
+    assert out[-1].startswith(
+        "no reward signal: every one of the 3 groups got one reward for all its responses"
+    )
+    assert "more signal than noise" not in captured.out
+    assert "computing one gradient per group" in captured.err and "gradients: " in captured.err

@@ -317,3 +317,46 @@ def test_train_sb3_into_an_existing_run_is_refused_without_overwrite(
     assert (out / "model.zip").read_bytes() == before and stale.exists()  # nothing touched
     assert main([*args, "--overwrite"]) == 0
     assert not stale.exists(), "the replaced run's checkpoints must not mix with the new run's"
+
+
+@pytest.mark.parametrize("payload", ["module", "this"])
+def test_an_sb3_run_config_cannot_make_load_model_import_a_module(
+    payload: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``env_id`` in ``config.json`` may only be a registered searchgym env id: gym.make's ``module:EnvId``
+    form would import (and so run) a module named by the file."""
+    import sys
+
+    folder = tmp_path / "sg_evil_run"
+    folder.mkdir()
+    path, _ = _sb3_model(folder)
+    marker = tmp_path / "ran"
+    (folder / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    env_id = "sg_evil_run.evilmod:SearchQAMacro-v0" if payload == "module" else "this:SearchQAMacro-v0"
+    (folder / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": env_id, "env": {}}))
+    monkeypatch.syspath_prepend(str(tmp_path))  # as `python -c` run from the folder's parent
+    monkeypatch.delitem(sys.modules, "this", raising=False)
+    with pytest.raises(ConfigError, match="registered searchgym env"):
+        load_model(path)
+    assert not marker.exists() and "sg_evil_run.evilmod" not in sys.modules
+    assert "this" not in sys.modules and "Zen of Python" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"entry_point": "os:system"}, "'entry_point' is not an argument"),
+        ({"dataset": ["x"]}, "'dataset' holds a list"),
+        ({"retriever": "cassette:stolen.json.gz;record=bm25"}, "writes a file"),
+        ({"disable_env_checker": True}, "'disable_env_checker' is not an argument"),
+    ],
+)
+def test_an_sb3_run_config_passes_only_the_envs_own_arguments(
+    env: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    path, _ = _sb3_model(tmp_path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"algo": "ppo", "env_id": "SearchQAMacro-v0", "env": env})
+    )
+    with pytest.raises(ConfigError, match=message):
+        load_model(path)

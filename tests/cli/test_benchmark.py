@@ -315,3 +315,34 @@ def test_two_agents_fill_one_cassette_per_dataset_with_record_missing(tmp_path: 
     args += ["--episodes", "4", "--retriever", f"cassette:{cassette};record-missing=bm25"]
     assert main(args) == 0
     assert main([*args[:-1], f"cassette:{cassette}", "--out", str(tmp_path / "replayed")]) == 0  # replay only
+
+
+@pytest.mark.parametrize("edit", ["em-value", "em-string", "em-missing", "reordered"])
+def test_an_edited_cached_pair_is_played_again_not_entered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: str
+) -> None:
+    """A pair file is checked against the digest written with it: an edited ``em`` (shown as 1.0, 5.0 or NaN
+    in the report), a string or a missing field, or reordered episodes replay the pair with a note."""
+    quick = require(QUICKSTART)
+    out = tmp_path / "B"
+    base = ["benchmark", "--no-progress", "--json", "--agent", "heuristic", "--datasets", str(quick)]
+    base += ["--out", str(out), "--episodes", "4"]
+    assert main(base) == 0
+    first = json.loads(capsys.readouterr().out)
+    pair = next((out / "pairs").glob("*/*.jsonl"))
+    original = pair.read_bytes()
+    records = [json.loads(line) for line in original.splitlines()]
+    if edit == "em-value":
+        records[0]["em"] = 5.0
+    elif edit == "em-string":
+        records[0]["em"] = "1.0"
+    elif edit == "em-missing":
+        del records[0]["em"]
+    else:
+        records[0], records[1] = records[1], records[0]
+    pair.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    assert main(base) == 0
+    captured = capsys.readouterr()
+    assert f"note: {pair} does not match the digest written with it" in captured.err
+    assert json.loads(captured.out)["results"] == first["results"]
+    assert pair.read_bytes() == original

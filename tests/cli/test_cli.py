@@ -280,3 +280,22 @@ def test_upgrade_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert f"wrote {tmp_path / 'new.pt'}" in capsys.readouterr().out
     assert main(["checkpoint", "upgrade", str(tmp_path / "new.pt"), str(tmp_path / "v3.pt")]) == 2
     assert "not a legacy searchgym checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["os:system", "builtins:exec", "searchgym.cli._common:load_agent"])
+def test_an_agent_target_that_is_not_a_class_is_one_line(
+    target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["eval", "--agent", target, "--episodes", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a class" in err and target in err
+
+
+def test_an_agent_class_without_act_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "sg_no_act_agent.py").write_text("class Agent:\n    def __init__(self, env):\n        pass\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--agent", "sg_no_act_agent:Agent", "--episodes", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no act" in err

@@ -405,3 +405,23 @@ def test_a_retriever_behind_a_proxy_is_not_dialled_directly(monkeypatch: pytest.
     assert _doctor._through_proxy("http", "retriever.example")
     monkeypatch.setenv("no_proxy", "retriever.example")
     assert not _doctor._through_proxy("http", "retriever.example")
+
+
+def test_bf16_line_says_whether_bf16_autocast_runs_bf16(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    import searchgym.agents.llm.precision as precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    code, lines = doctor(capsys)
+    assert lines["bf16"] == (
+        "ok    bf16               CPU flags avx512_bf16: --precision bf16-autocast runs bfloat16 matrix products"
+    )
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(precision.torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(precision.torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    code, lines = doctor(capsys)
+    assert code == 0  # optional: a CPU without bfloat16 runs everything in fp32
+    assert lines["bf16"].startswith("skip  bf16               the CPU has neither amx_bf16 nor avx512_bf16")
+    assert "would run fp32 on this CPU" in lines["bf16"]

@@ -139,13 +139,14 @@ def test_nothing_to_resume_and_a_damaged_partial_are_clear_errors(
     monkeypatch.undo()
     partial = Path(str(out) + ".partial")
     lines = partial.read_bytes().splitlines(keepends=True)
-    partial.write_bytes(lines[0] + b"{not json\n" + lines[2])
     capsys.readouterr()
-    assert run_eval(out, "--resume") == 2
-    assert f"{partial}:2" in capsys.readouterr().err
-    partial.write_bytes(b"".join(lines))
     assert run_eval(out, "--resume", "--episodes", "2") == 2
     assert "holds 3 episodes, more than --episodes 2" in capsys.readouterr().err
+    partial.write_bytes(lines[0] + b"{not json\n" + lines[2])  # damaged: played again from there
+    assert run_eval(out, "--resume") == 0
+    err = capsys.readouterr().err
+    assert "2 finished episode(s) from episode 2 on do not match" in err and f"resuming {out}: 1 of" in err
+    assert len(out.read_bytes().splitlines()) == EPISODES
 
 
 def test_the_pace_counts_only_the_episodes_a_resumed_run_played(tmp_path: Path) -> None:
@@ -163,3 +164,148 @@ def test_the_pace_counts_only_the_episodes_a_resumed_run_played(tmp_path: Path) 
     resumed = evaluate_module.evaluate(env, agent, 3, out=out, held=held)  # nothing left to play
     assert resumed.episodes == 3 and resumed.em == full.em and resumed.episodes_per_s == 0.0
     env.close()
+
+
+def interrupted_partial(out: Path, monkeypatch: pytest.MonkeyPatch, agent: str, k: int = 5) -> Path:
+    interrupt_after(monkeypatch, k)
+    assert run_eval(out, agent=agent) == 130
+    monkeypatch.undo()
+    return Path(str(out) + ".partial")
+
+
+def flip_em(line: bytes, value: Any) -> bytes:
+    record = json.loads(line)
+    record["em"] = value
+    return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+@pytest.mark.parametrize("edit", ["em", "em-string", "reordered", "another-run"])
+def test_edited_reordered_or_foreign_held_episodes_are_played_again(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    uninterrupted: tuple[str, bytes],
+    edit: str,
+) -> None:
+    """What ``--resume`` keeps must be what this run wrote, in its order: otherwise an edited ``em`` would
+    enter the figures (the final EM of an all-wrong run read 0.124 instead of 0.0)."""
+    agent, expected = uninterrupted
+    out = tmp_path / "e.jsonl"
+    partial = interrupted_partial(out, monkeypatch, agent)
+    lines = partial.read_bytes().splitlines(keepends=True)
+    if edit == "em":
+        lines[1] = flip_em(lines[1], 1.0 - json.loads(lines[1])["em"])
+    elif edit == "em-string":
+        lines[1] = flip_em(lines[1], "abc")
+    elif edit == "reordered":
+        lines[1], lines[2] = lines[2], lines[1]
+    else:  # the second episode of another run (other env options) spliced in
+        other = tmp_path / "other.jsonl"
+        assert run_eval(other, "--topk", "1", "--seed", "11", agent=agent) == 0
+        lines[1] = other.read_bytes().splitlines(keepends=True)[1]
+    partial.write_bytes(b"".join(lines))
+    capsys.readouterr()
+    assert run_eval(out, "--resume", agent=agent) == 0
+    assert out.read_bytes() == expected
+    captured = capsys.readouterr()
+    assert "from episode 2 on do not match the digests written with them" in captured.err
+    records = [json.loads(line) for line in expected.splitlines()]
+    assert json.loads(captured.out)["em"] == pytest.approx(sum(r["em"] for r in records) / EPISODES)
+    assert not Path(str(out) + ".partial.digests").exists()  # a finished run leaves no digests
+
+
+@pytest.mark.parametrize("damage", [b"{bad", b"[1, 2]", b"\xff\xfe", b"1" * 5000])
+def test_a_damaged_run_record_is_one_typed_line_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], damage: bytes
+) -> None:
+    out = tmp_path / "e.jsonl"
+    partial = interrupted_partial(out, monkeypatch, "heuristic", k=3)
+    before = partial.read_bytes()
+    Path(str(out) + ".partial.run.json").write_bytes(damage)
+    capsys.readouterr()
+    assert run_eval(out, "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "e.jsonl.partial.run.json" in err
+    assert partial.read_bytes() == before and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "named"), [("abc", "'em' is 'abc'"), (None, "'em' is None"), ("drop", "no 'em'")]
+)
+def test_a_held_record_of_the_wrong_type_is_a_typed_error_even_with_fresh_digests(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    value: Any,
+    named: str,
+) -> None:
+    """A file rewritten together with its digests passes them (they are not a signature): its records are
+    still type-checked, one line naming the field, and nothing is lost."""
+    from searchgym.cli.eval import run_identity  # noqa: F401 - the identity is read back from the run record
+    from searchgym.data.digests import RecordDigests
+
+    out = tmp_path / "e.jsonl"
+    partial = interrupted_partial(out, monkeypatch, "heuristic", k=3)
+    lines = partial.read_bytes().splitlines(keepends=True)
+    record = json.loads(lines[1])
+    if value == "drop":
+        del record["em"]
+    else:
+        record["em"] = value
+    lines[1] = (json.dumps(record) + "\n").encode()
+    partial.write_bytes(b"".join(lines))
+    identity = json.loads(Path(str(out) + ".partial.run.json").read_text())
+    RecordDigests(partial, identity).restart()  # re-digested by whoever edited it
+    before = partial.read_bytes()
+    capsys.readouterr()
+    assert run_eval(out, "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{partial}:2" in err and named in err
+    assert partial.read_bytes() == before and not out.exists()
+
+
+def test_the_same_command_run_again_continues_as_benchmark_does(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    uninterrupted: tuple[str, bytes],
+) -> None:
+    """One rule for eval and benchmark: an interrupted run's finished episodes are not thrown away by
+    running the same command again; --restart is how to throw them away, and says so."""
+    agent, expected = uninterrupted
+    out = tmp_path / "e.jsonl"
+    interrupt_after(monkeypatch, 4)
+    assert run_eval(out, agent=agent) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert run_eval(out, agent=agent) == 0  # no --resume
+    assert out.read_bytes() == expected
+    err = capsys.readouterr().err
+    assert f"resuming {out}: 4 of {EPISODES} episodes done (the same command was interrupted" in err
+    interrupt_after(monkeypatch, 4)
+    assert run_eval(out, agent=agent) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert run_eval(out, "--restart", agent=agent) == 0
+    assert out.read_bytes() == expected
+    err = capsys.readouterr().err
+    assert (
+        f"note: --restart: {out}.partial's finished episodes are discarded" in err and "resuming" not in err
+    )
+
+
+def test_another_evals_leftovers_are_replaced_with_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "e.jsonl"
+    interrupt_after(monkeypatch, 3)
+    assert run_eval(out) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert run_eval(out, "--seed", "3") == 0  # another eval: nothing of it to continue
+    err = capsys.readouterr().err
+    assert f"note: {out}.partial is not this eval's to continue (" in err and "seed: was 0, now 3" in err
+    assert "playing every episode" in err and "resuming" not in err
+    assert len(out.read_bytes().splitlines()) == EPISODES
+    assert main(["eval", "--agent", "heuristic", "--restart"]) == 2
+    assert "--restart applies to an interrupted --out run: give its --out" in capsys.readouterr().err

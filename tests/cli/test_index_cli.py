@@ -15,6 +15,8 @@ from searchgym.data.flashrag import read_corpus
 from searchgym.retrieval import BM25Retriever
 from searchgym.retrieval.dense import DenseRetriever, read_manifest
 
+from ..conftest import server_client
+
 pytest.importorskip("faiss", reason="the dense extra (faiss-cpu) is not installed")
 pytest.importorskip("transformers", reason="the dense extra (transformers) is not installed")
 
@@ -40,6 +42,15 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def index_dense(folder: Path, out: Path, *extra: str) -> int:
     return main(["index", "dense", "--corpus", str(folder), "--encoder", "tiny", "--out", str(out), *extra])
+
+
+def test_the_tiny_encoder_says_it_is_random(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert index_dense(folder, tmp_path / "idx", "--no-progress", "--json") == 0
+    err = capsys.readouterr().err
+    assert "note: --encoder tiny has random weights: it checks the plumbing, not retrieval" in err
+    assert "docs/retrieval.md" in err
 
 
 def test_index_dense_builds_reuses_and_reports_recall(
@@ -84,20 +95,16 @@ def test_a_dense_index_serves_eval_and_serve(
     monkeypatch.setattr(server_module, "run_server", lambda app, **kw: served.append(app))
     assert main(["serve", "--corpus", str(folder), "--retriever", f"dense:{out}", "--device", "cpu"]) == 0
     assert len(served) == 1 and "loaded the dense index" in capsys.readouterr().out
-    import httpx
-
     from searchgym.server import ServerThread
 
-    with ServerThread(served[0]) as srv:
-        r = httpx.post(
-            srv.url + "/retrieve", json={"queries": ["a", "b c"], "topk": 2, "return_scores": True}
-        )
-        health = httpx.get(srv.url + "/health").json()
+    with ServerThread(served[0]) as srv, server_client(srv.url) as http:
+        r = http.post("/retrieve", json={"queries": ["a", "b c"], "topk": 2, "return_scores": True})
+        health = http.get("/health").json()
     assert [len(hits) for hits in r.json()["result"]] == [2, 2] and health["retriever"] == "dense"
     assert main(["serve", "--corpus", str(folder), "--retriever", f"hybrid:{out}"]) == 0
     assert "loaded the dense index" in capsys.readouterr().out
-    with ServerThread(served[-1]) as srv:
-        assert httpx.get(srv.url + "/health").json()["retriever"] == "hybrid"
+    with ServerThread(served[-1]) as srv, server_client(srv.url) as http:
+        assert http.get("/health").json()["retriever"] == "hybrid"
     assert main(["serve", "--corpus", str(folder), "--retriever", "dense:"]) == 2
     assert "names no index folder" in capsys.readouterr().err
     assert (

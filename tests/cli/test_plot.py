@@ -89,3 +89,64 @@ def test_plot_command_writes_the_png(tmp_path: Path) -> None:
     assert main(["plot", str(run), "--out", str(tmp_path / "c.png"), "--warm-start-em", "0.1"]) == 0
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert main(["plot", str(tmp_path)]) == 2  # not a run folder: a clear error, not a traceback
+
+
+def test_a_flat_curve_shows_its_value_without_an_offset() -> None:
+    """A curve flat to float rounding (Δ log π of 0 ± 1e-17 on a step with no update) reads 0 on its axis,
+    not ticks of 1e-17 magnifying the noise."""
+    noise = [0.0, 1e-17, -2e-17, 3e-17]
+    runs = [
+        [
+            record(i + 1, **{"lld/delta_adv_zero": v, "train/entropy": 2.3 + v * 10})
+            for i, v in enumerate(noise)
+        ]
+    ]
+    fig = draw(runs, ["run"])
+    fig.canvas.draw()
+    for ax, value in ((fig.axes[2], 0.0), (fig.axes[4], 2.3)):
+        low, high = ax.get_ylim()
+        assert low < value < high and high - low > 0.01, (low, high)
+        assert ax.yaxis.get_offset_text().get_text() == ""
+        labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+        assert labels and not any("e" in label for label in labels), labels
+    plt.close(fig)
+
+
+def test_plot_says_where_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        run.mkdir()
+        (run / "metrics.jsonl").write_text('{"step": 1, "rollout/reward": 0.5}\n')
+    assert main(["plot", *map(str, runs)]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"wrote {runs[0] / 'curves.png'} (the first run's folder; --out PATH writes elsewhere)"
+    )
+    assert (runs[0] / "curves.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "[" * 100_000 + "]" * 100_000,
+        '{"step": 1, "rollout/reward": "abc"}',
+        '{"step": 1, "rollout/reward": [1]}',
+    ],
+    ids=["nested", "string-value", "list-value"],
+)
+def test_a_bad_metrics_line_is_one_typed_line_in_plot_and_on_resume(
+    tmp_path: Path, bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from searchgym.agents.training.metrics import MetricLogger
+    from searchgym.errors import DataFormatError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    good = [json.dumps({"step": s, "rollout/reward": 1.0 / (s + 1)}) for s in (0, 2)]
+    (run / "metrics.jsonl").write_text(f"{good[0]}\n{bad}\n{good[1]}\n")
+    assert main(["plot", str(run), "--out", str(tmp_path / "curves.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "metrics.jsonl:2" in err
+    with pytest.raises(DataFormatError, match=r"metrics\.jsonl:2"):
+        MetricLogger(run, resume_step=2, tensorboard=False)

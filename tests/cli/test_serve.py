@@ -8,14 +8,13 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from searchgym import server as server_module
 from searchgym.cli import main
 from searchgym.server import ServerThread
 
-from ..conftest import searchr1_client
+from ..conftest import searchr1_client, server_client
 
 
 @pytest.fixture
@@ -47,8 +46,8 @@ def test_serve_a_folder_with_an_index(
     assert main(args) == 0  # loads it
     app, host, port = served[-1]
     assert (host, port) == ("127.0.0.1", 8123)
-    with ServerThread(app) as srv:
-        r = httpx.post(srv.url + "/retrieve", json={"queries": ["red"], "topk": 2, "return_scores": True})
+    with ServerThread(app) as srv, server_client(srv.url) as http:
+        r = http.post("/retrieve", json={"queries": ["red"], "topk": 2, "return_scores": True})
     assert [e["document"]["id"] for e in r.json()["result"][0]] == ["0", "2"]
     # The corpus changed: the saved index is stale and refused.
     write_corpus(tmp_path / "data", ["red apples", "green pears"])
@@ -111,3 +110,40 @@ def test_serve_prints_serving_only_after_the_bind(tmp_path: Path, capsys: pytest
     captured = capsys.readouterr()
     assert "serving" not in captured.out
     assert f"cannot listen on 127.0.0.1:{port}" in captured.err
+
+
+def test_serve_index_writes_only_into_an_empty_folder_without_overwrite(
+    tmp_path: Path, served: list[tuple[Any, str, int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``serve --index DIR`` and ``index bm25 --out DIR`` follow one rule: a folder that holds other files is
+    written into only with --overwrite."""
+    folder = write_corpus(tmp_path / "data", ["red apples", "green pears", "red cars"])
+    busy = tmp_path / "etc"
+    busy.mkdir()
+    (busy / "passwd").write_text("root:x:0:0\n")
+    args = ["serve", "--corpus", str(folder), "--index", str(busy)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "already holds files (passwd)" in err and "--overwrite" in err
+    assert sorted(p.name for p in busy.iterdir()) == ["passwd"]
+    assert main(["index", "bm25", "--corpus", str(folder), "--out", str(busy)]) == 2
+    assert "already holds files (passwd)" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0
+    assert (busy / "bm25.json").is_file() and (busy / "passwd").read_text() == "root:x:0:0\n"
+
+
+def test_a_stale_index_is_never_advised_to_be_deleted(
+    tmp_path: Path, served: list[tuple[Any, str, int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = write_corpus(tmp_path / "data", ["red apples", "green pears", "red cars"])
+    index = tmp_path / "idx"
+    assert main(["serve", "--corpus", str(folder), "--index", str(index)]) == 0
+    (index / "notes.txt").write_text("mine\n")
+    write_corpus(tmp_path / "data", ["red apples", "green pears"])
+    capsys.readouterr()
+    assert main(["serve", "--corpus", str(folder), "--index", str(index)]) == 2
+    err = capsys.readouterr().err
+    assert "stale BM25 index" in err and "delete" not in err and "--overwrite" in err
+    assert main(["serve", "--corpus", str(folder), "--index", str(index), "--overwrite"]) == 0  # rebuilt
+    assert (index / "notes.txt").read_text() == "mine\n"
+    assert main(["serve", "--corpus", str(folder), "--index", str(index)]) == 0  # and loads

@@ -101,6 +101,39 @@ def test_bad_option_is_a_config_error(capsys: pytest.CaptureFixture[str], tmp_pa
     assert "group_size must be >= 2" in capsys.readouterr().err
 
 
+def test_sft_into_a_folder_holding_a_run_offers_what_sft_accepts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "sft"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')  # what an interrupted run leaves
+    assert main(["train", "sft", "--run-dir", str(run)]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("note:")]
+    assert len(err) == 1 and "pass --overwrite to train it again" in err[0], err
+    assert "--resume" not in err[0]  # train sft has no --resume to offer
+    with pytest.raises(SystemExit, match="2"):  # and does not take one
+        main(["train", "sft", "--run-dir", str(run), "--resume"])
+    assert "train sft: unrecognized option --resume" in capsys.readouterr().err
+
+
+def test_demos_name_the_command_that_trains_on_them_and_sft_says_what_it_trains_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    demos = tmp_path / "runs" / "demos.jsonl"
+    assert main(["demos", "--episodes", "2", "--out", str(demos)]) == 0
+    out = capsys.readouterr().out
+    assert f"train on them with: searchgym train sft --demos {demos} --run-dir RUN_DIR" in out
+    import searchgym.agents.sft as sft
+
+    monkeypatch.setattr(sft, "train_sft", lambda config: {})  # what is printed before training, only
+    assert main(["train", "sft", "--run-dir", str(tmp_path / "a")]) == 0
+    assert "note: training on oracle demonstrations generated from split 'train' (--demos FILE" in (
+        capsys.readouterr().err
+    )
+    assert main(["train", "sft", "--run-dir", str(tmp_path / "b"), "--demos", str(demos)]) == 0
+    assert "note: training on oracle" not in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_sigkill_then_resume_continues_from_the_saved_step(tmp_path: Path) -> None:
     run = tmp_path / "run"

@@ -312,3 +312,22 @@ def test_bools_and_floats_are_not_token_ids(action: Any) -> None:
     env.reset(seed=0)
     with pytest.raises(InvalidActionError):
         env.step(action)
+
+
+@pytest.mark.parametrize("value", ["abc", float("nan"), None, [1], "3", 2.7, True, np.float64(1.0)], ids=repr)
+@pytest.mark.parametrize("env_id", ["SearchQA-v0", "SearchQAMacro-v0"])
+def test_a_question_index_that_is_not_an_integer_is_a_config_error(env_id: str, value: object) -> None:
+    env = gym.make(env_id, split="test")
+    with pytest.raises(ConfigError, match=r"question_index must be an integer"):
+        env.reset(options={"question_index": value})
+    _, info = env.reset(options={"question_index": np.int64(3)})  # NumPy integers are integers
+    assert info["question_id"] == env.unwrapped.questions[3].id  # type: ignore[attr-defined]
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", ["SearchQA-v0", "SearchQAMacro-v0"])
+def test_stepping_before_reset_through_gym_make_is_episode_finished_error(env_id: str) -> None:
+    env = gym.make(env_id, split="test")
+    with pytest.raises(EpisodeFinishedError, match="before reset"):
+        env.step(0)
+    env.close()

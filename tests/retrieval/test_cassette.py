@@ -149,3 +149,69 @@ def test_eval_records_a_cassette_that_replays_the_same_transcripts(
     assert main([*base, "--out", str(replayed), "--retriever", f"cassette:{cassette}"]) == 0
     assert replayed.read_text() == recorded.read_text()
     capsys.readouterr()
+
+
+def _cassette_text(
+    passages: str = '{"7": ["Title", "text", 1]}', searches: str = '[["q", 3, [["7", 1.5]]]]'
+) -> str:
+    return f'{{"format": "searchgym-cassette", "version": 1, "passages": {passages}, "searches": {searches}}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"format": "searchgym-cassette", "version": 1, "passages": ' + "[" * 200_000, "nested too deeply"),
+        (_cassette_text(searches='[["q", ' + "9" * 5000 + ', [["7", 1.5]]]]'), "invalid JSON"),
+        (_cassette_text(passages='[["7", "Title", "text", 1]]'), "'passages' must be an object"),
+        (_cassette_text(passages='{"7": ["Title", "text", {"a": 1}]}'), "contents"),
+        (_cassette_text(passages='{"7": ["Title", "text", 5]}'), "contents"),
+        (_cassette_text(passages='{"7": ["Title", "\\ud800", 1]}'), "lone UTF-16 surrogate"),
+        (_cassette_text(searches='[["q", 3, [["7", NaN]]]]'), "score"),
+        (_cassette_text(passages='{"7": [["a", "list"], "text", 1]}'), "title"),
+        (_cassette_text(searches='[["q", true, [["7", 1.5]]]]'), "k"),
+        (_cassette_text(searches='[["q", 3, [["7", 1.5]]], ["q", 3, [["7", 2.5]]]]'), "twice"),
+    ],
+    ids=[
+        "nesting",
+        "integer-bomb",
+        "passages-list",
+        "contents-dict",
+        "contents-int",
+        "surrogate",
+        "nan-score",
+        "list-title",
+        "bool-k",
+        "repeated-search",
+    ],
+)
+def test_a_malformed_cassette_is_one_typed_error_naming_the_file(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "bad.json.gz"
+    path.write_bytes(gzip.compress(text.encode("utf-8")))
+    with pytest.raises(DataFormatError, match=message) as caught:
+        Cassette(None, path, "replay")
+    assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value)
+
+
+def test_a_well_formed_cassette_file_replays(tmp_path: Path) -> None:
+    path = tmp_path / "good.json.gz"
+    path.write_bytes(gzip.compress(_cassette_text().encode("utf-8")))
+    [[hit]] = Cassette(None, path, "replay").search(["q"], 3)
+    assert (hit.passage_id, hit.title, hit.text, hit.score) == ("7", "Title", "text", 1.5)
+
+
+def test_a_recorded_cassette_edited_afterwards_fails_its_checksum(tmp_path: Path) -> None:
+    """A cassette carries the SHA-256 of its content: a score, title or text edited after the recording (and
+    compressed again, so gzip's own CRC holds) is refused instead of replayed."""
+    path = tmp_path / "c.json.gz"
+    recorder = Cassette(make_retriever("bm25", load_dataset().passages), path, "record")
+    recorder.search(["city founded"], 3)
+    recorder.save()
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    assert len(data["sha256"]) == 64
+    Cassette(None, path, "replay").search(["city founded"], 3)  # as recorded: it replays
+    data["searches"][0][2][0][1] += 1.0  # the first hit's score
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    with pytest.raises(DataFormatError, match="fails its checksum"):
+        Cassette(None, path, "replay")

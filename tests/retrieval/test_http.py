@@ -200,11 +200,12 @@ def test_patience_waits_for_a_server_that_comes_back(app: Any, retriever: BM25Re
     returns the same hits as if nothing had happened."""
     first = ServerThread(app).start()
     port, url = first.port, first.url
-    first.stop()
     lines: list[str] = []
     client = HttpRetriever(
         url, timeout=1.0, retries=1, backoff=0.05, max_backoff=0.2, patience=30, log=lines.append
     )
+    client.search(["Who founded a guild?"], 3)  # the server was up: patience is for one that went away
+    first.stop()
     timer = threading.Timer(1.5, lambda: restarted.append(ServerThread(app, port=port).start()))
     restarted: list[ServerThread] = []
     timer.start()
@@ -222,12 +223,14 @@ def test_patience_waits_for_a_server_that_comes_back(app: Any, retriever: BM25Re
     assert "is back after" in lines[1] and "continuing" in lines[1]
 
 
-def test_patience_runs_out_with_the_clear_error() -> None:
+def test_patience_runs_out_with_the_clear_error(app: Any) -> None:
     lines: list[str] = []
-    url = f"http://127.0.0.1:{free_port()}/retrieve"
+    server = ServerThread(app).start()
     client = HttpRetriever(
-        url, timeout=0.5, retries=1, backoff=0.05, max_backoff=0.1, patience=0.6, log=lines.append
+        server.url, timeout=0.5, retries=1, backoff=0.05, max_backoff=0.1, patience=0.6, log=lines.append
     )
+    client.search(["q"], 3)
+    server.stop()
     start = time.monotonic()
     with pytest.raises(
         RetrieverError, match=r"failed after 2 attempts .*then waited 0.6s for it; last error: ConnectError"
@@ -235,6 +238,22 @@ def test_patience_runs_out_with_the_clear_error() -> None:
         client.search(["q"], 3)
     assert 0.6 <= time.monotonic() - start <= 0.6 + client.time_budget + 1.0
     assert len(lines) == 1 and "waiting up to 0.6s" in lines[0]
+    client.close()
+
+
+def test_a_server_that_never_answered_fails_in_seconds_whatever_the_patience() -> None:
+    """Patience is for a server that was up and went away: an address where none ever answered (a typo, a
+    server not started) fails once the retries are spent, saying so."""
+    lines: list[str] = []
+    client = HttpRetriever(
+        f"http://127.0.0.1:{free_port()}/retrieve", retries=2, backoff=0.01, patience=300, log=lines.append
+    )
+    start = time.monotonic()
+    with pytest.raises(
+        RetrieverError, match=r"last error: ConnectError.*it never answered: is a server running"
+    ):
+        client.search(["q"], 3)
+    assert time.monotonic() - start < client.time_budget + 1.0 and lines == []
     client.close()
 
 

@@ -21,7 +21,7 @@ from searchgym.retrieval import BM25Retriever, Hit, Retriever
 from searchgym.retrieval.http import HttpRetriever
 from searchgym.server import RequestError, ServerLimits, ServerThread, create_app, parse_request
 
-from ..conftest import searchr1_client
+from ..conftest import searchr1_client, server_client
 from .conftest import Counting, health_ms, sized_passages, slow_socket
 
 LIMITS = ServerLimits(default_topk=3, topk_max=10, max_queries=16, max_query_chars=200, max_body_bytes=8000)
@@ -35,7 +35,7 @@ def server(world: Any, retriever: BM25Retriever) -> Iterator[ServerThread]:
 
 @pytest.fixture
 def client(server: ServerThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with server_client(server.url) as c:
         yield c
 
 
@@ -97,7 +97,8 @@ def test_a_single_query_is_answered_as_a_one_query_batch(client: httpx.Client) -
 
 
 def test_empty_query_list_gets_an_empty_result(default_server: ServerThread) -> None:
-    r = httpx.post(default_server.url + "/retrieve", json={"queries": [], "topk": 3, "return_scores": True})
+    with server_client(default_server.url) as http:
+        r = http.post("/retrieve", json={"queries": [], "topk": 3, "return_scores": True})
     assert r.status_code == 200 and r.json() == {"result": []}
     assert searchr1_client(default_server.url, []) == []
 
@@ -129,7 +130,8 @@ def test_a_long_query_is_cut_and_answered(default_server: ServerThread, retrieve
     limits = ServerLimits()
     assert ids == [h.passage_id for h in retriever.search([" ".join(words[: limits.max_query_tokens])], 3)[0]]
     # Only a malformed request is refused.
-    assert httpx.post(default_server.url + "/retrieve", json={"queries": [3]}).status_code == 422
+    with server_client(default_server.url) as http:
+        assert http.post("/retrieve", json={"queries": [3]}).status_code == 422
 
 
 # -- bad requests and failures ---------------------------------------------------------------------------------
@@ -211,7 +213,7 @@ def test_retriever_failure_is_a_502(world: Any) -> None:
         def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
             raise RetrieverError("upstream down")
 
-    with ServerThread(create_app(Failing(), world.passages)) as srv, httpx.Client(base_url=srv.url) as c:
+    with ServerThread(create_app(Failing(), world.passages)) as srv, server_client(srv.url) as c:
         r = c.post("/retrieve", json={"queries": ["q"]})
     assert r.status_code == 502 and "upstream down" in r.json()["detail"]
 

@@ -13,10 +13,12 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from searchgym.retrieval import BM25Retriever
 from searchgym.server import ServerLimits, ServerThread, create_app
 
+from ..conftest import SERVER_WAIT
 from .conftest import Counting, health_ms, sized_passages, slow_socket
 
 
@@ -80,7 +82,9 @@ def test_with_every_connection_busy_a_new_one_gets_503() -> None:
     with ServerThread(create_app(stub, passages, limits)) as srv:
         busy = [
             threading.Thread(
-                target=httpx.post, args=(srv.url + "/retrieve",), kwargs={"json": {"queries": ["q"]}}
+                target=httpx.post,
+                args=(srv.url + "/retrieve",),
+                kwargs={"json": {"queries": ["q"]}, "timeout": SERVER_WAIT},
             )
             for _ in range(2)
         ]
@@ -98,23 +102,40 @@ def test_with_every_connection_busy_a_new_one_gets_503() -> None:
         s.close()
 
 
-def test_health_answers_under_300_slow_connections_with_256_descriptors(tmp_path: Any) -> None:
-    """`ulimit -n 256` and 300 slowloris connections: /health answers, and no accept fails for lack of descriptors.
-
-    The read deadline is a minute here: what keeps /health answering is the connection cap (below the
-    descriptor limit, closing the connections waiting longest), and the small accept burst, without which
-    asyncio runs out of descriptors anyway ("Too many open files") and stops accepting for a second.
-    """
-    script = tmp_path / "serve.py"
-    script.write_text(
-        "import resource\n"
-        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))\n"
+SLOW_SERVERS = {
+    "retrieval": (
         "from searchgym.data import Passage\n"
         "from searchgym.retrieval import BM25Retriever\n"
         "from searchgym.server import ServerLimits, create_app, run_server\n"
         "passages = [Passage(str(i), f'T{i}', 'some text') for i in range(3)]\n"
         "app = create_app(BM25Retriever(passages), passages, ServerLimits(read_timeout=60))\n"
         "run_server(app, port=0, log_level='critical', on_ready=lambda url: print(url, flush=True))\n"
+    ),
+    "openenv": (
+        "from searchgym.openenv.environment import SearchQAEnvOptions\n"
+        "from searchgym.openenv.server import OPENENV_LIMITS, create_searchqa_app, serve\n"
+        "from dataclasses import replace\n"
+        "app = create_searchqa_app(SearchQAEnvOptions(), limits=replace(OPENENV_LIMITS, read_timeout=60))\n"
+        "serve(app, port=0, log_level='critical', on_ready=lambda url: print(url, flush=True))\n"
+    ),
+}
+"""Both servers, as ``searchgym serve`` and ``searchgym openenv serve`` run them."""
+
+
+@pytest.mark.parametrize("kind", sorted(SLOW_SERVERS))
+def test_health_answers_under_300_slow_connections_with_256_descriptors(tmp_path: Any, kind: str) -> None:
+    """`ulimit -n 256` and 300 slowloris connections: /health answers, and no accept fails for lack of descriptors.
+
+    The read deadline is a minute here: what keeps /health answering is the connection cap (below the
+    descriptor limit, closing the connections waiting longest), and the small accept burst, without which
+    asyncio runs out of descriptors anyway ("Too many open files") and stops accepting for a second. The
+    OpenEnv server is guarded by the same code.
+    """
+    if kind == "openenv":
+        pytest.importorskip("openenv")
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))\n" + SLOW_SERVERS[kind]
     )
     log = tmp_path / "stderr.txt"
     with log.open("w") as err:
@@ -122,17 +143,20 @@ def test_health_answers_under_300_slow_connections_with_256_descriptors(tmp_path
     slow: list[socket.socket] = []
     try:
         assert proc.stdout is not None
-        host, port = proc.stdout.readline().strip().rsplit("/", 1)[1].rsplit(":", 1)
+        ready = proc.stdout.readline().strip()
+        assert ready, f"the server did not start:\n{log.read_text()}"
+        host, port = ready.rsplit("/", 1)[1].rsplit(":", 1)
         for _ in range(300):
             s = socket.create_connection((host, int(port)), timeout=10)
             s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\n")
             slow.append(s)
         for _ in range(3):
-            r = httpx.get(f"http://{host}:{port}/health", timeout=10)
+            r = httpx.get(f"http://{host}:{port}/health", timeout=SERVER_WAIT)
             assert r.status_code == 200
     finally:
         for s in slow:
             s.close()
         proc.terminate()
         proc.wait(30)
-    assert "Too many open files" not in log.read_text()
+    logged = log.read_text()
+    assert "Too many open files" not in logged and len(logged) < 100_000  # no flood of one failure

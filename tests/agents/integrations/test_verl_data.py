@@ -58,6 +58,18 @@ def test_a_dataset_folder_is_stored_as_an_absolute_path(tmp_path: Path, quicksta
     assert Path(env["dataset"]).is_absolute() and Path(env["dataset"]) == quickstart_dir.resolve()
 
 
+def test_slices_of_one_split_are_written_under_names_hydra_takes(tmp_path: Path) -> None:
+    paths = write_verl_parquet(tmp_path, {}, ["test[:3]", "test[997:]"])
+    assert [p.name for p in paths.values()] == ["test_0-3.parquet", "test_997-end.parquet"]
+    tests = load_dataset(None).questions("test")
+    for split, ids in (("test[:3]", tests[:3]), ("test[997:]", tests[997:])):
+        rows = pq.read_table(paths[split]).to_pylist()
+        assert [r["extra_info"]["question_id"] for r in rows] == [q.id for q in ids]
+        assert json.loads(rows[0]["extra_info"]["searchgym_env"])["split"] == split
+    with pytest.raises(ConfigError, match="would write the same file twice"):
+        write_verl_parquet(tmp_path, {}, ["test[:3]", " test[:3]"])
+
+
 def test_bad_settings_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no split 'nope'"):
         write_verl_parquet(tmp_path, {}, ["nope"])
