@@ -30,11 +30,11 @@ def _arguments(env_id: str) -> set[str]:
     from searchgym.envs.macro import SearchQAMacroEnv
     from searchgym.envs.search_qa import SearchQAEnv
 
-    classes = [SearchQAEnv] if env_id == "SearchQA-v0" else [SearchQAMacroEnv, SearchQAEnv]
+    classes: list[type] = [SearchQAEnv] if env_id == "SearchQA-v0" else [SearchQAMacroEnv, SearchQAEnv]
     names: set[str] = set()
     for cls in classes:
-        for p in inspect.signature(cls.__init__).parameters.values():
-            if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+        for p in inspect.signature(cls).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
                 names.add(p.name)
     return names
 

@@ -252,7 +252,7 @@ def load_adapter(spec: str) -> Adapter:
     adapter = getattr(module, attr, None)
     if not callable(adapter):
         raise ConfigError(f"{source} has no callable {attr!r} for --engine {spec}")
-    return adapter  # type: ignore[no-any-return]
+    return adapter
 
 
 def default_model(tokenizer: Tokenizer, vocab_size: int | None = None) -> Any:

@@ -266,13 +266,13 @@ def check_masks(built: Built, episodes: Sequence[Episode], tok: Tokenizer) -> Re
         if stray:
             leaks.append((term, None, -1, -1, stray))  # padding
     if leaks:
-        term, r, p, e, g = next((leak for leak in leaks if leak[1] is not None), leaks[0])
+        term, row, p, e, g = next((leak for leak in leaks if leak[1] is not None), leaks[0])
         shift = _shift(rows, logp_grad)
-        if r is None:
+        if row is None:
             found = f"the {term}s of padding positions get gradient {g:.3g}"
         else:
-            source = _SOURCES[r.episode.sources[e]]
-            found = f"gradient {g:.3g} reaches the {term} of {_where(r, p, tok)}, a {source} token"
+            source = _SOURCES[row.episode.sources[e]]
+            found = f"gradient {g:.3g} reaches the {term} of {_where(row, p, tok)}, a {source} token"
         if shift:
             why = (
                 f"the loss trains each policy token's neighbour, one token {shift}: index the mask as the "
@@ -471,11 +471,8 @@ def check_vocabulary(built: Built, episodes: Sequence[Episode], tok: Tokenizer) 
     name = "vocabulary"
     oov = tok.vocab_size + 3
     if built.embedded:
-        crashed = (
-            f", and the forward failed ({_error(built.error or built.loss_error)})"
-            if (built.error or built.loss_error)
-            else ""
-        )
+        failure = built.error or built.loss_error
+        crashed = f", and the forward failed ({_error(failure)})" if failure is not None else ""
         return Result(
             name,
             "fail",
@@ -596,13 +593,13 @@ def check_aggregation(built: Built, clip_eps: float) -> Result:
         advantage = _advantage(batch, i)
         if advantage is None or math.isnan(advantage) or abs(advantage) < 1e-6:
             continue
-        n = sum(1 for m in batch.loss_mask[i] if m)
+        count = sum(1 for m in batch.loss_mask[i] if m)
         for p, m in enumerate(batch.loss_mask[i]):
             log_ratio = logp[i][p] - batch.old_logp[i][p]
             # A trained token the loss ignores (zero gradient) is the masks check's finding, not a weight.
             if m and not np.isnan(log_ratio) and abs(log_ratio) < window and grad[i][p] != 0.0:
                 weights.append(-grad[i][p] / (advantage * math.exp(log_ratio)))
-                sizes.append(n)
+                sizes.append(count)
     if len(set(sizes)) < 2:
         return Result(name, "skip", "fewer than two trained responses of different lengths with A != 0")
     w, n = np.array(weights), np.array(sizes, dtype=float)

@@ -29,8 +29,8 @@ ENV: dict[str, Any] = {"max_turn_tokens": 64, "max_context_tokens": 1024, "topk"
 """The SearchQA settings of the scripted episodes (one passage per search keeps transcripts short)."""
 
 GROUP_SIZE = 4
-#: Texts the sampler writes after a closing tag; the first whose ids appear in no transcript is used.
-JUNK = (" ~~~ zq", " @@@ ###", " %%% ^^^")
+#: What the sampler writes after a closing tag (other ids when these occur in a transcript).
+JUNK = " ~~~ zq"
 
 
 class ConformError(SearchGymError, RuntimeError):
@@ -272,6 +272,20 @@ def _score(model: Any, transcripts: Sequence[Sequence[int]], vocab_size: int) ->
     return [logp[i, : len(t)].float().cpu().tolist() for i, t in enumerate(transcripts)]
 
 
+def _unused_ids(tokenizer: Tokenizer, used: set[int], count: int) -> list[int]:
+    """``count`` ids from the top of the vocabulary that occur in no transcript, are no special token and
+    decode to printable text without a tag's brackets."""
+    special = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    found: list[int] = []
+    for i in range(tokenizer.vocab_size - 1, -1, -1):
+        text = tokenizer.decode([i]).strip()
+        if i not in used and i not in special and text.isprintable() and text and not set(text) & set("<>/"):
+            found.append(i)
+            if len(found) == count:
+                return found
+    raise ConformError("the vocabulary has too few ids outside the transcripts to write after a tag")
+
+
 def scripted_episodes(
     tokenizer: Tokenizer, model: Any, padded_model: Any | None = None
 ) -> tuple[list[Episode], list[Episode], tuple[int, ...]]:
@@ -287,13 +301,12 @@ def scripted_episodes(
         ``(main, out_of_vocabulary, junk)``: the 8 episodes every check but ``vocabulary`` uses, the 4 of
         ``vocabulary``, and the ids the sampler wrote after closing tags.
     """
-    for text in JUNK:
-        junk = tokenizer.encode(text)
+    junk = tokenizer.encode(JUNK)
+    main = _play(tokenizer, model, (_MIXED, _ALL_WRONG), 0, junk)
+    used = {t for ep in main for t in ep.tokens}
+    if used & set(junk):  # the env drops what follows a tag, so the transcripts do not depend on it
+        junk = _unused_ids(tokenizer, used, len(junk))
         main = _play(tokenizer, model, (_MIXED, _ALL_WRONG), 0, junk)
-        if not any(set(junk) & set(ep.tokens) for ep in main):
-            break
-    else:
-        raise ConformError("every candidate text after a closing tag has ids that also occur in a transcript")
     oov = _play(tokenizer, padded_model or model, (_OUT_OF_VOCABULARY,), 2, junk)
     return main, oov, tuple(junk)
 

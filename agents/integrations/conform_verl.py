@@ -49,7 +49,7 @@ class _ScriptedServer:
 
 def _worker_config(model_dir: Path, train_file: Path) -> Any:
     import verl
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_dir  # type: ignore[import-not-found,unused-ignore]
 
     with initialize_config_dir(
         config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None

@@ -49,6 +49,7 @@ class _Prefill:
         self.io = io
         self.pad_token_id = pad_token_id
         self.rows_selectable = True  # becomes False for a model whose cache rows cannot be selected
+        self.share_extensions = True  # equal contexts' extensions read once (False: the benchmarks' before)
 
     def __call__(self, model: Any, session: _Session | None, contexts: list[list[int]]) -> Prefilled:
         """Extends ``session`` when every context extends one of its rows by at least one token; else reads
@@ -113,7 +114,7 @@ class _Prefill:
         contexts are equal again), its cache rows then repeated for the equal contexts."""
         unique: dict[tuple[int, ...], int] = {}
         inverse = [unique.setdefault(tuple(c), len(unique)) for c in contexts]
-        if len(unique) == len(contexts):
+        if len(unique) == len(contexts) or not self.share_extensions:
             return self._extend(model, session, rows, contexts)
         first = {u: i for i, u in reversed(list(enumerate(inverse)))}  # each distinct context's first row
         picked = [first[u] for u in range(len(unique))]

@@ -6,7 +6,9 @@ on any machine:
 * **rollouts** (:func:`run_rollout_benchmark`): GRPO rollout batches played through the vector env by
   :func:`~searchgym.agents.training.rollout.collect_rollouts` (policy tokens per second of wall time, env and
   retrieval included), once with the KV cache kept across tool turns and the inverse-CDF sampler (today's
-  path) and once as before (every turn reads its whole transcript, ``torch.multinomial`` draws); against
+  path), once as before (every turn reads its whole transcript, ``torch.multinomial`` draws), and once
+  *unshared* (today's path, but a turn's equal contexts, such as a group's after the same search, each
+  extended for itself); against
   ``model.generate`` sampling the same number of new tokens per sequence from the same prompts, in one
   batch of the same size (no tool turns, no stops: the upper bound of a rollout's pace);
 * **updates** (:func:`run_update_benchmark`): :meth:`GRPOTrainer.update` on one rollout batch, from the same
@@ -146,6 +148,8 @@ def run_rollout_benchmark(
 
     Returns:
         ``rollout_tokens_per_s``, ``rollout_tokens_per_s_before``, ``rollout_speedup``,
+        ``rollout_tokens_per_s_unshared`` and ``rollout_speedup_shared`` (today's path with every context
+        extended for itself, and today's over it: the median of the per-run ratios),
         ``generate_tokens_per_s``, ``rollout_vs_generate``, ``rollout_logp_mismatch`` (the largest gap
         between the cached path's and the uncached path's log-probs of the same tokens, same seed), and the
         batch's shape.
@@ -173,13 +177,14 @@ def run_rollout_benchmark(
         **{**cfg.env_kwargs(), "tokenizer": policy.tokenizer},
     )
     fast_sampler, slow_sampler = policy._sample, _multinomial_sampler(policy)
-    rates: dict[str, list[float]] = {"after": [], "before": [], "generate": []}
+    rates: dict[str, list[float]] = {"after": [], "before": [], "unshared": [], "generate": []}
     mismatch, tokens_per_episode = 0.0, []
     for r in range(repeats):
         batches = {}
-        for path in ("before", "after"):
-            policy.reuse_cache = path == "after"
-            setattr(policy, "_sample", fast_sampler if path == "after" else slow_sampler)  # noqa: B010
+        for path in ("before", "unshared", "after"):
+            policy.reuse_cache = path != "before"
+            policy._prefill.share_extensions = path != "unshared"
+            setattr(policy, "_sample", slow_sampler if path == "before" else fast_sampler)  # noqa: B010
             policy.reset({}, seed=r)
             _sync(device)
             start = time.perf_counter()
@@ -218,6 +223,10 @@ def run_rollout_benchmark(
         "rollout_tokens_per_s": after_rate,
         "rollout_tokens_per_s_before": before_rate,
         "rollout_speedup": after_rate / before_rate,
+        "rollout_tokens_per_s_unshared": statistics.median(rates["unshared"]),
+        "rollout_speedup_shared": statistics.median(
+            a / b for a, b in zip(rates["after"], rates["unshared"], strict=True)
+        ),
         "generate_tokens_per_s": generate_rate,
         "rollout_vs_generate": after_rate / generate_rate,
         "rollout_vs_generate_before": before_rate / generate_rate,

@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 ROWS = [
     ("rollout tokens/s (cached turns, inverse-CDF sampler)", "rollout_tokens_per_s", "{:.0f}"),
     ("rollout tokens/s before (re-read turns, multinomial)", "rollout_tokens_per_s_before", "{:.0f}"),
+    ("rollout tokens/s, equal contexts extended one by one", "rollout_tokens_per_s_unshared", "{:.0f}"),
+    ("rollout speed-up from reading equal contexts once", "rollout_speedup_shared", "{:.2f}"),
     ("generate tokens/s (same model, batch, new tokens)", "generate_tokens_per_s", "{:.0f}"),
     ("rollout / generate (target >= 0.9)", "rollout_vs_generate", "{:.2f}"),
     ("rollout / generate before", "rollout_vs_generate_before", "{:.2f}"),

@@ -200,6 +200,8 @@ def _play_pair(
                 except (ConfigError, DataFormatError, ValueError):
                     held = []  # another command's leftovers, or damaged ones: the pair starts again
             _write_record(partial_record, identity)
+            if not held:  # what is not continued goes now, before the digests are counted from the file
+                os.truncate(partial, 0)
             digests = RecordDigests(partial, identity)  # the chain the finished pair's record carries
             digests.restart()
             bar.update(len(held))

@@ -38,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     model = tokenizer = None
     if args.model:
         from searchgym.agents.llm.model import load_pretrained
-        from searchgym.cli._doctor_model import offline
+        from searchgym.cli._doctor_model import _quiet_transformers, offline
         from searchgym.tokenization import load_tokenizer
 
-        with offline():
+        with offline(), _quiet_transformers():
             tokenizer = load_tokenizer(args.model)
             model = load_pretrained(args.model)
     results = run_conformance(adapter, prepare(model, tokenizer))

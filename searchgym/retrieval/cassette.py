@@ -220,7 +220,9 @@ class Cassette(Retriever):
                 sealed = False
             if not sealed:
                 raise DataFormatError(
-                    where, None, "fails its checksum (edited or damaged after it was recorded); record it again"
+                    where,
+                    None,
+                    "fails its checksum (edited or damaged after it was recorded); record it again",
                 )
         if data.get("version") != CASSETTE_VERSION:
             raise DataFormatError(

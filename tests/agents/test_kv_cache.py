@@ -105,6 +105,32 @@ def test_the_cache_feeds_only_new_tokens_and_reads_a_shared_prompt_once() -> Non
     assert counts[True] < counts[False]
 
 
+@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2], ids=["llama", "qwen2"])
+def test_equal_contexts_are_extended_once_with_the_same_results(build: Any) -> None:
+    """Greedy responses of a group write the same turn and get the same tool output, so their next contexts
+    are equal: they are read once, and the transcripts and log-probs are those of reading each one."""
+    batches, fed = {}, {}
+    for share in (False, True):
+        model = CountingModel(build())
+        policy = LLMPolicy(model, TOK, greedy=True, max_turn_tokens=20)
+        policy._prefill.share_extensions = share
+        env = SearchQAVectorEnv(
+            6,
+            autoreset_mode="Disabled",
+            tokenizer=TOK,
+            max_turn_tokens=20,
+            max_context_tokens=400,
+            max_turns=3,
+        )
+        policy.reset({}, seed=7)
+        batches[share] = collect_rollouts(env, policy, seed=7, group_size=3)
+        env.close()
+        fed[share] = model.fed
+    assert torch.equal(batches[False].tokens, batches[True].tokens)
+    assert torch.equal(batches[False].logp_old, batches[True].logp_old)
+    assert max(i["turn"] for i in batches[True].infos) >= 2 and fed[True] < fed[False]
+
+
 def test_a_parameter_update_invalidates_the_kept_cache() -> None:
     model = tiny_qwen2()
     policy = LLMPolicy(model, TOK, greedy=True, max_turn_tokens=4)

@@ -346,3 +346,23 @@ def test_an_edited_cached_pair_is_played_again_not_entered(
     assert f"note: {pair} does not match the digest written with it" in captured.err
     assert json.loads(captured.out)["results"] == first["results"]
     assert pair.read_bytes() == original
+
+
+def test_a_pair_started_over_its_damaged_leftovers_is_cached_with_a_good_digest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Leftovers the pair cannot continue are dropped before the digests are counted: the finished pair's
+    record vouches for exactly its file, so the next run reads it back instead of playing it again."""
+    quick = require(QUICKSTART)
+    out = tmp_path / "B"
+    base = ["benchmark", "--no-progress", "--json", "--agent", "heuristic", "--datasets", str(quick)]
+    base += ["--out", str(out), "--episodes", "3"]
+    assert main(base) == 0
+    pair = next((out / "pairs").glob("*/*.jsonl"))
+    partial = pair.with_name(pair.name + ".partial")
+    partial.write_text("{damaged leftovers\n")  # no run record beside it: nothing to continue
+    pair.unlink()
+    capsys.readouterr()
+    assert main(base) == 0
+    assert main(base) == 0  # read back from the cache
+    assert "playing it again" not in capsys.readouterr().err

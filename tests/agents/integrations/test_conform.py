@@ -93,6 +93,17 @@ def test_scripted_episodes_exercise_what_the_checks_need(scenario: Scenario) -> 
     assert str(tok.vocab_size + 3) in (oov[3].refused or "") and tok.vocab_size + 3 in oov[3].turns[0].tokens
 
 
+def test_text_after_a_tag_falls_back_to_ids_no_transcript_holds(scenario: Scenario) -> None:
+    """A tokenizer that writes the default text after a tag with ids the transcripts use gets other ids."""
+    from searchgym.agents.integrations.conform_episodes import _unused_ids
+
+    tok = scenario.tokenizer
+    used = {t for ep in scenario.main for t in ep.tokens} | set(scenario.junk)
+    ids = _unused_ids(tok, used, 6)
+    assert len(set(ids)) == 6 and not set(ids) & used
+    assert all(not set(tok.decode([i])) & set("<>/") for i in ids)
+
+
 def test_scripted_turns_refuse_a_context_that_is_not_the_envs(scenario: Scenario) -> None:
     ep = scenario.main[0]
     turns = ScriptedTurns([ep])
