@@ -67,16 +67,13 @@ def question_kinds(n: int) -> list[str]:
     return [q.kind for q in load_dataset(None, world_seed=0).splits["test"][:n]]
 
 
-def stages(folder: Path) -> dict[str, str]:
-    """The warm-start's greedy failure stage per question id, from ``headroom_warmstart.jsonl``."""
+def headroom_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """The warm-start's per-question headroom records (``headroom_warmstart.jsonl``) by question id: the greedy
+    episode's failure stage, and the sampled EMs at each temperature."""
     path = folder / "headroom_warmstart.jsonl"
     if not path.is_file():
         return {}
-    out = {}
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
-        out[r["question_id"]] = r["stage"]
-    return out
+    return {r["question_id"]: r for r in map(json.loads, path.read_text().splitlines())}
 
 
 def _seed_verdict(met: int, done: int, seeds: int) -> str:
@@ -175,29 +172,39 @@ def flip_table(folder: Path, warm: list[int], ends: Sequence[list[int] | None], 
     from searchgym.data import load_dataset
 
     ids = [q.id for q in load_dataset(None, world_seed=0).splits["test"][: len(warm)]]
-    stage = stages(folder)
+    records = headroom_records(folder)
     gained: Counter[str] = Counter()
     lost: Counter[str] = Counter()
     by_stage: Counter[str] = Counter()
+    solvable = {q for q, r in records.items() if any(x > 0 for v in r["samples"].values() for x in v)}
+    flipped: Counter[bool] = Counter()
+    seeds = 0
     for end in ends:
         if end is None or len(end) != len(warm):
             continue
+        seeds += 1
         for qid, kind, w, e in zip(ids, kinds, warm, end, strict=True):
             if e > w:
                 gained[kind] += 1
-                if qid in stage:
-                    by_stage[stage[qid]] += 1
+                if qid in records:
+                    by_stage[records[qid]["stage"]] += 1
+                    flipped[qid in solvable] += 1
             elif e < w:
                 lost[kind] += 1
     net = {k: gained[k] - lost[k] for k in KINDS}
     total = sum(net.values())
     out = ["flips against the warm-start, pooled over seeds (gained / lost / net):"]
     out += [f"  {k}: {gained[k]} / {lost[k]} / {net[k]:+d}" for k in KINDS]
-    if stage:
+    if records:
         out.append(
             "  gained questions among the first "
-            f"{len(stage)}, by the warm-start's failure stage: "
+            f"{len(records)}, by the warm-start's failure stage: "
             + ", ".join(f"{s} {by_stage[s]}" for s in STAGES)
+        )
+        wrong = sum(1 for q in solvable if records[q]["greedy"] == 0)
+        out.append(
+            f"  of those, {flipped[True]} were solved by some sample of the warm-start ({seeds} seeds x its {wrong} "
+            f"solvable greedy-wrong questions: {seeds * wrong}), {flipped[False]} by none of its samples"
         )
     met = total > 0 and net["bridge"] >= total / 2 and net["bridge"] == max(net.values())
     out.append(f"{arm}: G3 {'MET' if met else 'NOT MET'} (bridge {net['bridge']:+d} of net {total:+d})")
