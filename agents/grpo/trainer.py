@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import time
 from collections import defaultdict
@@ -33,12 +32,10 @@ import torch
 from torch import Tensor
 
 from searchgym.envs.vector import SearchQAVectorEnv
-from searchgym.errors import CheckpointError
 from searchgym.run_lock import lock_run_dir
 
-from ..llm import DEFAULT_SCORING, LLMPolicy, ScoringOptions, token_logprobs
+from ..llm import DEFAULT_SCORING, ScoringOptions
 from ..llm.precision import resolve_precision
-from ..training.checkpoint import load_checkpoint, save_checkpoint
 from ..training.clock import PhaseClock
 from ..training.metrics import MetricLogger, read_metrics
 from ..training.policy import build_policy
@@ -51,14 +48,12 @@ from ..training.rollout import (
 )
 from ..training.run import (
     CHECKPOINT,
-    EVAL_EPISODES,
-    check_resume_config,
+    append_eval_episodes,
     make_optimizer,
     prepare_run_dir,
     resume_init,
     write_run_record,
 )
-from ..training.state import get_rng_state, load_training_state, set_rng_state
 from .advantages import compute_advantages
 from .batching import (
     call_overhead_tokens,
@@ -68,9 +63,11 @@ from .batching import (
     minibatch_plan,
     step_seed,
 )
+from .checkpointing import restore_grpo_checkpoint, save_grpo_checkpoint
 from .config import GRPOConfig
 from .diagnostics import lld_warning
 from .displacement import displacement_by_advantage, ledger_displacement, likelihood_metrics, probe_metrics
+from .greedy import GreedyPlayer
 from .ledger import Ledger
 from .loss_term import LossTermInputs, apply_loss_term, load_loss_term
 from .losses import (
@@ -137,13 +134,14 @@ class GRPOTrainer:
             autoreset_mode="Disabled",
             **{**cfg.env_kwargs(), "tokenizer": self.policy.tokenizer},
         )
-        # greedy_play's env and argmax policy (built on first use): apart from the sampled rollouts' own,
-        # so the greedy episodes never touch their env or their sampling generator.
-        self.greedy_env: SearchQAVectorEnv | None = None
-        self.greedy_policy: LLMPolicy | None = None
-        self.probe = self._build_probe()
+        self.greedy = GreedyPlayer(self.policy, cfg.env_kwargs(), cfg.group_size, cfg.max_turn_tokens)
+        # The fixed oracle probe set (its action-kind masks in probe_masks), and the on-policy probes.
+        self.probe = oracle_probe(cfg, self.policy.tokenizer)
+        if self.probe is not None:
+            tok = self.policy.tokenizer
+            self.probe_masks = probe_masks(self.probe.tokens, self.probe.sources, tok.token_bytes)
         # Sampled now, from the initial weights (a resumed run rebuilds the same sets before restoring).
-        self.onpolicy_probes, self.warmstart = self._build_onpolicy_probes()
+        self.onpolicy_probes, self.warmstart = onpolicy_probes(cfg, self.policy)
         self.ledger = Ledger(cfg.ledger_size, self.policy.tokenizer.pad_token_id) if cfg.ledger_size else None
         self.logp_after: Tensor | None = None  # the last step's responses after all of its updates
         self.step = 0
@@ -184,8 +182,7 @@ class GRPOTrainer:
             bar.close()
             self.logger.close()
             self.env.close()
-            if self.greedy_env is not None:
-                self.greedy_env.close()
+            self.greedy.close()
         return metrics
 
     def train_step(self) -> dict[str, float]:
@@ -287,52 +284,9 @@ class GRPOTrainer:
         return batch, metrics
 
     def greedy_play(self, batch: RolloutBatch) -> RolloutBatch:
-        """The current policy's greedy episodes on ``batch``'s questions, one per group, in group order: their
-        ``rewards`` (``(Q,)``) are the self-critical baseline of ``--advantage greedy``.
-
-        The questions are read from the batch's episodes, so a batch that ``filter_groups`` assembled from
-        several draws gets its own groups' questions. One greedy episode per group, all in one batch through
-        the greedy env (reset with the step's seed, which matters only to a faulty retriever), with the model
-        in eval mode and no gradient. Argmax decoding draws no random number, and the sampled rollouts' env
-        and generator are not used, so the step's draws are the same with and without this pass.
-
-        Raises:
-            RuntimeError: the responses of a group do not share one question.
-        """
-        cfg = self.config
-        ids = [str(info["question_id"]) for info in batch.infos]
-        groups = [ids[g : g + cfg.group_size] for g in range(0, len(ids), cfg.group_size)]
-        if any(len(set(group)) != 1 for group in groups):
-            raise RuntimeError(f"a group's responses answer different questions: {groups}")
-        if self.greedy_env is None or self.greedy_env.num_envs != len(groups):
-            if self.greedy_env is not None:
-                self.greedy_env.close()
-            self.greedy_env = SearchQAVectorEnv(
-                len(groups),
-                autoreset_mode="Disabled",
-                **{**cfg.env_kwargs(), "tokenizer": self.policy.tokenizer},
-            )
-        if self.greedy_policy is None:
-            self.greedy_policy = LLMPolicy(
-                self.model,
-                self.policy.tokenizer,
-                greedy=True,
-                max_turn_tokens=cfg.max_turn_tokens,
-                scoring=self.policy.scoring,
-            )
-        mode = self.model.training
-        self.model.eval()
-        try:
-            played = collect_rollouts(
-                self.greedy_env,
-                self.greedy_policy,
-                seed=step_seed(cfg.seed, self.step),
-                group_size=1,
-                question_ids=[group[0] for group in groups],
-            )
-        finally:
-            self.model.train(mode)
-        return played
+        """The current policy's greedy episodes on ``batch``'s questions, one per group, in group order
+        (:class:`.greedy.GreedyPlayer`): their rewards are the self-critical baseline of ``--advantage greedy``."""
+        return self.greedy.play(batch, step_seed(self.config.seed, self.step))
 
     def rollout_metrics(
         self, batch: RolloutBatch, advantages: Tensor, greedy_rewards: Tensor | None = None
@@ -409,7 +363,9 @@ class GRPOTrainer:
         with self.policy.scoring.no_grad():
             for idx in micro_batches:
                 mb = batch.select(idx).to(self.config.device)
-                logp, _ = _token_logprobs(self.policy, model, mb, scoring=scoring)
+                logp, _ = self.policy.token_logprobs(
+                    mb.tokens, mb.attention_mask, score_mask=mb.loss_mask, model=model, scoring=scoring
+                )
                 out[idx, : logp.shape[1]] = logp.float().cpu()
         return out
 
@@ -650,7 +606,7 @@ class GRPOTrainer:
         sums: dict[str, float] = defaultdict(float)
         for idx in self._micro([rows], ledger.attention_mask.sum(dim=1))[0]:
             mb = ledger.select(idx).to(cfg.device)
-            logp, _ = _token_logprobs(self.policy, self.model, mb)
+            logp, _ = self.policy.token_logprobs(mb.tokens, mb.attention_mask, score_mask=mb.loss_mask)
             width = mb.tokens.shape[1]
             loss, m = ledger_llds_loss(
                 logp, anchor[idx, :width].to(cfg.device), mb.loss_mask, gate, None, num_tokens
@@ -687,7 +643,9 @@ class GRPOTrainer:
         """
         cfg = self.config
         mask = mb.loss_mask
-        logp, entropy = _token_logprobs(self.policy, self.model, mb, with_entropy=True)
+        logp, entropy = self.policy.token_logprobs(
+            mb.tokens, mb.attention_mask, score_mask=mb.loss_mask, with_entropy=True
+        )
         assert entropy is not None
         if logp_old is None:
             logp_old = logp.detach()
@@ -779,13 +737,6 @@ class GRPOTrainer:
         micro = self._micro([torch.arange(len(batch))], batch.attention_mask.sum(dim=1))[0]
         return self._score(self.model, batch, micro, scoring)
 
-    def _build_probe(self) -> RolloutBatch | None:
-        """The fixed oracle probe set (:func:`.probes.oracle_probe`); its action-kind masks in ``probe_masks``."""
-        probe = oracle_probe(self.config, self.policy.tokenizer)
-        if probe is not None:
-            self.probe_masks = probe_masks(probe.tokens, probe.sources, self.policy.tokenizer.token_bytes)
-        return probe
-
     @torch.no_grad()
     def probe_metrics(self) -> dict[str, float]:
         """Mean per-token log-likelihood of the probe set, overall and per action kind (``lld/probe_logp*``).
@@ -806,10 +757,6 @@ class GRPOTrainer:
         self.model.train(mode)
         return {f"lld/{k}": v for k, v in out.items()}
 
-    def _build_onpolicy_probes(self) -> tuple[dict[str, RolloutBatch], dict[str, float]]:
-        """The on-policy probes and the initial policy's sampled behaviour (:func:`.probes.onpolicy_probes`)."""
-        return onpolicy_probes(self.config, self.policy)
-
     def evaluate(self) -> dict[str, float]:
         """Greedy play on the first ``eval_questions`` questions of the eval split, as ``eval/`` metrics; each
         question's outcome is appended to ``RUN_DIR/eval_episodes.jsonl`` (step, question id, EM, F1, the
@@ -818,78 +765,28 @@ class GRPOTrainer:
         result = evaluate_greedy(
             self.model, self.policy.tokenizer, self.config, self.config.eval_questions, episodes
         )
-        with open(self.run_dir / EVAL_EPISODES, "a", encoding="utf-8") as f:
-            for info in episodes:
-                record = {
-                    "step": self.step,
-                    "question_id": info["question_id"],
-                    "em": info["em"],
-                    "f1": info["f1"],
-                }
-                record |= {"reward": info[self.config.reward], "searches": info["searches"]}
-                f.write(json.dumps(record | {"answered": info["answer"] is not None}) + "\n")
+        append_eval_episodes(self.run_dir, self.step, episodes, self.config.reward)
         return {f"eval/{k}": v for k, v in result.items()}
 
     # -- checkpoints -------------------------------------------------------------------------------------
 
     def save(self) -> Path:
         """Writes ``RUN_DIR/checkpoint.pt`` atomically: model, optimizer, scheduler, RNG states, step."""
-        return save_checkpoint(
+        return save_grpo_checkpoint(
             self.run_dir / CHECKPOINT,
-            {
-                "kind": "grpo",
-                "step": self.step,
-                "model": self.model.state_dict(),
-                "arch": self.arch,
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "rng": get_rng_state(),
-                "config": dataclasses.asdict(self.config),
-                **({"ledger": self.ledger.state_dict()} if self.ledger is not None else {}),
-            },
+            step=self.step,
+            model=self.model,
+            arch=self.arch,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            config=self.config,
+            ledger=self.ledger,
         )
 
     def _restore(self, path: Path) -> None:
-        payload = load_checkpoint(path, map_location=self.config.device)
-        if payload.get("kind") != "grpo":
-            raise CheckpointError(
-                f"{path} is a {payload.get('kind')!r} checkpoint, not a GRPO run's; use --init to start from it"
-            )
-        # The init checkpoint was already checked by hash (resume_init); how its path is spelled may differ.
-        check_resume_config(
-            {k: v for k, v in payload.get("config", {}).items() if k != "init"},
-            {k: v for k, v in dataclasses.asdict(self.config).items() if k != "init"},
+        self.step = restore_grpo_checkpoint(
+            path, self.config, self.model, self.optimizer, self.scheduler, self.ledger
         )
-        try:
-            self.model.load_state_dict(payload["model"])
-            load_training_state(self.optimizer, self.scheduler, payload, path)
-            set_rng_state(payload["rng"])
-            self.step = int(payload["step"])
-            if self.ledger is not None and "ledger" in payload:
-                self.ledger.load_state_dict(payload["ledger"])
-        except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
-            raise CheckpointError(f"cannot resume from {path}: {e}") from None
-
-
-def _token_logprobs(
-    policy: Any,
-    model: Any,
-    mb: RolloutBatch,
-    with_entropy: bool = False,
-    scoring: ScoringOptions | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (and entropies) of ``mb``'s policy tokens under ``model`` at the policy's temperature, with
-    ``scoring`` (default: the policy's scoring options)."""
-    return token_logprobs(
-        model,
-        mb.tokens,
-        mb.attention_mask,
-        vocab_size=policy.vocab_size,
-        temperature=policy.temperature,
-        with_entropy=with_entropy,
-        score_mask=mb.loss_mask,
-        scoring=scoring if scoring is not None else policy.scoring,
-    )
 
 
 def train_grpo(config: GRPOConfig) -> dict[str, float]:

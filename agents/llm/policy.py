@@ -392,15 +392,18 @@ class LLMPolicy(SegmentAgent):
         *,
         with_entropy: bool = False,
         score_mask: Tensor | None = None,
+        model: Any = None,
+        scoring: ScoringOptions | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """:func:`token_logprobs` under this policy's model, vocabulary, temperature and scoring options."""
+        """:func:`token_logprobs` at this policy's vocabulary and temperature, under its model and scoring
+        options unless ``model`` (e.g. a frozen reference of the same architecture) or ``scoring`` is given."""
         return token_logprobs(
-            self.model,
+            self.model if model is None else model,
             input_ids,
             attention_mask,
             vocab_size=self.vocab_size,
             temperature=self.temperature,
             with_entropy=with_entropy,
             score_mask=score_mask,
-            scoring=self.scoring,
+            scoring=self.scoring if scoring is None else scoring,
         )

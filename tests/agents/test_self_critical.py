@@ -155,8 +155,7 @@ def test_greedy_play_plays_the_assembled_batch_argmax_without_touching_the_sampl
         again = collect_rollouts(env, policy, seed=0, group_size=1, question_ids=wanted)
     finally:
         env.close()
-        if trainer.greedy_env is not None:
-            trainer.greedy_env.close()
+        trainer.greedy.close()
         trainer.env.close()
     assert torch.equal(again.tokens, greedy.tokens) and torch.equal(again.rewards, greedy.rewards)
 

@@ -1,0 +1,76 @@
+"""A GRPO run's checkpoint: what it holds (model, optimizer, scheduler, RNG states, step, config, ledger), and
+how a resumed run takes it back after checking that its options may change."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from searchgym.errors import CheckpointError
+
+from ..training.checkpoint import load_checkpoint, save_checkpoint
+from ..training.run import check_resume_config
+from ..training.state import get_rng_state, load_training_state, set_rng_state
+from .config import GRPOConfig
+from .ledger import Ledger
+
+__all__ = ["restore_grpo_checkpoint", "save_grpo_checkpoint"]
+
+
+def save_grpo_checkpoint(
+    path: Path,
+    *,
+    step: int,
+    model: Any,
+    arch: Any,
+    optimizer: Any,
+    scheduler: Any,
+    config: GRPOConfig,
+    ledger: Ledger | None,
+) -> Path:
+    """Writes the checkpoint atomically, with the RNG states of this moment."""
+    return save_checkpoint(
+        path,
+        {
+            "kind": "grpo",
+            "step": step,
+            "model": model.state_dict(),
+            "arch": arch,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": get_rng_state(),
+            "config": dataclasses.asdict(config),
+            **({"ledger": ledger.state_dict()} if ledger is not None else {}),
+        },
+    )
+
+
+def restore_grpo_checkpoint(
+    path: Path, config: GRPOConfig, model: Any, optimizer: Any, scheduler: Any, ledger: Ledger | None
+) -> int:
+    """Loads a GRPO run's checkpoint into the given objects, sets the RNG states, returns its step.
+
+    Raises:
+        CheckpointError: not a GRPO checkpoint, or it cannot be loaded into these objects.
+        ConfigError: the run's options differ from the checkpoint's in one a resume may not change.
+    """
+    payload = load_checkpoint(path, map_location=config.device)
+    if payload.get("kind") != "grpo":
+        raise CheckpointError(
+            f"{path} is a {payload.get('kind')!r} checkpoint, not a GRPO run's; use --init to start from it"
+        )
+    # The init checkpoint was already checked by hash (resume_init); how its path is spelled may differ.
+    check_resume_config(
+        {k: v for k, v in payload.get("config", {}).items() if k != "init"},
+        {k: v for k, v in dataclasses.asdict(config).items() if k != "init"},
+    )
+    try:
+        model.load_state_dict(payload["model"])
+        load_training_state(optimizer, scheduler, payload, path)
+        set_rng_state(payload["rng"])
+        if ledger is not None and "ledger" in payload:
+            ledger.load_state_dict(payload["ledger"])
+        return int(payload["step"])
+    except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise CheckpointError(f"cannot resume from {path}: {e}") from None
