@@ -223,7 +223,7 @@ class _Arm:
         self.generation = _Timed(trainer.policy.rollout_segments)
         setattr(trainer.policy, "rollout_segments", self.generation)  # noqa: B010 - times generation
         self.retriever = _TimedRetriever(trainer.env.retriever)
-        trainer.env.retriever = self.retriever
+        setattr(trainer.env, "retriever", self.retriever)  # noqa: B010 - times retrieval
         self.sample = _Timed(trainer.sample_step)
         setattr(trainer, "sample_step", self._sample)  # noqa: B010 - keeps the step's batch
         self.batch: Any = None
@@ -263,8 +263,7 @@ class _Arm:
     def close(self) -> None:
         self.trainer.env.close()
         self.trainer.logger.close()
-        if self.trainer.greedy_env is not None:
-            self.trainer.greedy_env.close()
+        self.trainer.greedy.close()
 
 
 def _per_step(config: Any, phases: Mapping[str, float]) -> dict[str, float]:
@@ -277,15 +276,25 @@ def _per_step(config: Any, phases: Mapping[str, float]) -> dict[str, float]:
     }
 
 
-def _flops(arm: _Arm, reps: Sequence[Mapping[str, float]], config: Any, precision: str) -> dict[str, float]:
-    """The update's model FLOPs on the arm's last batch, the rate it reached and this core's peak."""
-    batch, trainer = arm.batch, arm.trainer
-    shape = ModelShape.of(trainer.model.config)
+def _update_gflop(arm: _Arm, config: Any) -> float:
+    """The model GFLOP of the update of the arm's last step (its batch, :func:`update_flops`)."""
+    batch = arm.batch
     lengths = [int(n) for n in batch.attention_mask.sum(dim=1)]
-    flops = update_flops(shape, lengths, int(batch.loss_mask.sum()), config.epochs)
-    seconds = statistics.median(rep["forward"] + rep["backward"] for rep in reps)
-    peak = matmul_peak("bfloat16" if precision == "bf16-autocast" else "float32")
-    return {"update_gflop": flops / 1e9, "update_gflops": flops / seconds / 1e9, "peak_gflops": peak / 1e9}
+    shape = ModelShape.of(arm.trainer.model.config)
+    return update_flops(shape, lengths, int(batch.loss_mask.sum()), config.epochs) / 1e9
+
+
+def _flop_rate(
+    gflop: Sequence[float], reps: Sequence[Mapping[str, float]], precision: str
+) -> dict[str, float]:
+    """The update's GFLOP and GFLOP/s (medians over the repetitions) and this core's matrix-product peak."""
+    rates = [g / (rep["forward"] + rep["backward"]) for g, rep in zip(gflop, reps, strict=True)]
+    peak = matmul_peak("bfloat16" if precision == "bf16-autocast" else "float32") / 1e9
+    return {
+        "update_gflop": statistics.median(gflop),
+        "update_gflops": statistics.median(rates),
+        "peak_gflops": peak,
+    }
 
 
 def _logp_gap(base: _Arm, other: _Arm) -> dict[str, float]:
@@ -345,12 +354,14 @@ def run_step_benchmark(
                     arm.step(0)
             reps: dict[str, list[dict[str, float]]] = {label: [] for label in arms}
             kept: dict[str, list[dict[str, float]]] = {label: [] for label in arms}
+            gflop: dict[str, list[float]] = {label: [] for label in arms}
             for r in range(repeats):
                 order = list(arms) if r % 2 == 0 else list(reversed(arms))  # each goes first in turn
                 for label in order:
                     phases, metrics = arms[label].step(r + 1)
                     reps[label].append(_per_step(configs[label], phases))
                     kept[label].append(metrics)
+                    gflop[label].append(_update_gflop(arms[label], configs[label]))
                     say(f"{label} repetition {r + 1}: {reps[label][-1]['step']:.2f} s a step of the regime")
             out: dict[str, Any] = {}
             for label, arm in arms.items():
@@ -362,7 +373,7 @@ def run_step_benchmark(
                 }
                 precision = resolve_precision(cfg.precision, cfg.device)
                 if flops:
-                    figures |= _flops(arm, reps[label], cfg, precision)
+                    figures |= _flop_rate(gflop[label], reps[label], precision)
                 out[label] = {
                     "phases": medians,
                     "steps_per_hour": 3600 / medians["step"],
