@@ -115,6 +115,8 @@ BUDGETS: dict[tuple[str, ...], list[str]] = {
         "bench env": "--steps 200 --repeats 1",
         "bench update": "--repeats 1 --questions 1 --group-size 2",
         "bench rollout": "--repeats 1 --questions 1 --group-size 2",
+        "bench step": "--repeats 1 --no-warmup --questions-per-step 2 --group-size 2 --minibatch-size 4 "
+        "--probe-size 0 --onpolicy-probe-size 0 --eval-questions 0 --threads 1",
         "bench gns": "--groups 2 --questions-per-step 1 --group-size 2 --threads 1",
         "bench headroom": "--questions 4 --samples 2 --threads 1 --no-progress",
         "bench retrieval": "--sizes 2000 --repeats 1 --queries 16 --batch 8 --reference-queries 4",
