@@ -218,7 +218,7 @@ def test_learn2_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
     assert "control s0: greedy test EM by step" in stdout and "scst: G1" in stdout and "G3" in stdout
 
 
-@pytest.mark.parametrize("study", ["learn", "lld3"])
+@pytest.mark.parametrize("study", ["learn", "lld3", "learn2"])
 def test_the_study_page_quotes_the_report_of_the_committed_summaries(study: str) -> None:
     """docs/experiments/STUDY.md's tables and verdict are what ``lld_report.py STUDY`` prints from the
     summaries committed beside it: no figure in the page that the runs did not give."""
