@@ -60,11 +60,16 @@ def paired(a: list[int], b: list[int]) -> dict[str, Any]:
     }
 
 
-def question_kinds(n: int) -> list[str]:
-    """The kinds of the first ``n`` test questions of the generated world (seed 0), in evaluation order."""
+def first_test_questions(n: int) -> list[Any]:
+    """The first ``n`` test questions of the generated world (seed 0), in evaluation order."""
     from searchgym.data import load_dataset
 
-    return [q.kind for q in load_dataset(None, world_seed=0).splits["test"][:n]]
+    return list(load_dataset(None, world_seed=0).splits["test"][:n])
+
+
+def question_kinds(n: int) -> list[str]:
+    """The kinds of the first ``n`` test questions of the generated world (seed 0), in evaluation order."""
+    return [q.kind for q in first_test_questions(n)]
 
 
 def headroom_records(folder: Path) -> dict[str, dict[str, Any]]:
@@ -168,10 +173,8 @@ def report(folder: Path, plots: Path | None = None, seeds: int = 3) -> str:
 def flip_table(folder: Path, warm: list[int], ends: Sequence[list[int] | None], arm: str) -> list[str]:
     """G3: questions gained and lost against the warm-start, pooled over seeds, by kind and by the warm-start's
     failure stage (where the headroom records have it)."""
-    kinds = question_kinds(len(warm))
-    from searchgym.data import load_dataset
-
-    ids = [q.id for q in load_dataset(None, world_seed=0).splits["test"][: len(warm)]]
+    questions = first_test_questions(len(warm))
+    ids, kinds = [q.id for q in questions], [q.kind for q in questions]
     records = headroom_records(folder)
     gained: Counter[str] = Counter()
     lost: Counter[str] = Counter()

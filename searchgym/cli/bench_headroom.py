@@ -191,21 +191,10 @@ def _env_sizes(args: argparse.Namespace) -> dict[str, int]:
     return {**recorded, **given}
 
 
-_COLUMNS = (
-    "group",
-    "questions",
-    "greedy_em",
-    "greedy_wrong",
-    "mean_at_k",
-    "pass_at_k",
-    "solvable_given_greedy_wrong",
-    "success_given_greedy_wrong",
-    "greedy_gain_bound",
-)
-
-
 def report(figures: dict[str, Any]) -> str:
     """The figures as text: one table per temperature, rows all / kind:K / stage:S (empty stages left out)."""
+    from searchgym.bench.headroom import FIGURE_KEYS
+
     lines = [
         f"{figures['questions']} questions of split {figures['split']!r}, greedy EM {figures['greedy_em']:.3f}, "
         f"K={figures['samples']} samples per temperature ({figures['wall_s']:.0f} s)"
@@ -216,5 +205,5 @@ def report(figures: dict[str, Any]) -> str:
         rows += [
             {"group": f"stage:{stage}", **fig} for stage, fig in block["by_stage"].items() if fig["questions"]
         ]
-        lines += ["", f"temperature {key}", format_table(rows, _COLUMNS)]
+        lines += ["", f"temperature {key}", format_table(rows, ("group", *FIGURE_KEYS))]
     return "\n".join(lines)
