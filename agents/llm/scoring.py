@@ -20,6 +20,7 @@ from torch import Tensor
 from searchgym.errors import ConfigError
 
 from .model import _cache_of, _ModelIO, _output_size, _select_rows
+from .prefix_groups import prefix_groups
 
 __all__ = ["DEFAULT_SCORING", "ScoringOptions", "token_logprobs"]
 
@@ -102,6 +103,11 @@ class ScoringOptions:
             once when it is at least this long (0: never; each row reads it) and saves at least
             :data:`_SHARED_PREFIX_SAVING` of the batch's token slots (else a second forward call is not
             worth it).
+        group_prefixes: :func:`token_logprobs` with a ``score_mask`` finds groups of rows that share a
+            prefix of at least ``shared_prefix_min`` tokens (a GRPO group's prompt and question, and the
+            turns its responses have in common) and reads each group's prefix once
+            (:func:`_grouped_hidden`), when that saves at least :data:`_SHARED_PREFIX_SAVING` of the batch's
+            token slots (``False``: only a prefix every row shares is read once).
         inference_mode: Gradient-free scoring (a trainer's ``pi_old``, reference and diagnostics) runs
             under ``torch.inference_mode`` (``False``: ``torch.no_grad``). See :meth:`no_grad`.
         autocast_bf16: The model's matrix products run in bfloat16 under ``torch.autocast`` (the weights
@@ -112,6 +118,7 @@ class ScoringOptions:
 
     fused: bool = True
     shared_prefix_min: int = 16
+    group_prefixes: bool = False
     inference_mode: bool = True
     autocast_bf16: bool = False
 
@@ -272,6 +279,76 @@ def _hidden_states(
     return hidden
 
 
+def _grouped_hidden(
+    base: Any, input_ids: Tensor, mask: Tensor, select: Tensor, min_prefix: int
+) -> Tensor | None:
+    """``(N, H)`` last hidden states at the ``N`` positions ``t`` where ``select[b, t]`` (row-major order, as
+    ``hidden[:, :-1][select]``), differentiable; ``None`` where this path does not apply.
+
+    The rows are cut into groups that share a prefix (:func:`prefix_groups`; a row that shares none is a
+    group of one, its prefix the whole row). One forward reads every group's prefix, right-padded to the
+    longest; its keys and values are repeated for each row of a group through the KV cache, and a second
+    forward reads those rows' remaining tokens against them, at the positions the tokens have in the row.
+    A selected position inside a row's prefix takes the group's hidden state there. Gradients reach a
+    prefix through the repeat (the sum over its rows), so the result and its gradients equal one forward
+    over the whole batch up to float rounding (tested). ``None`` for rows that are not right-padded, for a
+    model with gradient checkpointing or without a row-selectable cache, when no rows share
+    ``min_prefix`` tokens, and when the two forwards' token slots would not save
+    :data:`_SHARED_PREFIX_SAVING` of the batch's.
+    """
+    rows, width = input_ids.shape
+    lengths = mask.sum(dim=1)
+    columns = torch.arange(width, device=input_ids.device)
+    if not bool((mask.bool() == (columns < lengths[:, None])).all()) or _checkpointing(base):
+        return None
+    plan = prefix_groups(input_ids, lengths, min_prefix)
+    if plan is None:
+        return None
+    tail_rows = torch.nonzero(plan.row_prefix < lengths).flatten()  # the rows of groups of two or more
+    head_width = int(plan.prefix.max())
+    tail_width = int((lengths - plan.row_prefix)[tail_rows].max())
+    slots = plan.groups * head_width + len(tail_rows) * tail_width
+    if slots > (1 - _SHARED_PREFIX_SAVING) * rows * width:
+        return None
+    head_columns = columns[:head_width]
+    head_out = base(
+        input_ids=input_ids[plan.first, :head_width],
+        attention_mask=(head_columns < plan.prefix[:, None]).long(),
+        position_ids=head_columns.expand(plan.groups, -1),
+        use_cache=True,
+    )
+    head, cache = _outputs(head_out)
+    cache = _select_rows(cache, plan.group[tail_rows]) if cache is not None else None
+    if cache is None:
+        return None
+    # The tail rows' own tokens, right-padded; positions past a row's end are padding (clamped into the row).
+    prefix, length = plan.row_prefix[tail_rows], lengths[tail_rows]
+    tail_positions = prefix[:, None] + torch.arange(tail_width, device=input_ids.device)
+    tail_real = tail_positions < length[:, None]
+    tail_positions = tail_positions.clamp(max=width - 1)
+    tail_mask = torch.cat([head_columns < prefix[:, None], tail_real], dim=1).long()
+    tail, _ = _outputs(
+        base(
+            input_ids=input_ids[tail_rows].gather(1, tail_positions),
+            attention_mask=tail_mask,
+            position_ids=tail_positions,
+            use_cache=True,
+            **{_ModelIO(base).cache_kw: cache},
+        )
+    )
+    tail_index = torch.full((rows,), -1, dtype=torch.long, device=input_ids.device)
+    tail_index[tail_rows] = torch.arange(len(tail_rows), device=input_ids.device)
+    row, t = select.nonzero(as_tuple=True)
+    in_head = t < plan.row_prefix[row]
+    flat = torch.where(
+        in_head,
+        plan.group[row] * head_width + t,
+        plan.groups * head_width + tail_index[row] * tail_width + (t - plan.row_prefix[row]),
+    )
+    hidden = torch.cat([head.reshape(-1, head.shape[-1]), tail.reshape(-1, tail.shape[-1])])
+    return hidden.index_select(0, flat)
+
+
 def _selected_logprobs(
     model: Any,
     input_ids: Tensor,
@@ -289,8 +366,13 @@ def _selected_logprobs(
     target = input_ids[:, 1:]
     valid = real & (target < vocab)
     with scoring.autocast(input_ids.device):
-        hidden = _hidden_states(model.base_model, input_ids, mask, positions, scoring.shared_prefix_min)
-        logits = model.get_output_embeddings()(hidden[:, :-1][real])
+        hidden = None
+        if scoring.group_prefixes and scoring.shared_prefix_min:
+            hidden = _grouped_hidden(model.base_model, input_ids, mask, real, scoring.shared_prefix_min)
+        if hidden is None:
+            hidden = _hidden_states(model.base_model, input_ids, mask, positions, scoring.shared_prefix_min)
+            hidden = hidden[:, :-1][real]
+        logits = model.get_output_embeddings()(hidden)
     picked, ent_sel = scoring.pick(
         logits, torch.where(valid, target, 0)[real], vocab, temperature, with_entropy
     )
