@@ -20,7 +20,7 @@ from torch import Tensor
 from searchgym.errors import ConfigError
 
 from .model import _cache_of, _ModelIO, _output_size, _select_rows
-from .prefix_groups import prefix_groups
+from .prefix_groups import prefix_levels
 
 __all__ = ["DEFAULT_SCORING", "ScoringOptions", "token_logprobs"]
 
@@ -279,74 +279,89 @@ def _hidden_states(
     return hidden
 
 
+#: What one more forward call costs :func:`_grouped_hidden`, in token slots (a CPU's; see
+#: :func:`searchgym.agents.grpo.batching.call_overhead_tokens`).
+_CALL_SLOTS = 256.0
+
+
 def _grouped_hidden(
     base: Any, input_ids: Tensor, mask: Tensor, select: Tensor, min_prefix: int
 ) -> Tensor | None:
     """``(N, H)`` last hidden states at the ``N`` positions ``t`` where ``select[b, t]`` (row-major order, as
     ``hidden[:, :-1][select]``), differentiable; ``None`` where this path does not apply.
 
-    The rows are cut into groups that share a prefix (:func:`prefix_groups`; a row that shares none is a
-    group of one, its prefix the whole row). One forward reads every group's prefix, right-padded to the
-    longest; its keys and values are repeated for each row of a group through the KV cache, and a second
-    forward reads those rows' remaining tokens against them, at the positions the tokens have in the row.
-    A selected position inside a row's prefix takes the group's hidden state there. Gradients reach a
-    prefix through the repeat (the sum over its rows), so the result and its gradients equal one forward
-    over the whole batch up to float rounding (tested). ``None`` for rows that are not right-padded, for a
-    model with gradient checkpointing or without a row-selectable cache, when no rows share
-    ``min_prefix`` tokens, and when the two forwards' token slots would not save
-    :data:`_SHARED_PREFIX_SAVING` of the batch's.
+    The columns are cut into levels (:func:`prefix_levels`): level ``i`` reads columns
+    ``[c_{i-1}, c_i)`` once per distinct prefix ``x[:c_i]`` (the prompt's template once for the batch, then
+    each group's question and shared turns once for the group), attending to the keys and values of the
+    levels before, repeated to its rows through the KV cache; a last forward reads every row's columns
+    from ``c_k`` on. A selected position takes the hidden state of the level (and distinct prefix) that
+    read it. Gradients reach a prefix through the repeats (the sum over the rows that share it), so the
+    result and its gradients equal one forward over the whole batch up to float rounding (tested).
+    ``None`` for rows that are not right-padded, for a model with gradient checkpointing or without a
+    row-selectable cache, and when the levels would not save :data:`_SHARED_PREFIX_SAVING` of the batch's
+    token slots.
     """
     rows, width = input_ids.shape
     lengths = mask.sum(dim=1)
     columns = torch.arange(width, device=input_ids.device)
     if not bool((mask.bool() == (columns < lengths[:, None])).all()) or _checkpointing(base):
         return None
-    plan = prefix_groups(input_ids, lengths, min_prefix)
-    if plan is None:
+    plan = prefix_levels(input_ids, lengths, min_prefix, _CALL_SLOTS)
+    if plan is None or plan.slots(width) > (1 - _SHARED_PREFIX_SAVING) * rows * width:
         return None
-    tail_rows = torch.nonzero(plan.row_prefix < lengths).flatten()  # the rows of groups of two or more
-    head_width = int(plan.prefix.max())
-    tail_width = int((lengths - plan.row_prefix)[tail_rows].max())
-    slots = plan.groups * head_width + len(tail_rows) * tail_width
-    if slots > (1 - _SHARED_PREFIX_SAVING) * rows * width:
-        return None
-    head_columns = columns[:head_width]
-    head_out = base(
-        input_ids=input_ids[plan.first, :head_width],
-        attention_mask=(head_columns < plan.prefix[:, None]).long(),
-        position_ids=head_columns.expand(plan.groups, -1),
-        use_cache=True,
-    )
-    head, cache = _outputs(head_out)
-    cache = _select_rows(cache, plan.group[tail_rows]) if cache is not None else None
+    cache_kw = _ModelIO(base).cache_kw
+    cache: Any = None
+    hidden: list[Tensor] = []
+    offsets: list[int] = []  # where each level's (and the tail's) flattened hidden states start
+    start, offset = 0, 0
+    for level, (cut, first) in enumerate(zip(plan.cuts, plan.first, strict=True)):
+        if level:
+            cache = _select_rows(cache, plan.parent(level))
+            if cache is None:
+                return None
+        out, cache = _outputs(
+            base(
+                input_ids=input_ids[first, start:cut],
+                position_ids=columns[start:cut].expand(len(first), -1),
+                use_cache=True,
+                **({cache_kw: cache} if level else {}),
+            )
+        )
+        if cache is None:
+            return None
+        hidden.append(out.reshape(-1, out.shape[-1]))
+        offsets.append(offset)
+        offset += out.shape[0] * out.shape[1]
+        start = cut
+    cache = _select_rows(cache, plan.owner[-1])
     if cache is None:
         return None
-    # The tail rows' own tokens, right-padded; positions past a row's end are padding (clamped into the row).
-    prefix, length = plan.row_prefix[tail_rows], lengths[tail_rows]
-    tail_positions = prefix[:, None] + torch.arange(tail_width, device=input_ids.device)
-    tail_real = tail_positions < length[:, None]
-    tail_positions = tail_positions.clamp(max=width - 1)
-    tail_mask = torch.cat([head_columns < prefix[:, None], tail_real], dim=1).long()
     tail, _ = _outputs(
         base(
-            input_ids=input_ids[tail_rows].gather(1, tail_positions),
-            attention_mask=tail_mask,
-            position_ids=tail_positions,
+            input_ids=input_ids[:, start:],
+            attention_mask=mask,
+            position_ids=columns[start:].expand(rows, -1),
             use_cache=True,
-            **{_ModelIO(base).cache_kw: cache},
+            **{cache_kw: cache},
         )
     )
-    tail_index = torch.full((rows,), -1, dtype=torch.long, device=input_ids.device)
-    tail_index[tail_rows] = torch.arange(len(tail_rows), device=input_ids.device)
+    hidden.append(tail.reshape(-1, tail.shape[-1]))
+    offsets.append(offset)
+    # Each selected (row, t): the level that read column t, and the row of that level holding its prefix.
     row, t = select.nonzero(as_tuple=True)
-    in_head = t < plan.row_prefix[row]
-    flat = torch.where(
-        in_head,
-        plan.group[row] * head_width + t,
-        plan.groups * head_width + tail_index[row] * tail_width + (t - plan.row_prefix[row]),
-    )
-    hidden = torch.cat([head.reshape(-1, head.shape[-1]), tail.reshape(-1, tail.shape[-1])])
-    return hidden.index_select(0, flat)
+    bounds = torch.tensor([0, *plan.cuts], device=input_ids.device)
+    read_by = torch.bucketize(t, bounds[1:], right=True)  # the level, 0 … k (k: the tail)
+    flat = torch.empty_like(t)
+    for i in range(len(plan.cuts) + 1):
+        at = read_by == i
+        lo = int(bounds[i])
+        if i < len(plan.cuts):
+            span = plan.cuts[i] - lo
+            which = plan.owner[i][row[at]]
+        else:
+            span, which = width - lo, row[at]
+        flat[at] = offsets[i] + which * span + (t[at] - lo)
+    return torch.cat(hidden).index_select(0, flat)
 
 
 def _selected_logprobs(

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from searchgym.agents.llm import ScoringOptions, token_logprobs
-from searchgym.agents.llm.prefix_groups import prefix_groups
+from searchgym.agents.llm.prefix_groups import PrefixLevels, prefix_levels
 from searchgym.tokenization import builtin_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -26,43 +26,57 @@ def _rows(rows: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tens
     return ids, torch.tensor([len(r) for r in rows])
 
 
-def test_prefix_groups_finds_each_groups_prefix_and_leaves_a_row_alone() -> None:
-    a = [1, 2, 3, 4, 5, 6]
-    b = [7, 8, 9, 9, 9]
-    ids, lengths = _rows([[*a, 10], [*b, 1], [*a, 11, 12], [3, 3, 3], [*b, 2, 2], [*a, 10]])
-    plan = prefix_groups(ids, lengths, min_prefix=3)
+def _plan(rows: list[list[int]], min_prefix: int = 1, call_slots: float = 0.0) -> PrefixLevels | None:
+    ids, lengths = _rows(rows)
+    return prefix_levels(ids, lengths, min_prefix, call_slots)
+
+
+def test_levels_read_the_template_once_and_each_groups_prefix_once_per_group() -> None:
+    template = [1, 2, 3, 4]
+    a, b = [*template, 5, 5, 5, 5, 5, 5], [*template, 6, 6, 6, 6]
+    rows = [
+        [*a, 10],
+        [*b, 11, 12, 9],
+        [*a, 13, 9],
+        [*b, 14, 9, 9],
+        [*a, 15],
+        [*template, 7, 7, 7, 7, 7, 7, 7],
+    ]
+    plan = _plan(rows)
     assert plan is not None
-    # rows 0, 2, 5 share a (6 tokens; rows 0 and 5 are equal, and alone would share 6 of their 7 too);
-    # rows 1 and 4 share b (5); row 3 shares nothing: a group of its own, its prefix the whole row.
-    assert plan.row_prefix.tolist() == [6, 5, 6, 3, 5, 6]
-    assert plan.groups == 3
-    g = plan.group.tolist()
-    assert len({g[0], g[1], g[3]}) == 3 and g[0] == g[2] == g[5] and g[1] == g[4]
-    assert [int(plan.prefix[g[r]]) for r in (0, 1, 3)] == [6, 5, 3]
-    assert int(plan.first[g[0]]) in (0, 2, 5) and int(plan.first[g[1]]) in (1, 4) and plan.first[g[3]] == 3
+    # the template (4 columns) once; the next 4 once for a's rows, once for b's, once for the row alone;
+    # a's last 2 once for a's (b's two rows part there); then every row's own columns
+    assert plan.cuts == [4, 8, 10]
+    assert [len(f) for f in plan.first] == [1, 3, 4]
+    assert plan.owner[2][0] == plan.owner[2][2] == plan.owner[2][4]
+    assert len({int(plan.owner[2][r]) for r in (0, 1, 5)}) == 3 and plan.owner[1][1] == plan.owner[1][3]
+    width = max(len(r) for r in rows)
+    assert plan.slots(width) == 4 * 1 + 4 * 3 + 2 * 4 + 6 * (width - 10)
+    for level in (1, 2):  # each distinct prefix extends its parent's
+        for j, r in enumerate(plan.first[level].tolist()):
+            parent_row = int(plan.first[level - 1][plan.parent(level)[j]])
+            assert rows[r][: plan.cuts[level - 1]] == rows[parent_row][: plan.cuts[level - 1]]
 
 
-def test_prefix_groups_splits_a_group_where_a_longer_shared_run_saves_more() -> None:
-    # Five rows share 4 tokens; three of them share 20. {3 rows x 20} + {2 rows x 4} saves 2*20 + 4 = 44,
-    # one group of five 4 * 4 = 16.
-    head = [1, 2, 3, 4]
-    long = head + list(range(10, 26))
-    ids, lengths = _rows([[*long, 30], [*head, 5, 6], [*long, 31], [*head, 7, 8], [*long, 32]])
-    plan = prefix_groups(ids, lengths, min_prefix=2)
-    assert plan is not None
-    assert plan.row_prefix.tolist() == [20, 4, 20, 4, 20]
-    assert plan.groups == 2
+def test_levels_weigh_a_further_forward_against_the_slots_it_saves() -> None:
+    # Two rows share 10 tokens, all three share 4; 11 columns. Slots: [4, 10] 4 + 2*6 + 3 = 19 (two extra
+    # forwards), [10] 2*10 + 3 = 23, [4] 4 + 3*7 = 25, every row whole 33 (one forward).
+    shared = list(range(1, 11))
+    rows = [[*shared, 20], [*shared, 21], [1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 22]]
+    assert _plan(rows).cuts == [4, 10]  # type: ignore[union-attr]
+    assert _plan(rows, call_slots=5).cuts == [10]  # type: ignore[union-attr]
+    assert _plan(rows, call_slots=100) is None  # nothing saves a forward's cost
+    assert _plan(rows, min_prefix=5).cuts == [10]  # type: ignore[union-attr]
 
 
-def test_prefix_groups_needs_two_rows_sharing_min_prefix() -> None:
-    ids, lengths = _rows([[1, 2, 3, 4], [1, 2, 5, 6]])
-    assert prefix_groups(ids, lengths, min_prefix=3) is None
-    assert prefix_groups(ids[:1], lengths[:1], min_prefix=1) is None
-    plan = prefix_groups(ids, lengths, min_prefix=2)
-    assert plan is not None and plan.row_prefix.tolist() == [2, 2]
-    # two equal rows keep their last token each
-    same = prefix_groups(ids[[0, 0]], lengths[[0, 0]], min_prefix=1)
-    assert same is not None and same.row_prefix.tolist() == [3, 3]
+def test_levels_need_a_shared_prefix_and_leave_every_row_a_token() -> None:
+    assert _plan([[1, 2, 3], [4, 5, 6]]) is None
+    assert _plan([[1, 2, 3]]) is None
+    same = _plan([[1, 2, 3, 4], [1, 2, 3, 4]])
+    assert same is not None and same.cuts == [3]  # equal rows still read their last token each
+    # the cuts are the same columns for every row: the shortest row bounds them
+    short = _plan([[1, 2], [1, 2, 3, 4, 5], [1, 2, 3, 4, 6]])
+    assert short is not None and short.cuts == [1]
 
 
 def _tiny(arch: str) -> Any:
@@ -85,27 +99,27 @@ def _tiny(arch: str) -> Any:
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Three groups sharing prefixes of 50, 31 and 70 tokens (the second's two rows also share their next
-    12), a row alone, a 20-token template every row starts with, right padding; policy tokens from column
-    25 on, so some lie inside a group's prefix."""
+    """Three groups sharing prefixes of 170, 140 and 220 tokens (two rows of the second also share their
+    next 30), a row alone, a 20-token template every row starts with, right padding; policy tokens from
+    column 25 on, so most lie inside a shared prefix."""
     gen = torch.Generator().manual_seed(11)
 
     def rand(n: int) -> list[int]:
         return torch.randint(0, TOK.vocab_size, (n,), generator=gen).tolist()
 
     template = rand(20)
-    g1, g2, g3 = template + rand(30), template + rand(11), template + rand(50)
-    g2_sub = g2 + rand(12)
+    g1, g2, g3 = template + rand(150), template + rand(120), template + rand(200)
+    g2_sub = g2 + rand(30)
     rows = [
-        g1 + rand(40),
-        g2_sub + rand(9),
-        g1 + rand(25),
+        g1 + rand(60),
+        g2_sub + rand(60),
+        g1 + rand(80),
         g3 + rand(30),
-        template + rand(40),  # alone: shares only the template
-        g2 + rand(50),
-        g1 + rand(33),
-        g2_sub + rand(4),
-        g3 + rand(2),
+        template + rand(260),  # alone: shares only the template
+        g2 + rand(120),
+        g1 + rand(70),
+        g2_sub + rand(65),
+        g3 + rand(25),
     ]
     width = max(len(r) for r in rows) + 3  # a padded column past every row
     ids = torch.full((len(rows), width), TOK.pad_token_id, dtype=torch.long)
@@ -145,12 +159,13 @@ def test_group_prefixes_give_the_whole_batch_log_probs_and_gradients(arch: str, 
     whole = run(ScoringOptions(shared_prefix_min=0))
     hook.remove()
     assert seen == [ids.numel()]
-    # two forwards: the groups' prefixes (and the row alone, whole), then the grouped rows' own tokens
-    assert len(grouped_calls) == 2 and sum(grouped_calls) < 0.8 * ids.numel()
+    # a forward per level (here one: 140 columns, once per group and for the row alone), then every
+    # row's own columns
+    assert len(grouped_calls) >= 2 and sum(grouped_calls) < 0.8 * ids.numel()
     assert len(grouped) == len(whole) > 2
     assert bool(score.any()) and float(grouped[0].abs().sum()) > 0
     # float64: the log-softmax still runs in float32 (every log-prob is float32), so the gradients keep its
-    # rounding; measured max |Δ|: log-probs 0, gradients 1.1e-6 of a largest 15.9
+    # rounding; measured max |Δ|: log-probs 0, gradients 1.8e-6 (of a largest 14.8 and 92.4)
     tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-6, "atol": 2e-6}
     for a, b in zip(grouped, whole, strict=True):
         torch.testing.assert_close(a, b, **tol)
