@@ -156,6 +156,13 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "cut each mini-batch into micro-batches of similar lengths (less padding, same gradient; pi_old is "
         "re-scored in the same shapes)",
     )
+    shared_prefix: bool = option(
+        False,
+        "score each group's shared prefix once in the updates and re-scoring passes: rows of a micro-batch "
+        "that start alike (a group's prompt and question, and the turns its responses have in common) read "
+        "that prefix in one forward whose keys and values they all attend to (the same log-probs and "
+        "gradients up to float rounding, fewer token slots)",
+    )
     rescore_pi_old: bool | None = option(
         None,
         "where pi_old comes from. Default (auto): the first update's own forward is pi_old for its responses "

@@ -96,7 +96,8 @@ class GRPOTrainer:
         config: The run's configuration (validated on construction).
         scoring: How the policy's log-probabilities are computed, in the rollouts, the updates and every
             gradient-free scoring pass (held by the policy: ``trainer.policy.scoring``); its
-            ``autocast_bf16`` is set from ``config.precision`` (the probes are scored without it).
+            ``autocast_bf16`` is set from ``config.precision`` (the probes are scored without it) and its
+            ``group_prefixes`` from ``config.shared_prefix``.
 
     Raises:
         CheckpointError: ``config.resume`` is set and ``RUN_DIR/checkpoint.pt`` is missing or corrupted, or
@@ -122,7 +123,7 @@ class GRPOTrainer:
             temperature=cfg.temperature,
             max_turn_tokens=cfg.max_turn_tokens,
             seed=cfg.seed,
-            scoring=dataclasses.replace(scoring, autocast_bf16=bf16),
+            scoring=dataclasses.replace(scoring, autocast_bf16=bf16, group_prefixes=cfg.shared_prefix),
         )
         self.model = self.policy.model
         # The reference is the initial policy; skipped entirely (no copy, no forward) when kl_coef == 0.

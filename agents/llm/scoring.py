@@ -20,6 +20,7 @@ from torch import Tensor
 from searchgym.errors import ConfigError
 
 from .model import _cache_of, _ModelIO, _output_size, _select_rows
+from .prefix_groups import prefix_levels
 
 __all__ = ["DEFAULT_SCORING", "ScoringOptions", "token_logprobs"]
 
@@ -102,6 +103,11 @@ class ScoringOptions:
             once when it is at least this long (0: never; each row reads it) and saves at least
             :data:`_SHARED_PREFIX_SAVING` of the batch's token slots (else a second forward call is not
             worth it).
+        group_prefixes: :func:`token_logprobs` with a ``score_mask`` finds groups of rows that share a
+            prefix of at least ``shared_prefix_min`` tokens (a GRPO group's prompt and question, and the
+            turns its responses have in common) and reads each group's prefix once
+            (:func:`_grouped_hidden`), when that saves at least :data:`_SHARED_PREFIX_SAVING` of the batch's
+            token slots (``False``: only a prefix every row shares is read once).
         inference_mode: Gradient-free scoring (a trainer's ``pi_old``, reference and diagnostics) runs
             under ``torch.inference_mode`` (``False``: ``torch.no_grad``). See :meth:`no_grad`.
         autocast_bf16: The model's matrix products run in bfloat16 under ``torch.autocast`` (the weights
@@ -112,6 +118,7 @@ class ScoringOptions:
 
     fused: bool = True
     shared_prefix_min: int = 16
+    group_prefixes: bool = False
     inference_mode: bool = True
     autocast_bf16: bool = False
 
@@ -272,6 +279,91 @@ def _hidden_states(
     return hidden
 
 
+#: What one more forward call costs :func:`_grouped_hidden`, in token slots (a CPU's; see
+#: :func:`searchgym.agents.grpo.batching.call_overhead_tokens`).
+_CALL_SLOTS = 256.0
+
+
+def _grouped_hidden(
+    base: Any, input_ids: Tensor, mask: Tensor, select: Tensor, min_prefix: int
+) -> Tensor | None:
+    """``(N, H)`` last hidden states at the ``N`` positions ``t`` where ``select[b, t]`` (row-major order, as
+    ``hidden[:, :-1][select]``), differentiable; ``None`` where this path does not apply.
+
+    The columns are cut into levels (:func:`prefix_levels`): level ``i`` reads columns
+    ``[c_{i-1}, c_i)`` once per distinct prefix ``x[:c_i]`` (the prompt's template once for the batch, then
+    each group's question and shared turns once for the group), attending to the keys and values of the
+    levels before, repeated to its rows through the KV cache; a last forward reads every row's columns
+    from ``c_k`` on. A selected position takes the hidden state of the level (and distinct prefix) that
+    read it. Gradients reach a prefix through the repeats (the sum over the rows that share it), so the
+    result and its gradients equal one forward over the whole batch up to float rounding (tested).
+    ``None`` for rows that are not right-padded, for a model with gradient checkpointing or without a
+    row-selectable cache, and when the levels would not save :data:`_SHARED_PREFIX_SAVING` of the batch's
+    token slots.
+    """
+    rows, width = input_ids.shape
+    lengths = mask.sum(dim=1)
+    columns = torch.arange(width, device=input_ids.device)
+    if not bool((mask.bool() == (columns < lengths[:, None])).all()) or _checkpointing(base):
+        return None
+    plan = prefix_levels(input_ids, lengths, min_prefix, _CALL_SLOTS)
+    if plan is None or plan.slots(width) > (1 - _SHARED_PREFIX_SAVING) * rows * width:
+        return None
+    cache_kw = _ModelIO(base).cache_kw
+    cache: Any = None
+    hidden: list[Tensor] = []
+    offsets: list[int] = []  # where each level's (and the tail's) flattened hidden states start
+    start, offset = 0, 0
+    for level, (cut, first) in enumerate(zip(plan.cuts, plan.first, strict=True)):
+        if level:
+            cache = _select_rows(cache, plan.parent(level))
+            if cache is None:
+                return None
+        out, cache = _outputs(
+            base(
+                input_ids=input_ids[first, start:cut],
+                position_ids=columns[start:cut].expand(len(first), -1),
+                use_cache=True,
+                **({cache_kw: cache} if level else {}),
+            )
+        )
+        if cache is None:
+            return None
+        hidden.append(out.reshape(-1, out.shape[-1]))
+        offsets.append(offset)
+        offset += out.shape[0] * out.shape[1]
+        start = cut
+    cache = _select_rows(cache, plan.owner[-1])
+    if cache is None:
+        return None
+    tail, _ = _outputs(
+        base(
+            input_ids=input_ids[:, start:],
+            attention_mask=mask,
+            position_ids=columns[start:].expand(rows, -1),
+            use_cache=True,
+            **{cache_kw: cache},
+        )
+    )
+    hidden.append(tail.reshape(-1, tail.shape[-1]))
+    offsets.append(offset)
+    # Each selected (row, t): the level that read column t, and the row of that level holding its prefix.
+    row, t = select.nonzero(as_tuple=True)
+    bounds = torch.tensor([0, *plan.cuts], device=input_ids.device)
+    read_by = torch.bucketize(t, bounds[1:], right=True)  # the level, 0 … k (k: the tail)
+    flat = torch.empty_like(t)
+    for i in range(len(plan.cuts) + 1):
+        at = read_by == i
+        lo = int(bounds[i])
+        if i < len(plan.cuts):
+            span = plan.cuts[i] - lo
+            which = plan.owner[i][row[at]]
+        else:
+            span, which = width - lo, row[at]
+        flat[at] = offsets[i] + which * span + (t[at] - lo)
+    return torch.cat(hidden).index_select(0, flat)
+
+
 def _selected_logprobs(
     model: Any,
     input_ids: Tensor,
@@ -289,8 +381,13 @@ def _selected_logprobs(
     target = input_ids[:, 1:]
     valid = real & (target < vocab)
     with scoring.autocast(input_ids.device):
-        hidden = _hidden_states(model.base_model, input_ids, mask, positions, scoring.shared_prefix_min)
-        logits = model.get_output_embeddings()(hidden[:, :-1][real])
+        hidden = None
+        if scoring.group_prefixes and scoring.shared_prefix_min:
+            hidden = _grouped_hidden(model.base_model, input_ids, mask, real, scoring.shared_prefix_min)
+        if hidden is None:
+            hidden = _hidden_states(model.base_model, input_ids, mask, positions, scoring.shared_prefix_min)
+            hidden = hidden[:, :-1][real]
+        logits = model.get_output_embeddings()(hidden)
     picked, ent_sel = scoring.pick(
         logits, torch.where(valid, target, 0)[real], vocab, temperature, with_entropy
     )

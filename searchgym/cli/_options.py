@@ -71,6 +71,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "minibatch_plan",
         "micro_batch_size",
         "length_buckets",
+        "shared_prefix",
         "filter_groups",
         "max_gen_batches",
         "batch_size",
