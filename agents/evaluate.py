@@ -223,6 +223,11 @@ def run_episode(
     else:
         raise RuntimeError(f"episode did not end within {max_steps} steps")
     transcript = env.unwrapped.episode.render_text()  # type: ignore[attr-defined]
+    extras = getattr(
+        agent, "record_extras", None
+    )  # what an agent keeps of its episode (a served model's requests)
+    if callable(extras):
+        info = {**info, **extras()}
     return EpisodeRecord(info=info, reward=reward, steps=steps, transcript=transcript)
 
 

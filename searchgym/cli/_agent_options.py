@@ -26,9 +26,12 @@ from typing import Any
 
 __all__ = [
     "add_sampling_arguments",
+    "add_served_arguments",
     "agent_sha256",
     "apply_sampling",
+    "build_agent",
     "sampling_settings",
+    "served_identity",
     "source_sha256",
 ]
 
@@ -176,3 +179,79 @@ def apply_sampling(agent: Any, spec: str, temperature: float) -> None:
     agent.temperature = temperature
     if hasattr(agent, "greedy"):
         agent.greedy = False
+
+
+# -- served models ------------------------------------------------------------------------------------------
+
+
+def add_served_arguments(parser: Any) -> None:
+    """The options of an ``openai:MODEL`` agent (``eval`` and ``benchmark``); the API key is read from the
+    environment only."""
+    group = parser.add_argument_group("served model (--agent openai:MODEL)")
+    group.add_argument(
+        "--base-url",
+        default=None,
+        metavar="URL",
+        help="the server's OpenAI base URL, e.g. http://127.0.0.1:8001/v1",
+    )
+    group.add_argument(
+        "--api",
+        choices=("completions", "chat"),
+        default="completions",
+        help="the request kind: a completion of the whole context, or a chat continuing the assistant's message",
+    )
+    group.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="NAME",
+        help="the environment variable holding the API key (unset: no key is sent; never logged)",
+    )
+    group.add_argument(
+        "--request-timeout", type=float, default=60.0, metavar="S", help="seconds one request may take"
+    )
+    group.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="further tries of a request after a connection error, a timeout, 429 or 5xx",
+    )
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold of every request")
+    group.add_argument(
+        "--token-ids",
+        action="store_true",
+        help="send the context as token ids and play the ids the server returns (serve-policy, vLLM): "
+        "token-exact, for a model that shares the env's tokenizer",
+    )
+
+
+def served_identity(args: Any) -> dict[str, Any] | None:
+    """What identifies an ``openai:`` agent beyond its spec (``None`` for other agents)."""
+    if not str(getattr(args, "agent", "")).startswith("openai:"):
+        return None
+    from searchgym.agents.served import ServedOptions
+
+    return ServedOptions.from_args(args).identity()
+
+
+def build_agent(args: Any, env: Any) -> Any:
+    """The agent ``args.agent`` names, at ``args.temperature``: an ``openai:MODEL`` agent from the served-model
+    options, any other through :func:`~searchgym.cli._common.load_agent`.
+
+    Raises:
+        ConfigError: a bad spec or option (see :func:`apply_sampling` for the temperature).
+    """
+    from searchgym.cli._common import load_agent
+
+    if args.agent.startswith("openai:"):
+        from searchgym.agents.served import ServedAgent, ServedOptions
+
+        base = env.unwrapped
+        return ServedAgent(
+            ServedOptions.from_args(args),
+            base.tokenizer,
+            base.config.max_turn_tokens,
+            temperature=getattr(args, "temperature", 0.0),
+        )
+    agent = load_agent(args.agent, env, seed=args.seed)
+    apply_sampling(agent, args.agent, getattr(args, "temperature", 0.0))
+    return agent

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from searchgym.cli._agent_options import add_sampling_arguments
+from searchgym.cli._agent_options import add_sampling_arguments, add_served_arguments
 from searchgym.cli._common import (
     AGENT_FORMS,
     add_episode_size_arguments,
@@ -79,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_episode_size_arguments(env)
     env.add_argument("--seed", type=int, default=0, help="base seed (episode i resets with seed + i)")
     add_sampling_arguments(parser)
+    add_served_arguments(parser)
 
 
 def _retrievers(specs: list[str], names: list[str], paths: list[Path]) -> dict[str, str]:
@@ -167,8 +168,8 @@ def _play_pair(
     split's size where it is known; each question is played ``pair.samples`` times."""
     from searchgym.agents import evaluate
     from searchgym.agents.evaluate import EpisodeRecord
-    from searchgym.cli._agent_options import apply_sampling
-    from searchgym.cli._common import env_kwargs, load_agent, make_env
+    from searchgym.cli._agent_options import build_agent
+    from searchgym.cli._common import env_kwargs, make_env
     from searchgym.cli.eval import checkpoint_env_defaults, held_episodes, run_identity
     from searchgym.data.digests import RecordDigests
     from searchgym.data.jsonl import iter_jsonl, replace_on_success
@@ -191,9 +192,9 @@ def _play_pair(
         print(f"note: {path} {why}; playing it again", file=sys.stderr)
     record_path.unlink(missing_ok=True)  # from here until the pair is done, no record vouches for the file
     env = make_env(pair, **overrides)
+    agent = None
     try:
-        agent = load_agent(pair.agent, env, seed=pair.seed)
-        apply_sampling(agent, pair.agent, pair.temperature)
+        agent = build_agent(pair, env)
         in_split = len(env.unwrapped.questions)
         count = in_split if episodes is None else min(episodes, in_split)
         partial_record = path.with_name(path.name + ".partial.run.json")
@@ -220,6 +221,8 @@ def _play_pair(
         digests.remove()
     finally:
         env.close()
+        if callable(getattr(agent, "close", None)):
+            agent.close()  # type: ignore[union-attr]
     return [record for _, record in iter_jsonl(path)], sizes, "played"
 
 

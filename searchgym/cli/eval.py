@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.evaluate import EvalSummary
-from searchgym.cli._agent_options import add_sampling_arguments, apply_sampling
+from searchgym.cli._agent_options import add_sampling_arguments, add_served_arguments, build_agent
 from searchgym.cli._common import (
     AGENT_FORMS,
     add_env_arguments,
     env_kwargs,
     format_table,
-    load_agent,
     make_env,
     positive_int,
     repeats_note,
@@ -24,7 +23,8 @@ from searchgym.cli._common import (
 
 COMMAND = ("eval",)
 HELP = (
-    "evaluate an agent (random, oracle, heuristic, checkpoint:PATH, sb3:PATH, package.module:Class) on an env"
+    "evaluate an agent (random, oracle, heuristic, checkpoint:PATH, sb3:PATH, openai:MODEL, package.module:Class) "
+    "on an env"
 )
 
 COLUMNS = ["agent", "decoding", *(m for m in EvalSummary.metric_names() if m != "successes"), "questions"]
@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="base seed")
     add_sampling_arguments(parser)
+    add_served_arguments(parser)
     parser.add_argument(
         "--out",
         default=None,
@@ -110,7 +111,7 @@ def run_identity(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str
     identifies its code or weights (:func:`~searchgym.cli._agent_options.agent_sha256`), the env id and
     options (the retriever's patience aside: it changes how long a run waits, not what it plays), the
     sampling settings and the seed."""
-    from searchgym.cli._agent_options import agent_sha256, sampling_settings
+    from searchgym.cli._agent_options import agent_sha256, sampling_settings, served_identity
 
     env = {k: v for k, v in settings.items() if k != "retriever_patience"}
     identity = {
@@ -120,6 +121,9 @@ def run_identity(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str
         "env_options": env,
         "seed": args.seed,
     }
+    served = served_identity(args)
+    if served is not None:
+        identity["served"] = served
     sampling = sampling_settings(args)
     if sampling["samples"] != 1 or sampling["temperature"] != 0.0:  # a greedy single-sample run records none
         identity["sampling"] = sampling
@@ -247,8 +251,7 @@ def run(args: argparse.Namespace) -> int:
     if args.record_retrieval is not None:  # the cassette is written when the env releases it (env.close())
         overrides["retriever"] = f"cassette:{args.record_retrieval};record={args.retriever}"
     env = make_env(args, **overrides)
-    agent = load_agent(args.agent, env, seed=args.seed)
-    apply_sampling(agent, args.agent, args.temperature)
+    agent = build_agent(args, env)
     questions = min(args.episodes, len(env.unwrapped.questions))  # distinct questions played
     note = repeats_note(
         args.episodes, len(env.unwrapped.questions), args.split, "the figures average over episodes"
@@ -284,6 +287,8 @@ def run(args: argparse.Namespace) -> int:
         record_path.unlink(missing_ok=True)
         digests.remove()
     env.close()
+    if callable(getattr(agent, "close", None)):
+        agent.close()
     if args.out is not None:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
         write_run_manifest(args.out, "eval", settings, folder=False, seeds={"seed": args.seed}, config=config)
