@@ -113,9 +113,16 @@ class EvalSummary:
 
     ``retrieval_faults`` is the mean number of retriever faults injected per episode (``None`` when the env
     injects none, see ``retriever_faults``).
+
+    With ``samples`` K > 1 every question is played K times: ``em`` is mean@K (the mean over questions of each
+    question's success rate), ``pass_at_k`` the share of questions solved at least once in K (the unbiased
+    estimator at k = K), and ``successes`` each question's count of successful samples. ``em_low`` and
+    ``em_high`` bound ``em`` by Wilson's score interval over the questions (:func:`searchgym.stats.wilson`).
     """
 
     em: float
+    em_low: float
+    em_high: float
     subem: float
     f1: float
     valid_format: float
@@ -126,12 +133,31 @@ class EvalSummary:
     episodes: int
     episodes_per_s: float
     retrieval_faults: float | None = None
+    samples: int = 1
+    pass_at_k: float | None = None
+    successes: list[int] = field(default_factory=list, repr=False)
     records: list[EpisodeRecord] = field(default_factory=list, repr=False)
 
     @classmethod
-    def of(cls, records: list[EpisodeRecord], seconds: float) -> EvalSummary:
+    def of(cls, records: list[EpisodeRecord], seconds: float, samples: int = 1) -> EvalSummary:
+        """The summary of ``records``, played ``samples`` consecutive episodes per question.
+
+        Raises:
+            ValueError: the records are not a whole number of questions' samples.
+        """
+        from searchgym.stats import pass_at_k, wilson
+
         def mean(values: list[float]) -> float:
             return float(np.mean(values)) if values else 0.0
+
+        if len(records) % samples:
+            raise ValueError(f"{len(records)} episodes are not {samples} samples of each question")
+        successes = [
+            sum(r.info["em"] >= 1.0 for r in records[i : i + samples])
+            for i in range(0, len(records), samples)
+        ]
+        em = mean([r.info["em"] for r in records])
+        interval = wilson(em * len(successes), len(successes)) if successes else None
 
         recall = [float(r.info["gold_retrieved"]) for r in records if r.info["gold_retrieved"] is not None]
         recall_all = [
@@ -143,7 +169,9 @@ class EvalSummary:
             float(sum(r.info["retrieval_faults"].values())) for r in records if "retrieval_faults" in r.info
         ]
         return cls(
-            em=mean([r.info["em"] for r in records]),
+            em=em,
+            em_low=interval.low if interval else 0.0,
+            em_high=interval.high if interval else 0.0,
             subem=mean([r.info["subem"] for r in records]),
             f1=mean([r.info["f1"] for r in records]),
             valid_format=mean([float(r.valid_format) for r in records]),
@@ -154,12 +182,16 @@ class EvalSummary:
             episodes=len(records),
             episodes_per_s=len(records) / seconds if seconds > 0 else float("inf"),
             retrieval_faults=mean(faults) if faults else None,
+            samples=samples,
+            pass_at_k=mean([pass_at_k(samples, c, samples) for c in successes]) if successes else None,
+            successes=successes,
             records=records,
         )
 
     @classmethod
     def metric_names(cls) -> list[str]:
-        """The names of the summary figures, in order (the keys of :meth:`metrics`)."""
+        """The names of the summary figures, in order (the keys of :meth:`metrics`; ``successes`` is the list
+        of per-question counts)."""
         return [f.name for f in fields(cls) if f.name != "records"]
 
     def metrics(self) -> dict[str, Any]:
@@ -191,6 +223,11 @@ def run_episode(
     else:
         raise RuntimeError(f"episode did not end within {max_steps} steps")
     transcript = env.unwrapped.episode.render_text()  # type: ignore[attr-defined]
+    extras = getattr(
+        agent, "record_extras", None
+    )  # what an agent keeps of its episode (a served model's requests)
+    if callable(extras):
+        info = {**info, **extras()}
     return EpisodeRecord(info=info, reward=reward, steps=steps, transcript=transcript)
 
 
@@ -201,13 +238,18 @@ def iter_episodes(
     seed: int = 0,
     by_index: bool = True,
     first: int = 0,
+    samples: int = 1,
 ) -> Iterator[EpisodeRecord]:
-    """Yields the records of episodes ``first .. episodes - 1``; with ``by_index`` episode i pins question i
-    (mod the split size). Episode i resets with ``seed + i``."""
+    """Yields the records of episodes ``first .. episodes - 1``; with ``by_index`` episode i pins question
+    ``i // samples`` (mod the split size): each question's samples are consecutive. Episode i resets with
+    ``seed + i``, so every sample of a question has its own seed."""
     n_questions = len(env.unwrapped.questions)  # type: ignore[attr-defined]
     for i in range(first, episodes):
-        options = {"question_index": i % n_questions} if by_index else None
-        yield run_episode(env, agent, seed=seed + i, options=options)
+        options = {"question_index": (i // samples) % n_questions} if by_index else None
+        record = run_episode(env, agent, seed=seed + i, options=options)
+        if samples > 1:
+            record.info["sample"] = i % samples
+        yield record
 
 
 def evaluate(
@@ -221,18 +263,20 @@ def evaluate(
     held: list[EpisodeRecord] | None = None,
     on_episode: Callable[[EpisodeRecord], None] | None = None,
     on_line: Callable[[bytes], None] | None = None,
+    samples: int = 1,
 ) -> EvalSummary:
     """Evaluates ``agent`` on the first ``episodes`` questions of the env's split (in order).
 
     Args:
         env: A SearchQA env (wrapped or not).
         agent: Any :class:`Agent`.
-        episodes: Number of episodes; episode i pins question ``i`` modulo the split size.
-        seed: Base seed; episode i resets with ``seed + i``.
+        episodes: Number of questions; question i is question ``i`` modulo the split size.
+        samples: Episodes per question (K), played one after another; ``episodes * samples`` in all.
+        seed: Base seed; episode i (of ``episodes * samples``) resets with ``seed + i``.
         out: Optional JSONL path for one transcript record per episode.
         progress: Show a tqdm progress bar.
         held: The records of episodes ``0 .. len(held) - 1``, already played (a resumed run: ``out`` holds
-            them and is appended to); the run plays the rest, and the summary covers all ``episodes``.
+            them and is appended to); the run plays the rest, and the summary covers them all.
             Every episode is seeded by its index alone, so the result equals an uninterrupted run's.
         on_episode: Called with each record this run plays, once it is written (a caller's own progress).
         on_line: Called with each line's bytes (newline included) once it is written to ``out`` and flushed
@@ -240,11 +284,12 @@ def evaluate(
     """
     start = time.perf_counter()
     records: list[EpisodeRecord] = list(held or [])
-    iterator: Any = iter_episodes(env, agent, episodes, seed, first=len(records))
+    total = episodes * samples
+    iterator: Any = iter_episodes(env, agent, total, seed, first=len(records), samples=samples)
     if progress:
         from tqdm.auto import tqdm
 
-        iterator = tqdm(iterator, total=episodes, initial=len(records), desc=f"eval {agent.name}", unit="ep")
+        iterator = tqdm(iterator, total=total, initial=len(records), desc=f"eval {agent.name}", unit="ep")
     sink = None
     if out is not None:  # written as episodes finish, so a crash keeps what was done
         path = Path(out)
@@ -265,7 +310,7 @@ def evaluate(
         if sink is not None:
             sink.close()
     seconds = time.perf_counter() - start
-    summary = EvalSummary.of(records, seconds)
+    summary = EvalSummary.of(records, seconds, samples=samples)
     if held:  # the pace of the episodes this run played, not of the ones it found done
         played = len(records) - len(held)
         summary.episodes_per_s = played / seconds if seconds > 0 else float("inf")

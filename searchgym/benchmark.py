@@ -20,13 +20,24 @@ from typing import Any
 import numpy as np
 
 from searchgym.errors import ConfigError
-from searchgym.stats import RESAMPLES, bootstrap_mean, bootstrap_mean_of_means, mcnemar_p
+from searchgym.stats import (
+    RESAMPLES,
+    Interval,
+    bootstrap_mean,
+    bootstrap_mean_of_means,
+    mcnemar_p,
+    mover_sum,
+    paired_difference,
+    pass_at_k,
+    wilson,
+)
 
 __all__ = [
     "GROUPS",
     "METRICS",
     "build_report",
     "dataset_group",
+    "decoding_label",
     "markdown_report",
     "plot_report",
     "resolve_dataset",
@@ -42,6 +53,20 @@ AVERAGES = ("general", "multi-hop", "all")
 
 METRICS = ("em", "f1", "searches", "answered")
 """The per-question figures of a report: exact match, token F1, searches made, and whether it answered."""
+
+PROPORTIONS = ("em", "answered")
+"""The figures that are proportions, with Wilson's interval (the others: a percentile bootstrap)."""
+
+
+def decoding_label(temperature: float, samples: int) -> str:
+    """How the episodes were decoded, for a table's title: ``greedy`` or ``T=1, K=4``.
+
+    >>> decoding_label(0.0, 1), decoding_label(1.0, 4), decoding_label(0.0, 3)
+    ('greedy', 'T=1, K=4', 'greedy, K=3')
+    """
+    if temperature == 0:
+        return "greedy" if samples == 1 else f"greedy, K={samples}"
+    return f"T={temperature:g}, K={samples}"
 
 
 def dataset_group(name: str) -> str:
@@ -86,13 +111,28 @@ def resolve_dataset(spec: str, data_root: str | Path | None) -> Path:
     raise ConfigError(f"--datasets {spec} {why} in {root} ({found}); give the folder's name or path")
 
 
-def _outcomes(records: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    return {
-        "em": np.array([float(r["em"]) for r in records]),
-        "f1": np.array([float(r["f1"]) for r in records]),
-        "searches": np.array([float(r["searches"]) for r in records]),
-        "answered": np.array([float(r["end_reason"] == "answered") for r in records]),
+def _outcomes(records: Sequence[Mapping[str, Any]], samples: int) -> dict[str, np.ndarray]:
+    """Each figure per question: the mean over its ``samples`` consecutive episodes."""
+    figures = {
+        "em": [float(r["em"]) for r in records],
+        "f1": [float(r["f1"]) for r in records],
+        "searches": [float(r["searches"]) for r in records],
+        "answered": [float(r["end_reason"] == "answered") for r in records],
     }
+    return {m: np.asarray(v).reshape(-1, samples).mean(axis=1) for m, v in figures.items()}
+
+
+def _interval(metric: str, values: np.ndarray, seed: int, resamples: int) -> Interval:
+    if metric in PROPORTIONS:
+        return wilson(float(values.sum()), len(values))
+    return bootstrap_mean(values, seed=seed, resamples=resamples)
+
+
+def _average(metric: str, groups: list[np.ndarray], seed: int, resamples: int) -> Interval:
+    """The unweighted mean over datasets: Wilson limits combined by square and add for a proportion."""
+    if metric in PROPORTIONS:
+        return mover_sum([(1 / len(groups), wilson(float(g.sum()), len(g))) for g in groups])
+    return bootstrap_mean_of_means(groups, seed=seed, resamples=resamples)
 
 
 def _seed(*key: str) -> int:
@@ -106,6 +146,8 @@ def build_report(
     *,
     resamples: int = RESAMPLES,
     settings: Mapping[str, Any] | None = None,
+    samples: int = 1,
+    temperature: float = 0.0,
 ) -> dict[str, Any]:
     """The benchmark's figures from the episode records of every (agent, dataset) pair.
 
@@ -113,22 +155,27 @@ def build_report(
         episodes: ``episodes[agent][dataset]``: the records (``eval --out`` lines) that agent played on that
             dataset; every agent must have played the same questions of a dataset, in the same order.
         datasets: One mapping per dataset, in report order, with at least ``name`` and ``group``.
-        resamples: Bootstrap resamples per interval.
+        resamples: Bootstrap resamples per interval (F1 and searches).
         settings: What produced the episodes (agents' specs, env options, seed), kept in the report.
+        samples: Episodes per question (K), consecutive in the records; each figure is a question's mean
+            over them (for ``em``, mean@K).
+        temperature: The sampling temperature the agents played at (0: greedy), for the tables' label.
 
     Returns:
         A JSON-ready dict: ``results`` (one row per agent and dataset: ``em``, ``f1``, ``searches``,
-        ``answered``, each ``{mean, low, high}``), ``averages`` (per agent: ``general``, ``multi-hop``,
-        ``all`` — unweighted over datasets, the groups that have datasets), and ``paired`` (each agent after
-        the first against the first, per dataset and on the ``all`` average: ``em_diff`` with its paired
-        bootstrap interval, McNemar's ``p`` and the discordant counts).
+        ``answered``, each ``{mean, low, high}`` — Wilson's interval for the proportions, a bootstrap for the
+        others —, ``pass_at_k`` and each question's ``successes``), ``averages`` (per agent: ``general``,
+        ``multi-hop``, ``all`` — unweighted over datasets, the groups that have datasets), and ``paired``
+        (each agent after the first against the first, per dataset and on the ``all`` average: ``em_diff``
+        with Newcombe's paired interval, McNemar's ``p``, the discordant counts, and ``disagree`` — true when
+        the interval and the test reach different verdicts at the 5 % level; with K > 1 samples the
+        difference of mean@K gets a paired bootstrap and no McNemar test).
 
     Raises:
         ConfigError: two agents' episodes of a dataset are not the same questions.
     """
     agents = list(episodes)
     names = [str(d["name"]) for d in datasets]
-    outcomes = {a: {d: _outcomes(episodes[a][d]) for d in names} for a in agents}
     for d in names:
         ids = [[r.get("question_id") for r in episodes[a][d]] for a in agents]
         for agent, other in zip(agents[1:], ids[1:], strict=True):
@@ -137,18 +184,31 @@ def build_report(
                     f"{agent} and {agents[0]} played different questions of {d} ({len(other)} and "
                     f"{len(ids[0])} episodes): a paired comparison needs the same ones"
                 )
+        for a in agents:
+            if len(episodes[a][d]) % samples:
+                raise ConfigError(
+                    f"{a} on {d}: {len(episodes[a][d])} episodes are not {samples} per question"
+                )
+    outcomes = {a: {d: _outcomes(episodes[a][d], samples) for d in names} for a in agents}
     results = []
     for a in agents:
         for spec in datasets:
             d = str(spec["name"])
+            successes = [
+                sum(float(r["em"]) >= 1.0 for r in episodes[a][d][i : i + samples])
+                for i in range(0, len(episodes[a][d]), samples)
+            ]
             row: dict[str, Any] = {
                 "agent": a,
                 "dataset": d,
                 "group": spec["group"],
                 "episodes": len(episodes[a][d]),
+                "questions": len(successes),
             }
             for m in METRICS:
-                row[m] = bootstrap_mean(outcomes[a][d][m], seed=_seed(a, d, m), resamples=resamples).to_json()
+                row[m] = _interval(m, outcomes[a][d][m], _seed(a, d, m), resamples).to_json()
+            row["pass_at_k"] = float(np.mean([pass_at_k(samples, c, samples) for c in successes]))
+            row["successes"] = successes
             results.append(row)
     members = {g: [str(s["name"]) for s in datasets if g == "all" or s["group"] == g] for g in AVERAGES}
     averages = []
@@ -159,46 +219,58 @@ def build_report(
             row = {"agent": a, "group": g, "datasets": members[g]}
             for m in ("em", "f1"):
                 groups = [outcomes[a][d][m] for d in members[g]]
-                row[m] = bootstrap_mean_of_means(groups, seed=_seed(a, g, m), resamples=resamples).to_json()
+                row[m] = _average(m, groups, _seed(a, g, m), resamples).to_json()
             averages.append(row)
     paired = []
     baseline = agents[0]
     for a in agents[1:]:
+        differences = []
         for d in names:
             mine, theirs = outcomes[a][d]["em"], outcomes[baseline][d]["em"]
-            p, only_baseline, only_agent = mcnemar_p(theirs >= 1.0, mine >= 1.0)
+            p: float | None = None
+            only_baseline: int | None = None
+            only_agent: int | None = None
+            disagree: bool | None = None
+            if samples == 1:
+                p, only_baseline, only_agent = mcnemar_p(theirs >= 1.0, mine >= 1.0)
+                diff = paired_difference(theirs >= 1.0, mine >= 1.0)
+                disagree = (p < 0.05) != (diff.low > 0 or diff.high < 0)
+            else:
+                diff = bootstrap_mean(mine - theirs, seed=_seed(a, baseline, d), resamples=resamples)
+            differences.append(diff)
             paired.append(
                 {
                     "agent": a,
                     "baseline": baseline,
                     "dataset": d,
-                    "em_diff": bootstrap_mean(
-                        mine - theirs, seed=_seed(a, baseline, d), resamples=resamples
-                    ).to_json(),
+                    "em_diff": diff.to_json(),
                     "mcnemar_p": p,
                     "only_agent": only_agent,
                     "only_baseline": only_baseline,
+                    "disagree": disagree,
                 }
             )
-        diffs = [outcomes[a][d]["em"] - outcomes[baseline][d]["em"] for d in names]
         paired.append(
             {
                 "agent": a,
                 "baseline": baseline,
                 "dataset": "all",
-                "em_diff": bootstrap_mean_of_means(
-                    diffs, seed=_seed(a, baseline, "all"), resamples=resamples
-                ).to_json(),
+                "em_diff": mover_sum([(1 / len(names), diff) for diff in differences]).to_json(),
                 "mcnemar_p": None,
                 "only_agent": None,
                 "only_baseline": None,
+                "disagree": None,
             }
         )
     return {
         "agents": agents,
         "datasets": [dict(d) for d in datasets],
         "level": 0.95,
+        "interval": "wilson" if samples == 1 else "wilson (mean@K over questions)",
         "bootstrap_resamples": resamples,
+        "samples": samples,
+        "temperature": temperature,
+        "decoding": decoding_label(temperature, samples),
         "settings": dict(settings or {}),
         "results": results,
         "averages": averages,
@@ -220,14 +292,18 @@ def _p(value: float | None) -> str:
 
 def markdown_report(report: Mapping[str, Any]) -> str:
     """The report as markdown: exact match per dataset and averaged (Search-R1's table), every figure per
-    dataset, and the paired comparisons against the first agent."""
+    dataset, and the paired comparisons against the first agent. Every table's title says how the episodes
+    were decoded (``greedy``, or the temperature and samples per question)."""
     agents, datasets = report["agents"], report["datasets"]
     result = {(r["agent"], r["dataset"]): r for r in report["results"]}
     average = {(r["agent"], r["group"]): r for r in report["averages"]}
     groups = [g for g in AVERAGES if any(r["group"] == g for r in report["averages"])]
     level = f"{report['level']:.0%}"
+    samples = int(report.get("samples", 1))
+    decoding = report.get("decoding", "greedy")
+    em = "exact match" if samples == 1 else f"exact match, mean@{samples}"
     lines = [
-        f"## Exact match (mean [{level} bootstrap interval over questions])",
+        f"## Exact match, {decoding} ({em} [{level} Wilson interval over questions])",
         "",
         "| agent | "
         + " | ".join(f"{d['name']} ({d['group']})" for d in datasets)
@@ -241,35 +317,50 @@ def markdown_report(report: Mapping[str, Any]) -> str:
             _cell(average[a, g]["em"]) for g in groups
         ]
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    extra = f" | pass@{samples}" if samples > 1 else ""
     lines += [
         "",
-        "Averages are unweighted over datasets (each counts once), as Search-R1 reports them.",
+        "Averages are unweighted over datasets (each counts once), as Search-R1 reports them; their intervals "
+        "combine the datasets' Wilson intervals by square and add.",
         "",
-        "## Every figure per dataset",
+        f"## Every figure per dataset, {decoding}",
         "",
-        "| dataset | agent | episodes | EM | F1 | searches | answered |",
-        "|---|---|---|---|---|---|---|",
+        f"| dataset | agent | episodes | EM | F1 | searches | answered{extra} |",
+        "|---" * (7 + (samples > 1)) + "|",
     ]
     for d in datasets:
         for a in agents:
             r = result[a, d["name"]]
             figures = " | ".join(_cell(r[m], 2 if m == "searches" else 3) for m in METRICS)
-            lines.append(f"| {d['name']} | {a} | {r['episodes']} | {figures} |")
+            more = f" | {r['pass_at_k']:.3f}" if samples > 1 else ""
+            lines.append(f"| {d['name']} | {a} | {r['episodes']} | {figures}{more} |")
+    lines.append("")
+    lines.append("EM and answered: Wilson intervals; F1 and searches: percentile bootstrap over questions.")
     if report["paired"]:
         baseline = agents[0]
+        how = "Newcombe interval" if samples == 1 else "bootstrap interval"
         lines += [
             "",
-            f"## Paired against {baseline} (the same questions)",
+            f"## Paired against {baseline} (the same questions), {decoding}",
             "",
-            f"| dataset | agent | EM − {baseline} [{level} interval] | McNemar p | right only here / only {baseline} |",
+            f"| dataset | agent | EM − {baseline} [{level} {how}] | McNemar p | right only here / only {baseline} |",
             "|---|---|---|---|---|",
         ]
+        flagged = False
         for r in report["paired"]:
             counts = "–" if r["only_agent"] is None else f"{r['only_agent']} / {r['only_baseline']}"
             name = "all (avg)" if r["dataset"] == "all" else r["dataset"]
+            flag = " ⚠" if r.get("disagree") else ""
+            flagged = flagged or bool(r.get("disagree"))
             lines.append(
-                f"| {name} | {r['agent']} | {_cell(r['em_diff'])} | {_p(r['mcnemar_p'])} | {counts} |"
+                f"| {name} | {r['agent']} | {_cell(r['em_diff'])}{flag} | {_p(r['mcnemar_p'])} | {counts} |"
             )
+        if flagged:
+            lines += [
+                "",
+                "⚠: the interval and McNemar's test disagree at the 5 % level (one excludes 0, the other does "
+                "not): the difference is at the edge of what these questions can show.",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -306,7 +397,9 @@ def plot_report(report: Mapping[str, Any], path: str | Path) -> None:
     ax.set_xticks(x, [k if table is result else f"{k}\navg" for k, table in columns], fontsize=8)
     ax.set_ylabel("exact match")
     ax.set_ylim(0, max(1.0, math.ceil(ax.get_ylim()[1] * 10) / 10))
-    ax.set_title(f"Exact match per dataset ({report['level']:.0%} bootstrap intervals)")
+    ax.set_title(
+        f"Exact match per dataset, {report.get('decoding', 'greedy')} ({report['level']:.0%} Wilson intervals)"
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120, format="png")

@@ -18,6 +18,7 @@ __all__ = [
     "MissingDependencyError",
     "RetrieverError",
     "SearchGymError",
+    "ServedModelError",
     "UnknownQuestionError",
 ]
 
@@ -66,6 +67,11 @@ class CheckpointError(SearchGymError, RuntimeError):
 
 class RetrieverError(SearchGymError, RuntimeError):
     """Retrieval failed (unreachable server, bad response, exhausted retries)."""
+
+
+class ServedModelError(SearchGymError, RuntimeError):
+    """A served model (an OpenAI-compatible endpoint) failed: unreachable, an error status after the retries,
+    or an answer that is not a completion. The message names the URL and what came back."""
 
 
 class DiskFullError(SearchGymError, OSError):

@@ -24,7 +24,8 @@ __all__ = [
 BUILTIN_AGENTS = ("random", "oracle", "heuristic")
 AGENT_FORMS = (
     "random | oracle | heuristic | checkpoint:PATH (a train sft/grpo checkpoint.pt, or a Hugging Face folder "
-    "from export) | sb3:PATH (a stable-baselines3 model.zip) | package.module:Class"
+    "from export) | sb3:PATH (a stable-baselines3 model.zip) | openai:MODEL (a served model, with --base-url) | "
+    "package.module:Class"
 )
 """Every form ``--agent`` takes, for the commands' help."""
 

@@ -12,6 +12,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from searchgym.cli._agent_options import add_sampling_arguments, add_served_arguments
 from searchgym.cli._common import (
     AGENT_FORMS,
     add_episode_size_arguments,
@@ -77,6 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_retriever_patience(env)
     add_episode_size_arguments(env)
     env.add_argument("--seed", type=int, default=0, help="base seed (episode i resets with seed + i)")
+    add_sampling_arguments(parser)
+    add_served_arguments(parser)
 
 
 def _retrievers(specs: list[str], names: list[str], paths: list[Path]) -> dict[str, str]:
@@ -158,13 +161,15 @@ ENV_SIZES = ("topk", "max_turns", "max_turn_tokens", "max_context_tokens")
 
 def _play_pair(
     pair: argparse.Namespace, path: Path, episodes: int | None, questions: int | None, bar: Any
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The episode records of one (agent, dataset) pair, and the episode sizes it played with: read from
-    ``path`` when a finished run with the same identity left it there, else played (continuing what an
-    interrupted run left in ``path.partial``). ``questions`` is the split's size where it is known."""
+) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    """The episode records of one (agent, dataset) pair, the episode sizes it played with, and whether they
+    were ``cached`` or ``played``: read from ``path`` when a finished run with the same identity left it
+    there, else played (continuing what an interrupted run left in ``path.partial``). ``questions`` is the
+    split's size where it is known; each question is played ``pair.samples`` times."""
     from searchgym.agents import evaluate
     from searchgym.agents.evaluate import EpisodeRecord
-    from searchgym.cli._common import env_kwargs, load_agent, make_env
+    from searchgym.cli._agent_options import build_agent
+    from searchgym.cli._common import env_kwargs, make_env
     from searchgym.cli.eval import checkpoint_env_defaults, held_episodes, run_identity
     from searchgym.data.digests import RecordDigests
     from searchgym.data.jsonl import iter_jsonl, replace_on_success
@@ -179,15 +184,17 @@ def _play_pair(
         expected = (
             None if questions is None else (questions if episodes is None else min(episodes, questions))
         )
+        expected = None if expected is None else expected * pair.samples
         records, why = _cached_records(path, record_path, identity, expected)
         if records is not None:
             bar.update(len(records))
-            return records, sizes
+            return records, sizes, "cached"
         print(f"note: {path} {why}; playing it again", file=sys.stderr)
     record_path.unlink(missing_ok=True)  # from here until the pair is done, no record vouches for the file
     env = make_env(pair, **overrides)
+    agent = None
     try:
-        agent = load_agent(pair.agent, env, seed=pair.seed)
+        agent = build_agent(pair, env)
         in_split = len(env.unwrapped.questions)
         count = in_split if episodes is None else min(episodes, in_split)
         partial_record = path.with_name(path.name + ".partial.run.json")
@@ -195,7 +202,7 @@ def _play_pair(
             held: list[EpisodeRecord] = []
             if partial_record.is_file() and partial.stat().st_size > 0:
                 try:
-                    held, size = held_episodes(partial, partial_record, identity, count)
+                    held, size = held_episodes(partial, partial_record, identity, count * pair.samples)
                     os.truncate(partial, size)  # a last line without its newline goes
                 except (ConfigError, DataFormatError, ValueError):
                     held = []  # another command's leftovers, or damaged ones: the pair starts again
@@ -207,14 +214,16 @@ def _play_pair(
             bar.update(len(held))
             evaluate(
                 env, agent, count, seed=pair.seed, out=partial, held=held, on_episode=lambda _: bar.update(1),
-                on_line=digests.append,
+                on_line=digests.append, samples=pair.samples,
             )  # fmt: skip
         partial_record.unlink(missing_ok=True)
         _write_record(record_path, {**identity, RECORDS_DIGEST: digests.head})
         digests.remove()
     finally:
         env.close()
-    return [record for _, record in iter_jsonl(path)], sizes
+        if callable(getattr(agent, "close", None)):
+            agent.close()  # type: ignore[union-attr]
+    return [record for _, record in iter_jsonl(path)], sizes, "played"
 
 
 def _data_stamp(pair: argparse.Namespace) -> dict[str, Any]:
@@ -327,15 +336,21 @@ def run(args: argparse.Namespace) -> int:
     in_split = {name: _split_questions(path, args.split) for name, path in zip(names, paths, strict=True)}
     known = [n or 0 for n in in_split.values()]  # the progress bar: a dataset stored otherwise counts 0
     total = sum(n if args.episodes is None else min(n, args.episodes) for n in known)
-    bar = tqdm(total=total * len(args.agent), desc="benchmark", unit="ep", disable=args.no_progress)
+    bar = tqdm(
+        total=total * len(args.agent) * args.samples, desc="benchmark", unit="ep", disable=args.no_progress
+    )
     with bar:
         for agent in args.agent:
             for name, path in zip(names, paths, strict=True):
                 bar.set_postfix_str(f"{agent} on {name}", refresh=True)
                 pair = _pair_args(args, agent, path, retrievers[name])
                 target = pairs_root / _slug(agent) / f"{name}.jsonl"
-                episodes[agent][name], played[agent] = _play_pair(
+                episodes[agent][name], played[agent], how = _play_pair(
                     pair, target, args.episodes, in_split[name], bar
+                )
+                # One line per pair: whether its episodes were read back from the cache or played now.
+                bar.write(
+                    f"pair {agent} on {name}: {how} ({len(episodes[agent][name])} episodes)", file=sys.stderr
                 )
     datasets = [
         {
@@ -343,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
             "path": str(p),
             "group": groups[n],
             "retriever": retrievers[n],
-            "questions": len(episodes[args.agent[0]][n]),
+            "questions": len(episodes[args.agent[0]][n]) // args.samples,
         }
         for n, p in zip(names, paths, strict=True)
     ]
@@ -358,10 +373,14 @@ def run(args: argparse.Namespace) -> int:
         "max_context_tokens": args.max_context_tokens,
         "episodes": args.episodes,
         "seed": args.seed,
+        "temperature": args.temperature,
+        "samples": args.samples,
         # What each agent played with: a checkpoint: agent's training sizes where the command gave none.
         "agent_env": played,
     }
-    report = build_report(episodes, datasets, settings=settings)
+    report = build_report(
+        episodes, datasets, settings=settings, samples=args.samples, temperature=args.temperature
+    )
     table = markdown_report(report)
     if out is not None:
         from searchgym.data.jsonl import replace_on_success

@@ -8,7 +8,6 @@ with GRPO and with GRPO+LLDS (action gate) for the same short budget → print a
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -184,13 +183,15 @@ def protocol_sentence(before: dict[str, Any], after: dict[str, Any]) -> str:
     )
 
 
-def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a proportion ``p`` measured on ``n`` trials (95 % for z = 1.96)."""
+def wilson(p: float, n: int) -> tuple[float, float]:
+    """The 95 % interval of a rate ``p`` measured on ``n`` questions (:func:`searchgym.stats.wilson`, the rule
+    of every searchgym table); ``(0, 1)`` when nothing was measured."""
+    from searchgym import stats
+
     if n <= 0:
         return (0.0, 1.0)
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    interval = stats.wilson(p * n, n)
+    return (interval.low, interval.high)
 
 
 def _evaluate_untrained(config: Any) -> dict[str, float]:

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.evaluate import EvalSummary
+from searchgym.cli._agent_options import add_sampling_arguments, add_served_arguments, build_agent
 from searchgym.cli._common import (
     AGENT_FORMS,
     add_env_arguments,
     env_kwargs,
     format_table,
-    load_agent,
     make_env,
     positive_int,
     repeats_note,
@@ -23,10 +23,12 @@ from searchgym.cli._common import (
 
 COMMAND = ("eval",)
 HELP = (
-    "evaluate an agent (random, oracle, heuristic, checkpoint:PATH, sb3:PATH, package.module:Class) on an env"
+    "evaluate an agent (random, oracle, heuristic, checkpoint:PATH, sb3:PATH, openai:MODEL, package.module:Class) "
+    "on an env"
 )
 
-COLUMNS = ["agent", *EvalSummary.metric_names(), "questions"]
+COLUMNS = ["agent", "decoding", *(m for m in EvalSummary.metric_names() if m != "successes"), "questions"]
+"""The table's columns: every figure but the per-question counts (in ``--json``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "question again, with another seed, and the note and the 'questions' column say so)",
     )
     parser.add_argument("--seed", type=int, default=0, help="base seed")
+    add_sampling_arguments(parser)
+    add_served_arguments(parser)
     parser.add_argument(
         "--out",
         default=None,
@@ -103,20 +107,27 @@ RUN_RECORD_SUFFIX = ".partial.run.json"
 
 
 def run_identity(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
-    """What must match for ``--resume`` to continue a run: the agent (and its file's SHA-256), the env id and
-    options (the retriever's patience aside: it changes how long a run waits, not what it plays), the seed."""
-    from searchgym.integrity import file_sha256
+    """What must match for ``--resume`` (or a benchmark's cached pair) to be reused: the agent and what
+    identifies its code or weights (:func:`~searchgym.cli._agent_options.agent_sha256`), the env id and
+    options (the retriever's patience aside: it changes how long a run waits, not what it plays), the
+    sampling settings and the seed."""
+    from searchgym.cli._agent_options import agent_sha256, sampling_settings, served_identity
 
-    path = args.agent.split(":", 1)[1] if args.agent.startswith(("checkpoint:", "sb3:")) else None
-    digest = file_sha256(path, remember=False) if path is not None and os.path.isfile(path) else None
     env = {k: v for k, v in settings.items() if k != "retriever_patience"}
-    return {
+    identity = {
         "agent": args.agent,
-        "agent_sha256": digest,
+        "agent_sha256": agent_sha256(args.agent),
         "env": args.env,
         "env_options": env,
         "seed": args.seed,
     }
+    served = served_identity(args)
+    if served is not None:
+        identity["served"] = served
+    sampling = sampling_settings(args)
+    if sampling["samples"] != 1 or sampling["temperature"] != 0.0:  # a greedy single-sample run records none
+        identity["sampling"] = sampling
+    return identity
 
 
 def held_episodes(
@@ -197,7 +208,7 @@ def continued_episodes(
         os.truncate(partial, 0)
         return [], False
     try:
-        held, size = held_episodes(partial, record_path, identity, args.episodes)
+        held, size = held_episodes(partial, record_path, identity, args.episodes * args.samples)
     except (ConfigError, DataFormatError) as e:
         if args.resume:
             raise
@@ -210,7 +221,10 @@ def continued_episodes(
         return [], False
     os.truncate(partial, size)
     how = "" if args.resume else " (the same command was interrupted; --restart plays every episode again)"
-    print(f"resuming {args.out}: {len(held)} of {args.episodes} episodes done{how}", file=sys.stderr)
+    print(
+        f"resuming {args.out}: {len(held)} of {args.episodes * args.samples} episodes done{how}",
+        file=sys.stderr,
+    )
     return held, True
 
 
@@ -237,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     if args.record_retrieval is not None:  # the cassette is written when the env releases it (env.close())
         overrides["retriever"] = f"cassette:{args.record_retrieval};record={args.retriever}"
     env = make_env(args, **overrides)
-    agent = load_agent(args.agent, env, seed=args.seed)
+    agent = build_agent(args, env)
     questions = min(args.episodes, len(env.unwrapped.questions))  # distinct questions played
     note = repeats_note(
         args.episodes, len(env.unwrapped.questions), args.split, "the figures average over episodes"
@@ -245,7 +259,9 @@ def run(args: argparse.Namespace) -> int:
     if note is not None:
         print(note, file=sys.stderr)
     if args.out is None:
-        summary = evaluate(env, agent, args.episodes, seed=args.seed, progress=not args.no_progress)
+        summary = evaluate(
+            env, agent, args.episodes, seed=args.seed, progress=not args.no_progress, samples=args.samples
+        )
     else:
         # Episodes stream into OUT.partial (a crash keeps the finished ones there); OUT is replaced only
         # by a complete run, so a run that fails never destroys an earlier file.
@@ -266,14 +282,25 @@ def run(args: argparse.Namespace) -> int:
                 progress=not args.no_progress,
                 held=held,
                 on_line=digests.append,
+                samples=args.samples,
             )
         record_path.unlink(missing_ok=True)
         digests.remove()
     env.close()
+    if callable(getattr(agent, "close", None)):
+        agent.close()
     if args.out is not None:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
         write_run_manifest(args.out, "eval", settings, folder=False, seeds={"seed": args.seed}, config=config)
-    metrics = {**summary.metrics(), "questions": questions}
+    from searchgym.benchmark import decoding_label
+
+    decoding = decoding_label(args.temperature, args.samples)
+    metrics = {
+        **summary.metrics(),
+        "questions": questions,
+        "temperature": args.temperature,
+        "decoding": decoding,
+    }
     if args.json:
         print(json.dumps(metrics))
     else:  # the faults column only when faults were injected

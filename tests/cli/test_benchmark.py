@@ -366,3 +366,69 @@ def test_a_pair_started_over_its_damaged_leftovers_is_cached_with_a_good_digest(
     assert main(base) == 0
     assert main(base) == 0  # read back from the cache
     assert "playing it again" not in capsys.readouterr().err
+
+
+# A user agent that plays as the heuristic does; its module is edited between runs.
+EDITABLE_AGENT = textwrap.dedent(
+    """
+    from searchgym.agents.heuristic import HeuristicAgent
+
+    class Mine(HeuristicAgent):
+        def __init__(self, env):
+            super().__init__(env.unwrapped.tokenizer)
+    """
+)
+
+
+def test_an_edited_agent_class_or_pair_file_replays_its_pair(tmp_path: Path) -> None:
+    """The cache is keyed on what played: a ``module:Class`` agent's source is part of its pair's identity,
+    and every pair's line says whether it was read back or played."""
+    quick = require(QUICKSTART)
+    module = tmp_path / "editable_agent.py"
+    module.write_text(EDITABLE_AGENT, encoding="utf-8")
+    args = ["--agent", "editable_agent:Mine", "--datasets", str(quick), "--episodes", "3", "--out", "B"]
+    first = benchmark(tmp_path, *args)
+    assert first.returncode == 0, first.stderr
+    assert "pair editable_agent:Mine on flashrag_quickstart_nq: played (3 episodes)" in first.stderr
+    record = json.loads(next((tmp_path / "B" / "pairs").glob("*/*.run.json")).read_text())
+    assert len(record["agent_sha256"]) == 64  # the source's digest, not null
+    again = benchmark(tmp_path, *args)
+    assert "pair editable_agent:Mine on flashrag_quickstart_nq: cached (3 episodes)" in again.stderr
+    module.write_text(EDITABLE_AGENT + "\n# a changed line\n", encoding="utf-8")
+    edited = benchmark(tmp_path, *args)
+    assert edited.returncode == 0, edited.stderr
+    assert "was played with other settings or data; playing it again" in edited.stderr
+    assert "on flashrag_quickstart_nq: played (3 episodes)" in edited.stderr
+    pair = next((tmp_path / "B" / "pairs").glob("*/*.jsonl"))
+    lines = pair.read_text().splitlines()
+    pair.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n", encoding="utf-8")
+    reordered = benchmark(tmp_path, *args)
+    assert "does not match the digest written with it" in reordered.stderr
+    assert "on flashrag_quickstart_nq: played (3 episodes)" in reordered.stderr
+
+
+def test_sampled_pairs_are_their_own_cache_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quick = require(QUICKSTART)
+    base = [
+        "benchmark",
+        "--no-progress",
+        "--agent",
+        "random",
+        "--datasets",
+        str(quick),
+        "--out",
+        str(tmp_path),
+    ]
+    assert main([*base, "--episodes", "2", "--json"]) == 0
+    greedy = json.loads(capsys.readouterr().out)
+    assert greedy["decoding"] == "greedy" and greedy["results"][0]["episodes"] == 2
+    assert main([*base, "--episodes", "2", "--samples", "3", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "playing it again" in captured.err and "played (6 episodes)" in captured.err
+    sampled = json.loads(captured.out)
+    assert sampled["decoding"] == "greedy, K=3" and sampled["results"][0]["episodes"] == 6
+    assert len(sampled["results"][0]["successes"]) == 2
+    assert main([*base, "--episodes", "2", "--temperature", "1"]) == 2
+    assert "does not sample by temperature" in capsys.readouterr().err

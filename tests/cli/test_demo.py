@@ -12,7 +12,11 @@ from searchgym.cli.demo import demo_dir, verdict, wilson
 from searchgym.errors import ConfigError
 
 
-def test_wilson_interval_hand_computed() -> None:
+def test_the_demo_interval_is_the_one_wilson_rule() -> None:
+    from searchgym import stats
+
+    interval = stats.wilson(5, 29)
+    assert wilson(5 / 29, 29) == (interval.low, interval.high)
     lo, hi = wilson(0.5, 100)
     assert lo == pytest.approx(0.4038, abs=1e-4) and hi == pytest.approx(0.5962, abs=1e-4)
     lo, hi = wilson(0.0, 200)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -309,3 +310,52 @@ def test_another_evals_leftovers_are_replaced_with_a_note(
     assert len(out.read_bytes().splitlines()) == EPISODES
     assert main(["eval", "--agent", "heuristic", "--restart"]) == 2
     assert "--restart applies to an interrupted --out run: give its --out" in capsys.readouterr().err
+
+
+# Succeeds (as the oracle plays) on a seeded coin with probability RATE, else answers "nothing".
+COIN_AGENT = textwrap.dedent(
+    """
+    import random
+    from searchgym.agents import OracleAgent
+
+    RATE = 0.5
+
+    class Coin:
+        temperature = 1.0
+
+        def __init__(self, env):
+            self.oracle = OracleAgent.from_env(env)
+            self.wrong = env.unwrapped.tokenizer.encode("<answer> nothing </answer>")
+
+        def reset(self, info, seed=None):
+            self.win = random.Random(seed).random() < RATE
+            self.oracle.reset(info, seed=seed)
+            self.pending = list(self.wrong)
+
+        def act(self, observation, info):
+            return self.oracle.act(observation, info) if self.win else self.pending.pop(0)
+    """
+)
+
+
+def test_sampled_eval_estimates_mean_and_pass_at_k_of_a_known_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """K = 4 samples of 60 questions by an agent that succeeds with probability 1/2 on each: mean@4 is 1/2
+    and pass@4 is 1 - (1/2)^4 = 0.9375; the tolerance, 0.15, is over 4 standard errors of each estimate
+    (sqrt(1/4 / 240) = 0.032 and sqrt(0.9375 * 0.0625 / 60) = 0.031)."""
+    (tmp_path / "coin_agent.py").write_text(COIN_AGENT, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "coin.jsonl"
+    args = ["eval", "--agent", "coin_agent:Coin", "--episodes", "60", "--samples", "4", "--temperature", "1"]
+    assert main([*args, "--no-progress", "--json", "--out", str(out)]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["episodes"] == 240 and figures["questions"] == 60 and figures["decoding"] == "T=1, K=4"
+    assert abs(figures["em"] - 0.5) < 0.15 and abs(figures["pass_at_k"] - 0.9375) < 0.15
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["sample"] for r in records[:8]] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert len({r["question_id"] for r in records[:4]}) == 1  # a question's samples are consecutive
+    counts = [sum(r["em"] >= 1 for r in records[i : i + 4]) for i in range(0, 240, 4)]
+    assert figures["successes"] == counts
+    assert figures["em"] == pytest.approx(sum(counts) / 240)
+    assert figures["em_low"] < figures["em"] < figures["em_high"]

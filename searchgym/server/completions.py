@@ -1,0 +1,275 @@
+"""An OpenAI-compatible completions server over any token generator: ``searchgym serve-policy``'s app.
+
+Routes: ``POST /v1/completions`` (``prompt`` as text or token ids), ``POST /v1/chat/completions``
+(``messages``; the contents are joined in order into one prompt — the policy was trained on Search-R1's raw
+text, with no chat template — so a chat that continues the assistant's message continues that text), ``GET
+/v1/models`` and ``GET /health``. Requests take ``model``, ``max_tokens``, ``temperature`` (0: greedy),
+``top_p``, ``stop`` (up to 4 strings), ``seed`` and ``n`` (1 only); streaming is not offered. A choice
+carries OpenAI's ``text`` (or ``message``) and ``finish_reason``, vLLM's ``stop_reason`` (the stop string
+matched) and ``token_ids`` (every generated id, the stop's own tokens included), and the answer its
+``usage``.
+
+Bounded like ``searchgym serve``: the same body-size and read-time guards and connection cap
+(:mod:`searchgym.server.guards`, :mod:`searchgym.server.connections`), at most ``max_tokens_max`` tokens
+per request, prompts of at most ``max_prompt_tokens``, and one generation at a time (a model is not
+thread-safe; the others wait their turn, up to ``max_waiting`` of them, then get 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from searchgym.errors import ConfigError, MissingDependencyError
+
+from .guards import BodyLimit
+from .wire import ServerLimits
+
+__all__ = ["Completion", "CompletionLimits", "Generator", "create_completions_app"]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a generator made of one prompt."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" (a stop string or the end-of-sequence token) or "length"
+    stop: str | None  # the stop string matched, if any
+
+
+class Generator(Protocol):
+    """The model side: ``serve-policy`` wraps a trained policy in one (:mod:`searchgym.agents.llm.completer`)."""
+
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def complete(
+        self,
+        ids: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        stops: list[str],
+    ) -> Completion: ...
+
+
+@dataclass(frozen=True)
+class CompletionLimits:
+    """What one request may ask, and how many may wait.
+
+    Attributes:
+        max_tokens_max: The most tokens one request may generate (also the default of one that asks none).
+        max_prompt_tokens: The longest prompt, in tokens.
+        max_waiting: Requests waiting for the model at once; one more gets 503.
+        connection: The connection guards of :class:`~searchgym.server.ServerLimits` (read timeout, body
+            size, connection cap) shared with ``searchgym serve``.
+    """
+
+    max_tokens_max: int = 512
+    max_prompt_tokens: int = 8192
+    max_waiting: int = 64
+    connection: ServerLimits = field(default_factory=lambda: ServerLimits(max_body_bytes=4 * 2**20))
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens_max", "max_prompt_tokens", "max_waiting"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _number(body: dict[str, Any], name: str, default: float, ok: Callable[[float], bool], what: str) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not ok(value)
+    ):
+        raise _BadRequest(400, f"{name} must be {what}, got {value!r}")
+    return float(value)
+
+
+def _parse(
+    body: Any, chat: bool, model: str, generator: Generator, limits: CompletionLimits
+) -> dict[str, Any]:
+    """The checked settings and prompt ids of a request body."""
+    if not isinstance(body, dict):
+        raise _BadRequest(400, "the body must be a JSON object")
+    if body.get("model") not in (None, model):
+        raise _BadRequest(
+            404, f"model {body.get('model')!r} is not served here (this server serves {model!r})"
+        )
+    if body.get("stream"):
+        raise _BadRequest(400, "streaming is not offered by this server; send stream=false")
+    if body.get("n", 1) != 1:
+        raise _BadRequest(400, f"n must be 1, got {body.get('n')!r}")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest(400, "messages must be a non-empty list of {role, content}")
+        parts = []
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+                raise _BadRequest(400, "every message needs a string content")
+            parts.append(m["content"])
+        ids = generator.encode("".join(parts))
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = generator.encode(prompt)
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            if not all(0 <= t < generator.vocab_size for t in prompt):
+                raise _BadRequest(400, f"prompt token ids must lie in 0..{generator.vocab_size - 1}")
+            ids = list(prompt)
+        else:
+            raise _BadRequest(400, "prompt must be a string or a non-empty list of token ids")
+    if not ids:
+        raise _BadRequest(400, "the prompt is empty")
+    if len(ids) > limits.max_prompt_tokens:
+        raise _BadRequest(
+            400, f"the prompt has {len(ids)} tokens, more than this server's {limits.max_prompt_tokens}"
+        )
+    stop = body.get("stop") or []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+        raise _BadRequest(400, "stop must be a string or a list of at most 4 non-empty strings")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise _BadRequest(400, f"seed must be an integer, got {seed!r}")
+    return {
+        "ids": ids,
+        "max_tokens": int(
+            _number(
+                body,
+                "max_tokens",
+                limits.max_tokens_max,
+                lambda v: v == int(v) and 1 <= v <= limits.max_tokens_max,
+                f"an integer in 1..{limits.max_tokens_max}",
+            )
+        ),
+        "temperature": _number(body, "temperature", 1.0, lambda v: 0 <= v <= 100, "a number in [0, 100]"),
+        "top_p": _number(body, "top_p", 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        "seed": seed,
+        "stops": stops,
+    }
+
+
+def create_completions_app(generator: Generator, model: str, limits: CompletionLimits | None = None) -> Any:
+    """The FastAPI app serving ``generator`` as ``model`` (see the module docstring).
+
+    Raises:
+        MissingDependencyError: FastAPI is not installed (the ``server`` extra).
+    """
+    try:
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse
+        from starlette.concurrency import run_in_threadpool
+    except ImportError:
+        raise MissingDependencyError("fastapi", "server", "The policy server") from None
+    limits = limits or CompletionLimits()
+    app = FastAPI(title="searchgym serve-policy", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.limits = limits.connection  # run_server and ServerThread apply the connection limits
+    app.add_middleware(
+        BodyLimit,
+        max_body_bytes=limits.connection.max_body_bytes,
+        read_timeout=limits.connection.read_timeout,
+    )
+    locks: dict[Any, asyncio.Lock] = {}  # one per event loop that serves the app
+    waiting = [0]
+
+    def error(status: int, message: str) -> Any:
+        return JSONResponse(
+            {"error": {"message": message, "code": status}, "detail": message}, status_code=status
+        )
+
+    async def serve(request: Request, chat: bool) -> Any:
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return error(400, "the body is not JSON")
+        try:
+            settings = _parse(body, chat, model, generator, limits)
+        except _BadRequest as e:
+            return error(e.status, str(e))
+        if waiting[0] >= limits.max_waiting:
+            return error(503, f"{waiting[0]} requests are waiting for the model; try again later")
+        lock = locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+        waiting[0] += 1
+        try:
+            async with lock:
+                ids = settings.pop("ids")
+                done = await run_in_threadpool(lambda: generator.complete(ids, **settings))
+        finally:
+            waiting[0] -= 1
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": done.finish_reason,
+            "stop_reason": done.stop,
+            "token_ids": done.token_ids,
+            "logprobs": None,
+        }
+        if chat:
+            choice["message"] = {"role": "assistant", "content": done.text}
+        else:
+            choice["text"] = done.text
+        usage = {
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(done.token_ids),
+            "total_tokens": len(ids) + len(done.token_ids),
+        }
+        return JSONResponse(
+            {
+                "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+
+    async def completions(request: Request) -> Any:
+        return await serve(request, chat=False)
+
+    async def chat_completions(request: Request) -> Any:
+        return await serve(request, chat=True)
+
+    async def models(request: Request) -> Any:
+        return JSONResponse(
+            {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "searchgym"}]}
+        )
+
+    async def health(request: Request) -> Any:
+        return JSONResponse({"status": "ok", "model": model, "max_tokens_max": limits.max_tokens_max})
+
+    # Plain routes, as searchgym serve's: the handlers read the raw request themselves (exact 4xx messages),
+    # so FastAPI's parameter injection, which would need the annotations resolvable at module level, is skipped.
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_route("/v1/models", models, methods=["GET"])
+    app.add_route("/health", health, methods=["GET"])
+    return app
