@@ -28,10 +28,11 @@ from searchgym.data import Dataset, Question, load_dataset
 from searchgym.envs.episode import Episode, EpisodeConfig, _is_int
 from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError
 from searchgym.retrieval import Hit, Retriever
+from searchgym.retrieval.leases import acquire_retriever, release_retriever
 from searchgym.rewards import normalize_answer
 from searchgym.tokenization import Tokenizer
 
-from .search_qa import SearchQAEnv, acquire_retriever, release_retriever
+from .search_qa import SearchQAEnv
 
 __all__ = [
     "CANDIDATE_FEATURES",

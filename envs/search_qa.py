@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,61 +24,11 @@ from searchgym.envs.episode import (
 )
 from searchgym.errors import ConfigError, EpisodeFinishedError, RetrieverError, UnknownQuestionError
 from searchgym.protocol import Source
-from searchgym.retrieval import Retriever, make_retriever
 from searchgym.retrieval.faults import RetrieverFaults, apply_faults, parse_faults
+from searchgym.retrieval.leases import acquire_retriever, release_retriever
 from searchgym.tokenization import Tokenizer, load_tokenizer
 
-__all__ = ["SearchQAEnv", "acquire_retriever", "fault_rng", "release_retriever", "searchr1_options"]
-
-_LEASES_LOCK = threading.Lock()
-
-
-@dataclass
-class _Lease:
-    """A named retriever shared by the environments on one dataset, and how many of them hold it."""
-
-    retriever: Retriever
-    users: int = 0
-
-
-def _lease_key(spec: str | None, patience: float) -> str:
-    name = "bm25" if spec is None else spec
-    return f"{name} (patience {patience:g}s)" if patience else name
-
-
-def acquire_retriever(dataset: Dataset, spec: Any, patience: float = 0.0) -> tuple[Retriever, bool]:
-    """The retriever for ``spec`` over ``dataset``, and whether the caller must release it.
-
-    A named backend or URL (a ``str`` or ``None``) is built once and shared by every environment on the
-    dataset that holds it: it is stored on the dataset (so it never outlives it) with a count of holders,
-    and :func:`release_retriever` by the last holder closes and drops it. A :class:`Retriever` object is
-    returned as is and stays the caller's (``False``: nothing to release). ``patience`` is a URL's wait
-    for a server that stops answering (see :func:`~searchgym.retrieval.make_retriever`).
-    """
-    if not isinstance(spec, str | None):
-        return make_retriever(spec, dataset.passages), False
-    key = _lease_key(spec, patience)
-    with _LEASES_LOCK:
-        lease = dataset.retrievers.get(key)
-        if not isinstance(lease, _Lease):
-            retriever = make_retriever(spec, dataset.passages, patience=patience)
-            lease = dataset.retrievers[key] = _Lease(retriever)
-        lease.users += 1
-        return lease.retriever, True
-
-
-def release_retriever(dataset: Dataset, spec: str | None, patience: float = 0.0) -> None:
-    """Gives back a retriever taken with :func:`acquire_retriever`; the last holder closes and drops it."""
-    key = _lease_key(spec, patience)
-    with _LEASES_LOCK:
-        lease = dataset.retrievers.get(key)
-        if not isinstance(lease, _Lease):
-            return
-        lease.users -= 1
-        if lease.users > 0:
-            return
-        del dataset.retrievers[key]
-    lease.retriever.close()
+__all__ = ["SearchQAEnv", "fault_rng", "searchr1_options"]
 
 
 def fault_rng(faults: RetrieverFaults, *keys: int) -> np.random.Generator:

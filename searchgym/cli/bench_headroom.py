@@ -42,7 +42,8 @@ _HELP = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     import typing
 
-    from searchgym.agents.training.config import CommonConfig, literal_choices
+    from searchgym.agents.training.config import CommonConfig
+    from searchgym.options import literal_choices
 
     add_env_arguments(parser)
     fields = {f.name: f for f in dataclasses.fields(CommonConfig)}
