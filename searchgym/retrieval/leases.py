@@ -30,7 +30,7 @@ class _Lease:
     users: int = 0
 
 
-def _lease_key(spec: str | None, patience: float) -> str:
+def _lease_key(spec: Any, patience: float) -> str:
     name = "bm25" if spec is None else spec
     return f"{name} (patience {patience:g}s)" if patience else name
 
@@ -56,7 +56,7 @@ def acquire_retriever(dataset: Dataset, spec: Any, patience: float = 0.0) -> tup
         return lease.retriever, True
 
 
-def release_retriever(dataset: Dataset, spec: str | None, patience: float = 0.0) -> None:
+def release_retriever(dataset: Dataset, spec: Any, patience: float = 0.0) -> None:
     """Gives back a retriever taken with :func:`acquire_retriever`; the last holder closes and drops it."""
     key = _lease_key(spec, patience)
     with _LEASES_LOCK:
