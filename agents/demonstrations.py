@@ -116,7 +116,7 @@ def generate_demonstrations(
     names, probs = list(mixture), np.array(list(mixture.values()))
     base: Any = env.unwrapped
     teachers = {
-        name: TEACHERS[name](base.dataset, base.split, base.tokenizer, base.config.max_turns)
+        name: TEACHERS[name](base.dataset, base.split, base.tokenizer, base.env_spec.max_turns)
         for name in names
     }
     for i in range(episodes):

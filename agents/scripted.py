@@ -168,7 +168,12 @@ class OracleAgent(Agent):
         """The oracle for a SearchQA env (wrapped or not), with its retriever, turn budget and top-k."""
         base: Any = env.unwrapped
         return cls(
-            base.dataset, base.split, base.tokenizer, base.config.max_turns, base.retriever, base.config.topk
+            base.dataset,
+            base.split,
+            base.tokenizer,
+            base.env_spec.max_turns,
+            base.retriever,
+            base.env_spec.topk,
         )
 
     def reset(self, info: dict[str, Any], seed: int | None = None) -> None:

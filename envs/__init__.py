@@ -1,13 +1,14 @@
 """Gymnasium environments of searchgym. Registration happens in :mod:`searchgym` (string entry points)."""
 
-from searchgym.envs.episode import Episode, EpisodeConfig, EpisodeSnapshot, Event
+from searchgym.envs.episode import Episode, EpisodeSnapshot, Event
 from searchgym.envs.search_qa import SearchQAEnv, searchr1_options
+from searchgym.envs.spec import EnvSpec
 from searchgym.envs.vector import SearchQAVectorEnv, SegmentStep
 from searchgym.envs.wrappers import TurnLevelWrapper
 
 __all__ = [
+    "EnvSpec",
     "Episode",
-    "EpisodeConfig",
     "EpisodeSnapshot",
     "Event",
     "SearchQAEnv",

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from searchgym.data.types import Question
+from searchgym.envs.spec import EnvSpec
 from searchgym.errors import ConfigError, InvalidActionError, SearchGymError
 from searchgym.protocol import (
     BASE_PROMPT,
@@ -38,7 +39,6 @@ from searchgym.tokenization import Tokenizer
 __all__ = [
     "END_REASONS",
     "Episode",
-    "EpisodeConfig",
     "EpisodeSnapshot",
     "Event",
     "Source",
@@ -121,55 +121,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
-MAX_CONTEXT_TOKENS = 1 << 20
-"""The largest transcript an env holds (its observation arrays are allocated at ``max_context_tokens``)."""
-
-SIZE_BOUNDS: dict[str, tuple[int, int]] = {
-    "topk": (1, 1024),
-    "max_turns": (1, 1024),
-    "max_turn_tokens": (1, MAX_CONTEXT_TOKENS),
-    "max_context_tokens": (16, MAX_CONTEXT_TOKENS),
-    "max_passage_words": (1, MAX_CONTEXT_TOKENS),
-    "max_obs_tokens": (1, MAX_CONTEXT_TOKENS),
-}
-"""Each episode size option's bounds, inclusive (``max_passage_words`` and ``max_obs_tokens`` may be None)."""
-
-
-@dataclass(frozen=True)
-class EpisodeConfig:
-    """Episode dynamics (see :class:`searchgym.envs.search_qa.SearchQAEnv` for each argument)."""
-
-    topk: int = 3
-    max_turns: int = 4
-    max_context_tokens: int = 2048
-    max_turn_tokens: int = 512
-    max_passage_words: int | None = None
-    reward: str = "em"
-    prompt_style: str = "base"
-    max_obs_tokens: int | None = None
-    append_question_mark: bool = True
-
-    def __post_init__(self) -> None:
-        required = ("topk", "max_turns", "max_turn_tokens", "max_context_tokens")
-        for name, (low, high) in SIZE_BOUNDS.items():
-            value = getattr(self, name)
-            if value is None and name not in required:
-                continue
-            none = "" if name in required else " or None"
-            if not _is_int(value):
-                raise ConfigError(f"{name} must be an integer in [{low}, {high}]{none}, got {value!r:.40}")
-            if not low <= value <= high:
-                raise ConfigError(f"{name} must be >= {low} and <= {high}{none}, got {value}")
-            object.__setattr__(self, name, int(value))  # NumPy integers become plain ints
-        if not isinstance(self.append_question_mark, bool):
-            raise ConfigError(
-                f"append_question_mark must be True or False, got {self.append_question_mark!r}"
-            )
-        if self.prompt_style not in ("base", "chat"):
-            raise ConfigError(f"prompt_style must be 'base' or 'chat', got {self.prompt_style!r}")
-        get_metric(self.reward)  # fails early, listing the valid names
-
-
 @dataclass(frozen=True)
 class Turn:
     """One finished turn: where its policy tokens lie, how it was parsed, and what the tool answered.
@@ -195,7 +146,7 @@ class EpisodeSnapshot(NamedTuple):
     with the environment and are never copied.
 
     Attributes:
-        config: The episode dynamics it was taken under (a restore checks they match).
+        spec: The environment spec it was taken under (a restore checks its episode settings match).
         question: The question.
         token_bytes: The transcript's int64 token ids as bytes (read them as :attr:`tokens`).
         source_bytes: The int8 source marks as bytes (read them as :attr:`sources`).
@@ -219,7 +170,7 @@ class EpisodeSnapshot(NamedTuple):
             sub-env, whose generator is shared by all sub-envs and not part of one episode).
     """
 
-    config: EpisodeConfig
+    spec: EnvSpec
     question: Question
     token_bytes: bytes
     source_bytes: bytes
@@ -261,7 +212,7 @@ class Episode:
 
     Args:
         tokenizer: Encodes the prompt and tool text and maps ids to bytes for tag detection.
-        config: Episode dynamics.
+        spec: The environment spec (the episode reads its episode settings).
         tokens: Optional ``(max_context_tokens,)`` int64 buffer to write the transcript into (a vector env
             passes rows of its batch array, so observations need no gathering).
         sources: Optional ``(max_context_tokens,)`` int8 buffer for the source markers.
@@ -270,16 +221,16 @@ class Episode:
     def __init__(
         self,
         tokenizer: Tokenizer,
-        config: EpisodeConfig,
+        spec: EnvSpec,
         tokens: np.ndarray | None = None,
         sources: np.ndarray | None = None,
     ) -> None:
         self.tokenizer = tokenizer
-        self.config = config
-        self._metric = get_metric(config.reward)
+        self.spec = spec
+        self._metric = get_metric(spec.reward)
         self._scanner = StopScanner(tokenizer.token_bytes, tokenizer.eos_token_id)
         self._invalid_ids = np.asarray(tokenizer.encode(INVALID_TURN_MESSAGE), dtype=np.int64)
-        size = config.max_context_tokens
+        size = spec.max_context_tokens
         self.tokens = np.zeros(size, dtype=np.int64) if tokens is None else tokens
         self.sources = np.zeros(size, dtype=np.int8) if sources is None else sources
         if self.tokens.shape != (size,) or self.sources.shape != (size,):
@@ -299,18 +250,18 @@ class Episode:
 
     def start(self, question: Question) -> None:
         """Begins a new episode on ``question``: the transcript becomes the prompt."""
-        text = format_prompt(question.question, self.config.append_question_mark)
+        text = format_prompt(question.question, self.spec.append_question_mark)
         prompt: Sequence[int] | np.ndarray
-        if self.config.prompt_style == "chat":
+        if self.spec.prompt_style == "chat":
             prompt = self.tokenizer.chat_prompt_ids(text)
         elif text.startswith(_PROMPT_HEAD):
             prompt = self.tokenizer.encode_parts([_PROMPT_HEAD, text[len(_PROMPT_HEAD) :]])
         else:
             prompt = self.tokenizer.encode(text)
-        if len(prompt) >= self.config.max_context_tokens:
+        if len(prompt) >= self.spec.max_context_tokens:
             raise ConfigError(
                 f"the prompt of question {question.id!r} has {len(prompt)} tokens, which does not fit "
-                f"max_context_tokens={self.config.max_context_tokens}"
+                f"max_context_tokens={self.spec.max_context_tokens}"
             )
         self.question = question
         self.tokens[:] = 0
@@ -347,12 +298,12 @@ class Episode:
         return Event.DONE
 
     def _append_tool(self, ids: Sequence[int] | np.ndarray) -> Event:
-        limit = self.config.max_obs_tokens
+        limit = self.spec.max_obs_tokens
         if limit is not None and len(ids) > limit:  # Search-R1 keeps the first tokens and goes on
             ids = ids[:limit]
             self.cut_observations += 1
         # At least one policy token must fit after tool output, or the episode could not go on.
-        if self.length + len(ids) >= self.config.max_context_tokens:
+        if self.length + len(ids) >= self.spec.max_context_tokens:
             return self._finish("context_limit")
         self._append(ids, Source.TOOL)
         self._turn_start = self.length
@@ -380,9 +331,9 @@ class Episode:
         scanner = self._scanner
         if scanner.feed(token):
             return self._resolve_turn(scanner.stop, scanner.cut)
-        if self.length - self._turn_start >= self.config.max_turn_tokens:
+        if self.length - self._turn_start >= self.spec.max_turn_tokens:
             return self._resolve_turn("max_turn_tokens", scanner.nbytes)
-        if self.length >= self.config.max_context_tokens:
+        if self.length >= self.spec.max_context_tokens:
             self._record_turn("context_limit", scanner.nbytes)
             return self._finish("context_limit")
         return Event.CONTINUE
@@ -396,7 +347,7 @@ class Episode:
 
     def _resolve_turn(self, stop: str, cut: int) -> Event:
         turn = self._record_turn(stop, cut)
-        last_turn = len(self.turns) >= self.config.max_turns
+        last_turn = len(self.turns) >= self.spec.max_turns
         if turn.kind == "answer":
             self.answer = turn.content
             return self._finish("answered")
@@ -405,7 +356,7 @@ class Episode:
         if turn.kind == "search":
             self.pending_query = turn.content
             return Event.SEARCH
-        if self.length >= self.config.max_context_tokens:
+        if self.length >= self.spec.max_context_tokens:
             return self._finish("context_limit")
         return self._append_tool(self._invalid_ids)
 
@@ -421,7 +372,7 @@ class Episode:
             faults: The retriever faults injected into this search (counted in ``info``).
         """
         self._take_pending([h.passage_id for h in hits], faults)
-        text = format_documents([h.contents for h in hits], self.config.max_passage_words)
+        text = format_documents([h.contents for h in hits], self.spec.max_passage_words)
         return self._append_tool(self.tokenizer.encode_parts(_DOCUMENT_CUT.split(text)))
 
     def deliver_failure(self, message: str) -> Event:
@@ -458,7 +409,7 @@ class Episode:
         n = self.length
         fault_rng = self.fault_rng
         return EpisodeSnapshot(
-            self.config,
+            self.spec,
             self.question,
             self._token_bytes[: 8 * n].tobytes(),
             self._source_bytes[:n].tobytes(),
@@ -488,16 +439,16 @@ class Episode:
 
         Raises:
             ConfigError: ``snap`` is not an :class:`EpisodeSnapshot`, or was taken under other episode
-                dynamics (``EpisodeConfig``).
+                settings (:meth:`EnvSpec.episode_settings`).
         """
         if not isinstance(snap, EpisodeSnapshot):
             raise ConfigError(
                 f"restore() needs an EpisodeSnapshot (from snapshot()), got {type(snap).__name__}"
             )
-        if snap.config is not self.config and snap.config != self.config:
+        if snap.spec is not self.spec and snap.spec.episode_settings() != self.spec.episode_settings():
             raise ConfigError(
-                f"the snapshot was taken under other episode settings ({snap.config}) than this env's "
-                f"({self.config}); restore it into an env made with the same arguments"
+                f"the snapshot was taken under other episode settings ({snap.spec.episode_settings()}) than "
+                f"this env's ({self.spec.episode_settings()}); restore it into an env made with the same arguments"
             )
         if (snap.fault_rng is None) != (self.fault_rng is None):
             raise ConfigError(

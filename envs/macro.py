@@ -17,7 +17,6 @@ import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -25,13 +24,15 @@ import numpy as np
 from gymnasium import spaces
 
 from searchgym.data import Dataset, Question, load_dataset
-from searchgym.envs.episode import Episode, EpisodeConfig, _is_int
+from searchgym.envs.episode import Episode, _is_int
+from searchgym.envs.spec import EnvSpec, make_spec
 from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError
 from searchgym.retrieval import Hit, Retriever
+from searchgym.retrieval.leases import acquire_retriever, release_retriever
 from searchgym.rewards import normalize_answer
 from searchgym.tokenization import Tokenizer
 
-from .search_qa import SearchQAEnv, acquire_retriever, release_retriever
+from .search_qa import SearchQAEnv
 
 __all__ = [
     "CANDIDATE_FEATURES",
@@ -299,10 +300,8 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
 
     * ``n_queries``: query slots (8).
     * ``n_answers``: answer slots (12).
-    * Every other argument is the token-level env's (``dataset``, ``split``, ``tokenizer``, ``retriever``,
-      ``topk``, ``max_turns``, ``max_turn_tokens``, ``max_context_tokens``, ``max_passage_words``,
-      ``reward``, ``prompt_style``, ``on_retrieval_error``, ``retriever_patience``, ``world_seed``,
-      ``render_mode``).
+    * Every other argument is the token-level env's: ``spec`` (an :class:`~searchgym.envs.EnvSpec`) and any
+      of its fields as keyword arguments, ``tokenizer``, ``render_mode``.
 
     ## Version History
 
@@ -313,33 +312,32 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
 
     def __init__(
         self,
-        dataset: str | Path | Dataset | None = None,
-        split: str = "train",
+        spec: EnvSpec | None = None,
+        *,
         tokenizer: Any = None,
-        retriever: Any = "bm25",
+        render_mode: str | None = None,
         n_queries: int = 8,
         n_answers: int = 12,
-        world_seed: int = 0,
-        render_mode: str | None = None,
-        retriever_patience: float = 0.0,
-        **token_env_kwargs: Any,
+        **fields: Any,
     ) -> None:
         if not all(_is_int(n) and 1 <= n <= MAX_CANDIDATES for n in (n_queries, n_answers)):
             raise ConfigError(
                 f"n_queries and n_answers must be integers >= 1 and <= {MAX_CANDIDATES}, got {n_queries!r:.40} "
                 f"and {n_answers!r:.40}"
             )
-        data = load_dataset(dataset, world_seed=world_seed)
+        self.env_spec = spec = make_spec(spec, fields)
+        data = load_dataset(spec.dataset, world_seed=spec.world_seed)
         # The recorder keeps the scored hits of each search; the token env executes the search itself.
-        inner, owned = acquire_retriever(data, retriever, retriever_patience)
+        inner, owned = acquire_retriever(data, spec.retriever, spec.retriever_patience)
         self._recorder = _RecordingRetriever(inner)
         self._release = (
-            weakref.finalize(self, release_retriever, data, retriever, retriever_patience) if owned else None
+            weakref.finalize(self, release_retriever, data, spec.retriever, spec.retriever_patience)
+            if owned
+            else None
         )
         self.core = SearchQAEnv(
-            dataset=data, split=split, tokenizer=tokenizer, retriever=self._recorder,
-            render_mode=render_mode, **token_env_kwargs,
-        )  # fmt: skip
+            spec.replace(dataset=data, retriever=self._recorder), tokenizer=tokenizer, render_mode=render_mode
+        )
         self.render_mode = render_mode
         self.n_queries = n_queries
         self.n_answers = n_answers
@@ -368,10 +366,6 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
     @property
     def tokenizer(self) -> Tokenizer:
         return self.core.tokenizer
-
-    @property
-    def config(self) -> EpisodeConfig:
-        return self.core.config
 
     @property
     def episode(self) -> Episode:
@@ -490,7 +484,7 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
     # -- observation -------------------------------------------------------------------------------------
 
     def _observation(self) -> np.ndarray:
-        ep, max_turns = self.episode, self.config.max_turns
+        ep, max_turns = self.episode, self.env_spec.max_turns
         question = ep.question
         assert question is not None
         q_words = set(_WORDS.findall(question.question.lower()))
@@ -540,6 +534,6 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
             score,
             c.position,
             float(key in searched),
-            min(1.0, sum(f" {key} " in f" {p} " for p in passages) / self.config.topk),
+            min(1.0, sum(f" {key} " in f" {p} " for p in passages) / self.env_spec.topk),
             min(1.0, len(words) / 4),
         ]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -17,76 +15,78 @@ from gymnasium import spaces
 from searchgym.data import Dataset, Question, load_dataset
 from searchgym.envs.episode import (
     Episode,
-    EpisodeConfig,
     EpisodeSnapshot,
     Event,
     check_token,
     freeze_state,
     thaw_state,
 )
+from searchgym.envs.spec import EnvSpec, make_spec
 from searchgym.errors import ConfigError, EpisodeFinishedError, RetrieverError, UnknownQuestionError
 from searchgym.protocol import Source
-from searchgym.retrieval import Retriever, make_retriever
-from searchgym.retrieval.faults import RetrieverFaults, apply_faults, parse_faults
+from searchgym.retrieval import Retriever
+from searchgym.retrieval.faults import RetrieverFaults, apply_faults
+from searchgym.retrieval.leases import acquire_retriever, release_retriever
 from searchgym.tokenization import Tokenizer, load_tokenizer
 
-__all__ = ["SearchQAEnv", "acquire_retriever", "fault_rng", "release_retriever", "searchr1_options"]
-
-_LEASES_LOCK = threading.Lock()
-
-
-@dataclass
-class _Lease:
-    """A named retriever shared by the environments on one dataset, and how many of them hold it."""
-
-    retriever: Retriever
-    users: int = 0
-
-
-def _lease_key(spec: str | None, patience: float) -> str:
-    name = "bm25" if spec is None else spec
-    return f"{name} (patience {patience:g}s)" if patience else name
-
-
-def acquire_retriever(dataset: Dataset, spec: Any, patience: float = 0.0) -> tuple[Retriever, bool]:
-    """The retriever for ``spec`` over ``dataset``, and whether the caller must release it.
-
-    A named backend or URL (a ``str`` or ``None``) is built once and shared by every environment on the
-    dataset that holds it: it is stored on the dataset (so it never outlives it) with a count of holders,
-    and :func:`release_retriever` by the last holder closes and drops it. A :class:`Retriever` object is
-    returned as is and stays the caller's (``False``: nothing to release). ``patience`` is a URL's wait
-    for a server that stops answering (see :func:`~searchgym.retrieval.make_retriever`).
-    """
-    if not isinstance(spec, str | None):
-        return make_retriever(spec, dataset.passages), False
-    key = _lease_key(spec, patience)
-    with _LEASES_LOCK:
-        lease = dataset.retrievers.get(key)
-        if not isinstance(lease, _Lease):
-            retriever = make_retriever(spec, dataset.passages, patience=patience)
-            lease = dataset.retrievers[key] = _Lease(retriever)
-        lease.users += 1
-        return lease.retriever, True
-
-
-def release_retriever(dataset: Dataset, spec: str | None, patience: float = 0.0) -> None:
-    """Gives back a retriever taken with :func:`acquire_retriever`; the last holder closes and drops it."""
-    key = _lease_key(spec, patience)
-    with _LEASES_LOCK:
-        lease = dataset.retrievers.get(key)
-        if not isinstance(lease, _Lease):
-            return
-        lease.users -= 1
-        if lease.users > 0:
-            return
-        del dataset.retrievers[key]
-    lease.retriever.close()
+__all__ = ["EnvParts", "SearchQAEnv", "fault_rng", "searchr1_options"]
 
 
 def fault_rng(faults: RetrieverFaults, *keys: int) -> np.random.Generator:
     """The generator of an episode's retriever faults: seeded by the faults' seed and ``keys`` (the reset
     seed, a sub-env's index), never by the env's ``np_random`` or the agent's."""
     return np.random.default_rng([faults.seed, *keys])
+
+
+@dataclass
+class EnvParts:
+    """What an environment builds from its spec and shares with its episodes: the dataset, the split's
+    questions, the tokenizer, the retriever (leased when named: :meth:`close` gives it back), the faults, and
+    the observation and action spaces of one episode."""
+
+    spec: EnvSpec
+    dataset: Dataset
+    questions: list[Question]
+    tokenizer: Tokenizer
+    retriever: Retriever
+    observation_space: spaces.Dict
+    action_space: spaces.Discrete
+    release: Any = None
+
+    @classmethod
+    def open(cls, owner: object, spec: EnvSpec, tokenizer: Any) -> EnvParts:
+        """Builds the parts of ``spec`` for ``owner``; the retriever lease ends with ``owner`` if not before.
+
+        Raises:
+            ConfigError: the split has no questions.
+        """
+        dataset = load_dataset(spec.dataset, world_seed=spec.world_seed)
+        questions = dataset.questions(spec.split)
+        if not questions:
+            raise ConfigError(f"split {spec.split!r} of {dataset.name!r} has no questions")
+        tok = load_tokenizer(tokenizer)
+        retriever, owned = acquire_retriever(dataset, spec.retriever, spec.retriever_patience)
+        release = (
+            weakref.finalize(owner, release_retriever, dataset, spec.retriever, spec.retriever_patience)
+            if owned
+            else None
+        )
+        vocab, size = tok.vocab_size, spec.max_context_tokens
+        observation_space = spaces.Dict(
+            {
+                "tokens": spaces.Box(0, vocab - 1, shape=(size,), dtype=np.int64),
+                "sources": spaces.Box(0, len(Source) - 1, shape=(size,), dtype=np.int8),
+                "length": spaces.Box(0, size, shape=(1,), dtype=np.int64),
+            }
+        )
+        return cls(
+            spec, dataset, questions, tok, retriever, observation_space, spaces.Discrete(vocab), release
+        )
+
+    def close(self) -> None:
+        """Gives back the leased retriever (the last holder closes it); idempotent."""
+        if self.release is not None:
+            self.release()
 
 
 def searchr1_options(
@@ -181,18 +181,22 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
 
     ## Arguments
 
+    ``SearchQAEnv(spec=None, *, tokenizer=None, render_mode=None, **fields)``: the episode is defined by an
+    :class:`~searchgym.envs.EnvSpec` (``spec``, default: its defaults) with any of its fields given as keyword
+    arguments changed (``gym.make("SearchQA-v0", topk=5)``); the spec declares each field's default and
+    bounds. Its fields:
+
     * ``dataset``: ``"world"`` (default, the generated encyclopedia), a FlashRAG folder path, or a
       :class:`~searchgym.data.Dataset`.
-    * ``split``: question split, ``"train"`` by default.
-    * ``tokenizer``: ``"builtin"`` (default), a local path or model name, or a tokenizer object.
+    * ``split``: question split.
     * ``retriever``: ``"bm25"`` (default), ``"rank_bm25"``, an ``http(s)://`` URL of a ``/retrieve``
       server, or a :class:`~searchgym.retrieval.Retriever`. A name or URL is built once and shared by the
       envs on the same dataset until the last of them is closed; a Retriever object stays the caller's
       (``close()`` does not close it).
-    * ``topk``: passages per search (3).
-    * ``max_turns``: turns per episode (4), the final answer turn included; the last must answer.
-    * ``max_turn_tokens``: policy tokens per turn (512).
-    * ``max_context_tokens``: size of the transcript (2048).
+    * ``topk``: passages per search.
+    * ``max_turns``: turns per episode, the final answer turn included; the last must answer.
+    * ``max_turn_tokens``: policy tokens per turn.
+    * ``max_context_tokens``: size of the transcript.
     * ``max_obs_tokens``: cut each tool observation to its first this many tokens and go on, as Search-R1's
       ``max_obs_length`` (500 in its scripts); ``None`` (default): no cut, an observation that does not fit
       the context ends the episode.
@@ -201,12 +205,12 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
     * ``prompt_style``: ``"base"`` (Search-R1's base prompt) or ``"chat"`` (the prompt as a user message
       through the tokenizer's chat template).
     * ``append_question_mark``: add ``"?"`` to a question that lacks one, as Search-R1's data preparation
-      does (True, default), so prompts are byte-identical to Search-R1's.
+      does (default), so prompts are byte-identical to Search-R1's.
     * ``on_retrieval_error``: ``"raise"`` (default) re-raises :class:`~searchgym.errors.RetrieverError`;
       ``"observe"`` appends ``<information>Search failed: …</information>`` as tool tokens and goes on.
     * ``retriever_patience``: for a URL retriever, seconds to wait for a server that stops answering
       (refused connections, timeouts, 503) before failing, retrying every few seconds; the episode then
-      goes on as if nothing happened (0, default: fail once the client's retries are spent). A server that
+      goes on as if nothing happened (0: fail once the client's retries are spent). A server that
       answers wrong is never waited for.
     * ``retriever_faults``: inject seeded retriever faults (empty results, shuffled results, random
       passages, truncated passages, latency) with given probabilities: a
@@ -214,7 +218,11 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
       (``None``, default: none). Their generator is seeded by the faults' ``seed`` and ``reset(seed=...)``
       only, so faults are reproducible and independent of the agent; ``info["retrieval_faults"]`` counts
       them per kind.
-    * ``world_seed``: seed of the generated world (0).
+    * ``world_seed``: seed of the generated world.
+
+    And, apart from the spec:
+
+    * ``tokenizer``: ``"builtin"`` (default), a local path or model name, or a tokenizer object.
     * ``render_mode``: ``"ansi"`` (``render()`` returns the transcript with ``[prompt]…[/prompt]``-style
       segment marks) or ``"human"`` (prints it).
 
@@ -242,24 +250,11 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
 
     def __init__(
         self,
-        dataset: str | Path | Dataset | None = None,
-        split: str = "train",
+        spec: EnvSpec | None = None,
+        *,
         tokenizer: Any = None,
-        retriever: Any = "bm25",
-        topk: int = 3,
-        max_turns: int = 4,
-        max_turn_tokens: int = 512,
-        max_context_tokens: int = 2048,
-        max_passage_words: int | None = None,
-        reward: str = "em",
-        prompt_style: Literal["base", "chat"] = "base",
-        on_retrieval_error: Literal["raise", "observe"] = "raise",
-        world_seed: int = 0,
         render_mode: str | None = None,
-        max_obs_tokens: int | None = None,
-        append_question_mark: bool = True,
-        retriever_faults: Any = None,
-        retriever_patience: float = 0.0,
+        **fields: Any,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             # Tools such as SB3's make_vec_env pass "rgb_array" by default: warn and render nothing.
@@ -268,50 +263,19 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
                 "rendering is disabled"
             )
             render_mode = None
-        if not (isinstance(retriever_patience, int | float) and 0 <= retriever_patience < float("inf")):
-            raise ConfigError(f"retriever_patience must be >= 0 seconds, got {retriever_patience!r}")
-        if on_retrieval_error not in ("raise", "observe"):
-            raise ConfigError(f"on_retrieval_error must be 'raise' or 'observe', got {on_retrieval_error!r}")
-        self.config = EpisodeConfig(
-            topk=topk,
-            max_turns=max_turns,
-            max_context_tokens=max_context_tokens,
-            max_turn_tokens=max_turn_tokens,
-            max_passage_words=max_passage_words,
-            reward=reward,
-            prompt_style=prompt_style,
-            max_obs_tokens=max_obs_tokens,
-            append_question_mark=append_question_mark,
-        )
-        self.dataset = load_dataset(dataset, world_seed=world_seed)
-        self.split = split
-        self.questions: list[Question] = self.dataset.questions(split)
-        if not self.questions:
-            raise ConfigError(f"split {split!r} of {self.dataset.name!r} has no questions")
-        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
-        self.retriever, owned = acquire_retriever(self.dataset, retriever, retriever_patience)
+        self.env_spec = spec = make_spec(spec, fields)
         # Released by close(), or when the env is garbage-collected without one.
-        self._release = (
-            weakref.finalize(self, release_retriever, self.dataset, retriever, retriever_patience)
-            if owned
-            else None
-        )
-        self.on_retrieval_error = on_retrieval_error
+        self._parts = parts = EnvParts.open(self, spec, tokenizer)
+        self.dataset, self.split, self.questions = parts.dataset, spec.split, parts.questions
+        self.tokenizer: Tokenizer = parts.tokenizer
+        self.retriever = parts.retriever
         self.render_mode = render_mode
-        self.retriever_faults: RetrieverFaults | None = parse_faults(retriever_faults)
-        self.episode = Episode(self.tokenizer, self.config)
+        self.retriever_faults: RetrieverFaults | None = spec.retriever_faults
+        self.episode = Episode(self.tokenizer, spec)
         if self.retriever_faults is not None:
             self.episode.fault_rng = fault_rng(self.retriever_faults)
-
-        vocab, size = self.tokenizer.vocab_size, self.config.max_context_tokens
-        self.action_space = spaces.Discrete(vocab)  # type: ignore[assignment]  # ids arrive as int or np.int64
-        self.observation_space = spaces.Dict(  # type: ignore[assignment]
-            {
-                "tokens": spaces.Box(0, vocab - 1, shape=(size,), dtype=np.int64),
-                "sources": spaces.Box(0, len(Source) - 1, shape=(size,), dtype=np.int8),
-                "length": spaces.Box(0, size, shape=(1,), dtype=np.int64),
-            }
-        )
+        self.action_space = parts.action_space  # type: ignore[assignment]  # ids arrive as int or np.int64
+        self.observation_space = parts.observation_space  # type: ignore[assignment]
 
     # -- Gymnasium API -----------------------------------------------------------------------------------
 
@@ -349,9 +313,9 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
 
     def close(self) -> None:
         """Releases the shared retriever this env holds (the last holder closes it); idempotent."""
-        release = getattr(self, "_release", None)  # absent when __init__ failed
-        if release is not None:
-            release()
+        parts = getattr(self, "_parts", None)  # absent when __init__ failed
+        if parts is not None:
+            parts.close()
         super().close()
 
     def snapshot(self) -> EpisodeSnapshot:
@@ -410,9 +374,9 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
         if ep.pending_query is None:
             raise ConfigError("no search is pending")
         try:
-            hits = self.retriever.search([ep.pending_query], self.config.topk)[0]
+            hits = self.retriever.search([ep.pending_query], self.env_spec.topk)[0]
         except RetrieverError as e:
-            if self.on_retrieval_error == "raise":
+            if self.env_spec.on_retrieval_error == "raise":
                 raise
             return ep.deliver_failure(str(e))
         if self.retriever_faults is None or ep.fault_rng is None:

@@ -12,10 +12,11 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from searchgym.envs.episode import Episode, EpisodeSnapshot, Event, _is_int, check_segment
+from searchgym.envs.spec import EnvSpec, make_spec
 from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError, RetrieverError
 from searchgym.retrieval.faults import apply_faults
 
-from .search_qa import SearchQAEnv, fault_rng
+from .search_qa import EnvParts, fault_rng
 
 __all__ = ["MAX_NUM_ENVS", "MAX_VECTOR_TOKENS", "SearchQAVectorEnv", "SegmentStep"]
 
@@ -55,7 +56,8 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
     """``num_envs`` SearchQA episodes stepped together, sharing one dataset, tokenizer and retriever.
 
     ``gym.make_vec("SearchQA-v0", num_envs=N, **kwargs)`` builds it (it is SearchQA-v0's vector entry
-    point); ``kwargs`` are :class:`~searchgym.envs.search_qa.SearchQAEnv`'s.
+    point); ``kwargs`` are :class:`~searchgym.envs.EnvSpec`'s fields. In code: ``SearchQAVectorEnv(N, spec,
+    tokenizer=..., autoreset_mode=...)``, a spec's fields given as keyword arguments changing it.
 
     **Groups.** ``reset(options={"group_size": G})`` gives each block of ``G`` consecutive sub-envs the same
     question (what GRPO needs); ``options={"question_ids": [...]}`` pins one question per block. ``num_envs``
@@ -89,19 +91,22 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
     def __init__(
         self,
         num_envs: int,
+        spec: EnvSpec | None = None,
+        *,
+        tokenizer: Any = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         copy: bool = True,
-        **env_kwargs: Any,
+        **fields: Any,
     ) -> None:
         if not _is_int(num_envs) or not 1 <= num_envs <= MAX_NUM_ENVS:
             raise ConfigError(f"num_envs must be an integer >= 1 and <= {MAX_NUM_ENVS}, got {num_envs!r:.40}")
-        env_kwargs.pop("max_episode_steps", None)  # episodes are bounded by the turn and context budgets
-        self.template = SearchQAEnv(**env_kwargs)
-        if num_envs * self.template.config.max_context_tokens > MAX_VECTOR_TOKENS:
-            self.template.close()
+        fields.pop("max_episode_steps", None)  # episodes are bounded by the turn and context budgets
+        fields.pop("render_mode", None)  # gym.make_vec passes one; the vector env renders nothing
+        self.env_spec = spec = make_spec(spec, fields)
+        if num_envs * spec.max_context_tokens > MAX_VECTOR_TOKENS:
             raise ConfigError(
                 f"num_envs x max_context_tokens must be <= {MAX_VECTOR_TOKENS:,} (the transcripts the vector env "
-                f"allocates), got {num_envs} x {self.template.config.max_context_tokens}"
+                f"allocates), got {num_envs} x {spec.max_context_tokens}"
             )
         mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
         if mode == AutoresetMode.SAME_STEP:
@@ -110,24 +115,25 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         self.metadata = {"autoreset_mode": mode, "render_modes": []}
         self.num_envs = num_envs
         self.copy = copy
-        self.single_observation_space = self.template.observation_space
-        self.single_action_space = self.template.action_space
+        self._parts = parts = EnvParts.open(self, spec, tokenizer)
+        self.single_observation_space = parts.observation_space
+        self.single_action_space = parts.action_space
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
-        self.tokenizer = self.template.tokenizer
-        self.dataset = self.template.dataset
-        self.questions = self.template.questions
-        self.retriever = self.template.retriever
-        self.config = self.template.config
-        size = self.config.max_context_tokens
+        self.tokenizer = parts.tokenizer
+        self.dataset = parts.dataset
+        self.split = spec.split
+        self.questions = parts.questions
+        self.retriever = parts.retriever
+        size = spec.max_context_tokens
         self._tokens = np.zeros((num_envs, size), dtype=np.int64)
         self._sources = np.zeros((num_envs, size), dtype=np.int8)
         self.episodes = [
-            Episode(self.tokenizer, self.config, self._tokens[i], self._sources[i]) for i in range(num_envs)
+            Episode(self.tokenizer, spec, self._tokens[i], self._sources[i]) for i in range(num_envs)
         ]
         self._autoreset = np.zeros(num_envs, dtype=bool)
         self.group_size = 1
-        self.retriever_faults = self.template.retriever_faults
+        self.retriever_faults = spec.retriever_faults
         if self.retriever_faults is not None:
             for i, ep in enumerate(self.episodes):
                 ep.fault_rng = fault_rng(self.retriever_faults, i)
@@ -163,9 +169,9 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
             ids = list(options["question_ids"])
             if len(ids) != n_groups:
                 raise ConfigError(f"question_ids needs one id per group ({n_groups}), got {len(ids)}")
-            index = self.dataset.question_index(self.template.split)
+            index = self.dataset.question_index(self.split)
             for qid in ids:
-                self.dataset.find_question(self.template.split, str(qid))  # unknown ids fail here, clearly
+                self.dataset.find_question(self.split, str(qid))  # unknown ids fail here, clearly
             picks = [index[str(qid)] for qid in ids]
         else:
             picks = [int(self.np_random.integers(len(self.questions))) for _ in range(n_groups)]
@@ -275,9 +281,9 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
             return
         queries = [self.episodes[i].pending_query or "" for i in indices]
         try:
-            results = self.retriever.search(queries, self.config.topk)
+            results = self.retriever.search(queries, self.env_spec.topk)
         except RetrieverError as e:
-            if self.template.on_retrieval_error == "raise":
+            if self.env_spec.on_retrieval_error == "raise":
                 raise
             for i in indices:
                 events[i] = self.episodes[i].deliver_failure(str(e))
@@ -379,4 +385,6 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         return [ep.info() for ep in self.episodes]
 
     def close_extras(self, **kwargs: Any) -> None:
-        self.template.close()
+        parts = getattr(self, "_parts", None)  # absent when __init__ failed
+        if parts is not None:
+            parts.close()

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchgym.envs.episode import _DOCUMENT_CUT, Episode, EpisodeConfig, Event, Turn
+from searchgym.envs import EnvSpec
+from searchgym.envs.episode import _DOCUMENT_CUT, Episode, Event, Turn
 from searchgym.protocol import format_documents
 from searchgym.retrieval.base import Hit
 from searchgym.tokenization import Tokenizer, builtin_tokenizer, load_tokenizer
@@ -64,7 +65,7 @@ def check_deliveries(tok: Tokenizer, passages: list[Any], max_passage_words: int
     block whole."""
     from searchgym.data.types import Question
 
-    config = EpisodeConfig(max_context_tokens=16384, max_passage_words=max_passage_words)
+    config = EnvSpec(max_context_tokens=16384, max_passage_words=max_passage_words)
     episode = Episode(tok, config)
     question = Question(id="q", question="who?", golden_answers=["x"])
     for i in range(0, len(passages) - 2, 3):
@@ -170,7 +171,7 @@ def test_prompts_are_token_exact(world: Any) -> None:
     from searchgym.protocol import format_prompt
 
     tok = fresh(builtin_tokenizer())
-    episode = Episode(tok, EpisodeConfig())
+    episode = Episode(tok, EnvSpec())
     questions = [*world.questions("test")[:200], *world.questions("train")[:200]]
     for question in questions:
         episode.start(question)

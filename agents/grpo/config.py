@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeAlias, get_args
 
 from searchgym.errors import ConfigError
+from searchgym.options import option
 
-from ..training.config import CommonConfig, option
+from ..training.config import CommonConfig
 from .loss_term import check_loss_term_spec
 
 __all__ = [

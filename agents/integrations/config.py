@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, get_args
 
 from searchgym.agents.grpo.config import LLDS_COEF, GroupedLLDS, LLDSChoice, MASchedule
-from searchgym.agents.training.config import CommonConfig, option
+from searchgym.agents.training.config import CommonConfig
 from searchgym.errors import ConfigError
+from searchgym.options import option
 
 __all__ = ["TRL_LOSS_TYPES", "TRLConfig", "parse_trl_args"]
 

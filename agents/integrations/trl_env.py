@@ -53,7 +53,7 @@ _SHARED: dict[tuple[str, int, str, float], tuple[Dataset, Retriever]] = {}
 
 def _shared(dataset: Any, world_seed: int, retriever: Any, patience: float) -> tuple[Dataset, Retriever]:
     """The dataset and its retriever for these settings, shared by every instance of the process."""
-    from searchgym.envs.search_qa import acquire_retriever
+    from searchgym.retrieval.leases import acquire_retriever
 
     if not isinstance(retriever, str | None):
         raise ConfigError("SearchQAToolEnv takes a retriever name or URL (instances are built by TRL)")

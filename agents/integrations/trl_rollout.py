@@ -179,7 +179,7 @@ class SearchQARollout:
                 model,
                 env.tokenizer,
                 temperature=float(getattr(trainer, "temperature", 1.0)),
-                max_turn_tokens=env.config.max_turn_tokens,
+                max_turn_tokens=env.env_spec.max_turn_tokens,
                 seed=self.seed + 7919 * rank,
             )
         return self._policy

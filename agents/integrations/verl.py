@@ -456,7 +456,7 @@ class SearchQAAgentLoop(AgentLoopBase):
                 f"rollout prompt_length {self.prompt_length}: raise data.max_prompt_length"
             )
         request_id = uuid4().hex
-        budget = core.config.max_turn_tokens
+        budget = core.env_spec.max_turn_tokens
         params = dict(sampling_params)
         if str(getattr(self.rollout_config, "name", "")) == "vllm":
             # Saves generating past the tag; the env would cut there anyway.
@@ -468,7 +468,7 @@ class SearchQAAgentLoop(AgentLoopBase):
         while not done:
             length = int(obs["length"][0])
             context = [int(t) for t in obs["tokens"][:length]]
-            room = core.config.max_context_tokens - length
+            room = core.env_spec.max_context_tokens - length
             started = time.perf_counter()
             out = await self.server_manager.generate(
                 request_id=request_id,

@@ -6,7 +6,7 @@ subclass (``class_name``), its ``config`` mapping and its OpenAI function schema
 :class:`SearchTool` is such a class. It holds any searchgym retriever (BM25 built in the worker from a
 corpus, a dense or hybrid index, a cassette, or a ``/retrieve`` URL; the specs of
 :func:`searchgym.retrieval.make_retriever`, shared with the worker's ``SearchQA-v0`` envs on the same
-dataset as :func:`searchgym.envs.search_qa.acquire_retriever` shares them) and
+dataset as :func:`searchgym.retrieval.leases.acquire_retriever` shares them) and
 answers a ``search(query)`` call with the top-k passages as Search-R1's ``Doc i(Title: …) text`` block,
 the text ``SearchQA-v0`` shows the policy (:func:`searchgym.protocol.format_documents`).
 
@@ -48,11 +48,11 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     raise MissingDependencyError(getattr(e, "name", None) or "verl", "verl", "The verl search tool") from e
 
 from searchgym.data import load_dataset
-from searchgym.envs.search_qa import acquire_retriever
 from searchgym.errors import ConfigError
 from searchgym.protocol import format_documents
 from searchgym.retrieval import make_retriever
 from searchgym.retrieval.base import Retriever
+from searchgym.retrieval.leases import acquire_retriever
 
 __all__ = ["CONFIG_KEYS", "TOOL_SCHEMA", "SearchTool"]
 

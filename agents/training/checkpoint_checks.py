@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import torch
 
-from searchgym.envs.episode import MAX_CONTEXT_TOKENS as ENV_MAX_CONTEXT_TOKENS
+from searchgym.envs.spec import MAX_CONTEXT_TOKENS as ENV_MAX_CONTEXT_TOKENS
 from searchgym.errors import CheckpointError
 
 __all__ = [

@@ -3,57 +3,24 @@ warm-start's; :mod:`searchgym.agents.grpo.config` adds GRPO's.
 
 Each dataclass is validated once, in ``__post_init__``, with messages that say what to change. The CLI
 builds its options from the same fields (:func:`searchgym.cli._options.add_config_arguments`), so every
-option's help is written once, in the field's ``metadata["help"]``. This module is torch-free so that
-``searchgym --help`` stays fast.
+option's help is written once, in the field's ``metadata["help"]`` (:func:`searchgym.options.option`). This
+module is torch-free so that ``searchgym --help`` stays fast.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
 from searchgym.errors import ConfigError
+from searchgym.options import check_choices, option
 
-__all__ = ["REWARDS", "CommonConfig", "SFTConfig", "check_choices", "literal_choices", "option"]
+__all__ = ["REWARDS", "CommonConfig", "SFTConfig"]
 
 Reward: TypeAlias = Literal["em", "subem", "f1"]
 REWARDS: tuple[str, ...] = get_args(Reward)
 """``--reward`` values: the env's answer metrics (exact match, substring EM, token F1)."""
-
-
-def option(default: Any, help: str, *flags: str, deprecated: tuple[str, ...] = ()) -> Any:
-    """A config field with its CLI help (and optional extra flags, e.g. ``--lambda``): every entry point's
-    dataclass (here, and the engine integrations) declares its fields with it, so ``--help`` is written once.
-
-    ``deprecated`` flags still set the field, and say on stderr which flag to use instead."""
-    return field(default=default, metadata={"help": help, "flags": flags, "deprecated": deprecated})
-
-
-def literal_choices(hint: Any) -> tuple[Any, ...]:
-    """The values a ``Literal`` annotation (or an optional one, ``Literal[...] | None``) allows; ``()`` for any
-    other annotation."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        hint = next((a for a in get_args(hint) if a is not type(None)), hint)
-    return get_args(hint) if typing.get_origin(hint) is Literal else ()
-
-
-def check_choices(config: Any) -> None:
-    """Every ``Literal`` field of a config dataclass holds one of its choices: the one rule behind
-    ``--help``'s choices and the configs built in code.
-
-    Raises:
-        ConfigError: a field holds another value; the message lists the choices.
-    """
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):
-        choices = literal_choices(hints[f.name])
-        value = getattr(config, f.name)
-        if choices and value is not None and value not in choices:
-            raise ConfigError(f"unknown {f.name} {value!r}; choose one of {list(choices)}")
 
 
 @dataclass

@@ -118,7 +118,7 @@ def _play_turns(
     logps: list[list[Tensor]],
 ) -> list[Tensor]:
     # Each call ends at least one turn of every active episode, so the turn budget bounds the calls.
-    for _ in range(2 * env.config.max_turns + 2):
+    for _ in range(2 * env.env_spec.max_turns + 2):
         active = [i for i, ep in enumerate(env.episodes) if not ep.done]
         if not active:
             break

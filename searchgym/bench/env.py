@@ -85,7 +85,8 @@ def _rollout_env_share(num_envs: int, repeats: int) -> dict[str, float]:
         ids = list(infos["question_id"])
         t0 = time.perf_counter()
         plans = [
-            [tok.encode(t) for t in oracle_turns(envs.dataset, q, "test", envs.config.max_turns)] for q in ids
+            [tok.encode(t) for t in oracle_turns(envs.dataset, q, "test", envs.env_spec.max_turns)]
+            for q in ids
         ]
         agent_time += time.perf_counter() - t0
         while any(plans):

@@ -45,7 +45,7 @@ def _oracle_rates(episodes: int, dataset: str | None) -> tuple[float, float, flo
     try:
         base: Any = env.unwrapped
         base.tokenizer.clear_cache()
-        agent = OracleAgent(base.dataset, base.split, base.tokenizer, base.config.max_turns)
+        agent = OracleAgent(base.dataset, base.split, base.tokenizer, base.env_spec.max_turns)
         first = evaluate(env, agent, episodes, seed=0, progress=False)
         again = evaluate(env, agent, episodes, seed=0, progress=False).episodes_per_s
     finally:

@@ -14,11 +14,13 @@ from searchgym.errors import ConfigError
 __all__ = [
     "add_env_arguments",
     "env_kwargs",
+    "env_spec_from_args",
     "format_table",
     "interrupted_message",
     "load_agent",
     "make_env",
     "positive_int",
+    "run_env_defaults",
 ]
 
 BUILTIN_AGENTS = ("random", "oracle", "heuristic")
@@ -122,87 +124,74 @@ def _saved_step(checkpoint: Path) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def add_env_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options that choose the environment and its data."""
-    parser.add_argument("--env", default="SearchQA-v0", help="environment id")
-    parser.add_argument("--dataset", default=None, help="FlashRAG folder (default: the generated world)")
-    parser.add_argument("--world-seed", type=int, default=0, help="seed of the generated world")
-    parser.add_argument("--split", default="test", help="question split")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: built-in)")
-    parser.add_argument(
-        "--retriever",
-        default="bm25",
-        help="bm25, rank_bm25, dense:INDEX_DIR, hybrid:INDEX_DIR, or the URL of a /retrieve server",
-    )
-    add_retriever_patience(parser)
-    add_episode_size_arguments(parser)
+def add_env_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    defaults: Any = None,
+    *,
+    env_id: bool = True,
+    tokenizer: bool = True,
+    title: str = "environment",
+    unset: tuple[str, ...] = (),
+    skip: tuple[str, ...] = (),
+    only: tuple[str, ...] | None = None,
+) -> None:
+    """One option per :class:`~searchgym.envs.EnvSpec` field (``--topk``, ``--max-turns``, …: every field, from
+    its declaration), and ``--tokenizer`` (and ``--env``, the env id, with ``env_id``), in a ``--help``
+    group of their own.
+
+    The options default to ``defaults``' values (an ``EnvSpec``; default: its own defaults), those named in
+    ``unset`` to ``None``: :func:`env_spec_from_args` takes those from ``defaults`` unless given (a caller may
+    first put other values there, e.g. the sizes a checkpoint was trained with). Fields named in ``skip`` are
+    the command's own options (e.g. ``benchmark``'s ``--retriever`` per dataset); with ``only``, just those
+    fields are added.
+    """
+    from searchgym.cli._options import add_field_arguments
+    from searchgym.envs import EnvSpec
+
+    spec = defaults if defaults is not None else EnvSpec()
+    group = parser.add_argument_group(title) if isinstance(parser, argparse.ArgumentParser) else parser
+    if env_id:
+        group.add_argument("--env", default="SearchQA-v0", help="environment id")
+    if tokenizer:
+        group.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: built-in)")
+    names = [n for n in EnvSpec.field_names() if n not in skip and (only is None or n in only)]
+    add_field_arguments(group, EnvSpec, spec, unset=unset, names=names)
 
 
-def add_episode_size_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--topk``, ``--max-turns``, ``--max-turn-tokens``, ``--max-context-tokens``: what one episode may hold."""
-    parser.add_argument("--topk", type=int, default=3, help="passages per search")
-    parser.add_argument("--max-turns", type=int, default=4, help="turn budget")
-    parser.add_argument(
-        "--max-turn-tokens",
-        type=int,
-        default=None,
-        help="policy tokens per turn (default: the env's 512, or the training value of a checkpoint: agent)",
-    )
-    parser.add_argument(
-        "--max-context-tokens",
-        type=int,
-        default=None,
-        help="transcript size (default: the env's 2048, or the training value of a checkpoint: agent)",
-    )
+def run_env_defaults(**changes: Any) -> Any:
+    """The environment a command plays unless told otherwise: :class:`~searchgym.envs.EnvSpec`'s defaults with
+    a patient retriever (:data:`~searchgym.envs.spec.RUN_PATIENCE`), and ``changes``."""
+    from searchgym.envs import EnvSpec
+    from searchgym.envs.spec import RUN_PATIENCE
+
+    return EnvSpec(**{"retriever_patience": RUN_PATIENCE, **changes})
 
 
-def add_transcript_arguments(parser: argparse.ArgumentParser, prompt_help: str) -> None:
-    """``--max-obs-tokens``, ``--reward``, ``--prompt-style``: how an exported episode is written and scored."""
-    from searchgym.agents.training.config import REWARDS
+def env_spec_from_args(args: argparse.Namespace, defaults: Any = None, **overrides: Any) -> Any:
+    """The :class:`~searchgym.envs.EnvSpec` of :func:`add_env_arguments` options: ``defaults`` with the
+    options given (and then ``overrides``) changed."""
+    from searchgym.envs import EnvSpec
 
-    parser.add_argument(
-        "--max-obs-tokens", type=int, default=None, help="cut each tool observation to N tokens"
-    )
-    parser.add_argument("--reward", choices=list(REWARDS), default="em", help="episode reward")
-    parser.add_argument("--prompt-style", choices=["base", "chat"], default="base", help=prompt_help)
-
-
-def add_retriever_patience(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--retriever-patience``: how long a command waits for a URL retriever that stops answering."""
-    parser.add_argument(
-        "--retriever-patience",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="seconds to wait for a URL retriever that stops answering (a restart) before failing; the run "
-        "then goes on as if nothing happened (0: fail once the client's retries are spent)",
-    )
+    spec = defaults if defaults is not None else EnvSpec()
+    given = {n: getattr(args, n) for n in EnvSpec.field_names() if getattr(args, n, None) is not None}
+    return spec.replace(**{**given, **overrides})
 
 
-def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``gym.make`` keyword arguments of :func:`add_env_arguments` options."""
-    kwargs = {
-        "dataset": args.dataset,
-        "world_seed": args.world_seed,
-        "split": args.split,
-        "tokenizer": args.tokenizer,
-        "retriever": args.retriever,
-        "retriever_patience": args.retriever_patience,
-        "topk": args.topk,
-        "max_turns": args.max_turns,
-    }
-    for name in ("max_turn_tokens", "max_context_tokens"):  # unset: keep the env's own default
-        if getattr(args, name, None) is not None:
-            kwargs[name] = getattr(args, name)
-    return kwargs
+def env_kwargs(args: argparse.Namespace, defaults: Any = None, **overrides: Any) -> dict[str, Any]:
+    """The ``gym.make`` keyword arguments of :func:`add_env_arguments` options: every spec field, and the
+    tokenizer."""
+    spec = env_spec_from_args(args, defaults, **overrides)
+    return {**spec.to_dict(), "tokenizer": getattr(args, "tokenizer", None)}
 
 
-def make_env(args: argparse.Namespace, **overrides: Any) -> Any:
+def make_env(args: argparse.Namespace, defaults: Any = None, **overrides: Any) -> Any:
+    """The env ``args.env`` of :func:`add_env_arguments` options (``defaults`` for those not given), with
+    ``overrides`` changed."""
     import gymnasium as gym
 
     import searchgym  # noqa: F401 - registers the env ids
 
-    return gym.make(args.env, **{**env_kwargs(args), **overrides})
+    return gym.make(args.env, **env_kwargs(args, defaults, **overrides))
 
 
 def load_agent(name: str, env: Any, seed: int = 0) -> Any:
@@ -268,7 +257,7 @@ def _checkpoint_agent(path: str, base: Any) -> Any:
     """A trained LLM (``checkpoint.pt`` or a Hugging Face folder) playing greedily in ``base``'s tokenizer."""
     from searchgym.agents.training.export import load_policy
 
-    policy = load_policy(path, max_turn_tokens=base.config.max_turn_tokens)
+    policy = load_policy(path, max_turn_tokens=base.env_spec.max_turn_tokens)
     if policy.tokenizer.token_bytes != base.tokenizer.token_bytes:
         raise ConfigError(
             f"{path} was trained with tokenizer {policy.tokenizer.name!r} but the env uses "

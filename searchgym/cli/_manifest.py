@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,11 @@ __all__ = [
 
 def episode_settings(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``env_kwargs`` with every episode setting made explicit (the env's defaults for those not given)."""
-    from searchgym.envs import EpisodeConfig
+    from searchgym.envs import EnvSpec
+    from searchgym.envs.spec import ENV_SECTIONS
 
-    names = {f.name for f in fields(EpisodeConfig)}
-    given = {k: v for k, v in env_kwargs.items() if k in names}
-    return {**env_kwargs, **asdict(EpisodeConfig(**given))}
+    given = {k: v for k, v in env_kwargs.items() if k in ENV_SECTIONS["episode"]}
+    return {**env_kwargs, **EnvSpec(**given).episode_settings()}
 
 
 def write_run_manifest(

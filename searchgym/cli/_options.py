@@ -8,11 +8,12 @@ import dataclasses
 import sys
 import types
 import typing
+from collections.abc import Iterable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from searchgym.agents.training.config import CommonConfig
 
-__all__ = ["SECTIONS", "add_config_arguments", "config_from_args"]
+__all__ = ["SECTIONS", "add_config_arguments", "add_field_arguments", "config_from_args"]
 
 C = TypeVar("C", bound=CommonConfig)
 
@@ -142,38 +143,73 @@ class _Deprecated(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig]) -> None:
-    """Adds one option per field of ``cls``, with the field's help, type, choices and default, in the
-    :data:`SECTIONS` of ``--help``.
+def _option_kind(hint: Any) -> dict[str, Any]:
+    """The ``add_argument`` keywords of a field's annotation: ``bool`` becomes ``--x / --no-x``, a ``Literal``
+    its ``choices``, ``X | None`` (or a union with objects only code can pass, e.g. ``str | Retriever``) the
+    first of ``str``, ``int``, ``float`` it allows, ``Any`` a string."""
+    origin = get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        hint = next((a for a in args if a in (str, int, float)), None) or next(
+            (a for a in args if get_origin(a) is Literal), args[0]
+        )
+        origin = get_origin(hint)
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if origin is Literal:
+        return {"choices": list(get_args(hint))}
+    return {"type": hint if hint in (str, int, float) else str}
 
-    ``bool`` fields become ``--x / --no-x``; ``Literal`` fields get ``choices``; ``X | None`` fields take
-    an ``X``. Defaults are the field defaults, so ``--help`` shows them.
-    """
+
+def add_field_arguments(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type[Any],
+    defaults: Any = None,
+    *,
+    unset: Iterable[str] = (),
+    names: Iterable[str] | None = None,
+) -> None:
+    """Adds one option per field of the dataclass ``cls`` (or of ``names`` only), with the field's help,
+    type and choices (:func:`_option_kind`).
+
+    The default is the field's, or ``defaults``' value of it (an instance of ``cls``); the fields named in
+    ``unset`` default to ``None`` (not given) and their help names the default instead, so the caller can
+    tell whether they were given."""
     hints = typing.get_type_hints(cls)
+    wanted = set(names) if names is not None else None
+    for f in dataclasses.fields(cls):
+        if wanted is not None and f.name not in wanted:
+            continue
+        default = getattr(defaults, f.name) if defaults is not None else f.default
+        kwargs: dict[str, Any] = {
+            "help": f.metadata.get("help", ""),
+            "dest": f.name,
+            **_option_kind(hints[f.name]),
+        }
+        if f.name in unset:
+            shown = "none" if default is None else default
+            kwargs["help"] += f" (default: {shown})" if "default:" not in kwargs["help"] else ""
+            kwargs["default"] = None
+        else:
+            kwargs["default"] = default
+        flags = [_flag(f.name), *f.metadata.get("flags", ())]
+        group.add_argument(*flags, **kwargs)
+        for old in f.metadata.get("deprecated", ()):
+            extra = {"type": kwargs["type"]} if "type" in kwargs else {}
+            group.add_argument(
+                old, dest=f.name, action=_Deprecated, help=argparse.SUPPRESS, new=flags[0], **extra
+            )
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig]) -> None:
+    """Adds one option per field of ``cls`` (:func:`add_field_arguments`), in the :data:`SECTIONS` of
+    ``--help``. Defaults are the field defaults, so ``--help`` shows them."""
     section_of = {name: title for title, names in SECTIONS.items() for name in names}
     used = {section_of.get(f.name, "other options") for f in dataclasses.fields(cls)}
     groups = {t: parser.add_argument_group(t) for t in (*SECTIONS, "other options") if t in used}
-    for f in dataclasses.fields(cls):
-        title = section_of.get(f.name, "other options")
-        kind = hints[f.name]
-        flags = [_flag(f.name), *f.metadata.get("flags", ())]
-        kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", ""), "dest": f.name}
-        origin = get_origin(kind)
-        if origin in (typing.Union, types.UnionType):
-            kind = next(a for a in get_args(kind) if a is not type(None))
-            origin = get_origin(kind)
-        if kind is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif origin is Literal:
-            kwargs["choices"] = list(get_args(kind))
-        else:
-            kwargs["type"] = kind
-        groups[title].add_argument(*flags, **kwargs)
-        for old in f.metadata.get("deprecated", ()):
-            extra = {"type": kwargs["type"]} if "type" in kwargs else {}
-            parser.add_argument(
-                old, dest=f.name, action=_Deprecated, help=argparse.SUPPRESS, new=flags[0], **extra
-            )
+    for title, group in groups.items():
+        names = [f.name for f in dataclasses.fields(cls) if section_of.get(f.name, "other options") == title]
+        add_field_arguments(group, cls, names=names)
 
 
 def config_from_args(cls: type[C], args: argparse.Namespace, **overrides: Any) -> C:

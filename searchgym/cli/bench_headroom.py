@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from searchgym.cli._common import add_env_arguments, env_kwargs, format_table
+from searchgym.cli._common import add_env_arguments, env_kwargs, format_table, run_env_defaults
 
 if TYPE_CHECKING:
     from searchgym.bench.headroom import HeadroomSettings, QuestionRecord
@@ -42,9 +42,11 @@ _HELP = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     import typing
 
-    from searchgym.agents.training.config import CommonConfig, literal_choices
+    from searchgym.agents.training.config import CommonConfig
+    from searchgym.cli.eval import TRAINED_SIZES
+    from searchgym.options import literal_choices
 
-    add_env_arguments(parser)
+    add_env_arguments(parser, run_env_defaults(), unset=TRAINED_SIZES)
     fields = {f.name: f for f in dataclasses.fields(CommonConfig)}
     hints = typing.get_type_hints(CommonConfig)
     model = parser.add_argument_group("model")
@@ -117,7 +119,7 @@ def measure(args: argparse.Namespace, settings: HeadroomSettings) -> dict[str, A
     from searchgym.agents.training.policy import build_policy
     from searchgym.bench.headroom import LLMHeadroomPolicy, headroom_figures, run_headroom
     from searchgym.cli._manifest import warn_on_data_mismatch
-    from searchgym.envs.episode import EpisodeConfig
+    from searchgym.envs import EnvSpec
 
     start = time.perf_counter()
     if args.threads:
@@ -126,7 +128,7 @@ def measure(args: argparse.Namespace, settings: HeadroomSettings) -> dict[str, A
     kwargs = {**env_kwargs(args), **sizes}
     if args.init is not None or args.model is not None:
         warn_on_data_mismatch(f"checkpoint:{args.init or args.model}", kwargs)
-    defaults = EpisodeConfig()
+    defaults = EnvSpec()
     turn = kwargs.get("max_turn_tokens", defaults.max_turn_tokens)
     context = kwargs.get("max_context_tokens", defaults.max_context_tokens)
     config = CommonConfig(

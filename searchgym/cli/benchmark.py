@@ -15,8 +15,7 @@ from typing import Any
 from searchgym.cli._agent_options import add_sampling_arguments, add_served_arguments
 from searchgym.cli._common import (
     AGENT_FORMS,
-    add_episode_size_arguments,
-    add_retriever_patience,
+    add_env_arguments,
     positive_int,
 )
 
@@ -63,10 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="place a dataset in 'general', 'multi-hop' or 'other' (default: from its name, as Search-R1 "
         "groups NQ, TriviaQA, PopQA / HotpotQA, 2Wiki, MuSiQue, Bamboogle)",
     )
+    from searchgym.cli.eval import TRAINED_SIZES, env_defaults
+
     env = parser.add_argument_group("environment (as searchgym eval)")
-    env.add_argument("--env", default="SearchQA-v0", help="environment id")
-    env.add_argument("--split", default="test", help="question split of every dataset")
-    env.add_argument("--tokenizer", default=None, help="tokenizer name or path (default: built-in)")
+    add_env_arguments(env, env_defaults(), unset=TRAINED_SIZES, skip=("dataset", "world_seed", "retriever"))
     env.add_argument(
         "--retriever",
         action="append",
@@ -75,8 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the retriever of every dataset (bm25, rank_bm25, dense:INDEX_DIR, hybrid:INDEX_DIR, a /retrieve "
         "URL), or of one dataset with DATASET=SPEC; repeatable (default: bm25 over each dataset's corpus)",
     )
-    add_retriever_patience(env)
-    add_episode_size_arguments(env)
     env.add_argument("--seed", type=int, default=0, help="base seed (episode i resets with seed + i)")
     add_sampling_arguments(parser)
     add_served_arguments(parser)
@@ -170,14 +167,14 @@ def _play_pair(
     from searchgym.agents.evaluate import EpisodeRecord
     from searchgym.cli._agent_options import build_agent
     from searchgym.cli._common import env_kwargs, make_env
-    from searchgym.cli.eval import checkpoint_env_defaults, held_episodes, run_identity
+    from searchgym.cli.eval import checkpoint_env_defaults, env_defaults, held_episodes, run_identity
     from searchgym.data.digests import RecordDigests
     from searchgym.data.jsonl import iter_jsonl, replace_on_success
     from searchgym.errors import ConfigError, DataFormatError
 
     overrides = checkpoint_env_defaults(pair)
-    settings = {**env_kwargs(pair), **overrides}
-    sizes = {k: settings.get(k) for k in ENV_SIZES}
+    settings = {**env_kwargs(pair, env_defaults()), **overrides}
+    sizes = {k: overrides.get(k, getattr(pair, k, None)) for k in ENV_SIZES}  # None: not given
     identity = {**run_identity(pair, settings), "episodes": episodes, "data": _data_stamp(pair)}
     record_path = path.with_name(path.name + ".run.json")
     if path.is_file() and record_path.is_file():
@@ -191,7 +188,7 @@ def _play_pair(
             return records, sizes, "cached"
         print(f"note: {path} {why}; playing it again", file=sys.stderr)
     record_path.unlink(missing_ok=True)  # from here until the pair is done, no record vouches for the file
-    env = make_env(pair, **overrides)
+    env = make_env(pair, env_defaults(), **overrides)
     agent = None
     try:
         agent = build_agent(pair, env)

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from searchgym.cli._common import add_env_arguments, make_env, positive_int, repeats_note
+from searchgym.cli._common import add_env_arguments, make_env, positive_int, repeats_note, run_env_defaults
 
 if TYPE_CHECKING:
     from searchgym.agents.demonstrations import Demonstration
@@ -19,8 +19,7 @@ HELP = "write token-level demonstrations to JSONL (for supervised warm-start): t
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_env_arguments(parser)
-    parser.set_defaults(split="train")
+    add_env_arguments(parser, run_env_defaults())
     parser.add_argument(
         "--episodes", type=positive_int, default=None, help="demonstrations (default: one per question)"
     )

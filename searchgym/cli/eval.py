@@ -19,6 +19,7 @@ from searchgym.cli._common import (
     make_env,
     positive_int,
     repeats_note,
+    run_env_defaults,
 )
 
 COMMAND = ("eval",)
@@ -31,8 +32,17 @@ COLUMNS = ["agent", "decoding", *(m for m in EvalSummary.metric_names() if m != 
 """The table's columns: every figure but the per-question counts (in ``--json``)."""
 
 
+TRAINED_SIZES = ("max_turn_tokens", "max_context_tokens")
+"""The options a ``checkpoint:PATH`` agent's own training values fill when not given."""
+
+
+def env_defaults() -> Any:
+    """The environment ``eval`` plays unless told otherwise: the test split, a patient retriever."""
+    return run_env_defaults(split="test")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_env_arguments(parser)
+    add_env_arguments(parser, env_defaults(), unset=TRAINED_SIZES)
     parser.add_argument("--agent", required=True, help=AGENT_FORMS)
     parser.add_argument(
         "--episodes",
@@ -70,13 +80,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH",
         help="record every search and its results to this cassette (replay it with --retriever cassette:PATH)",
-    )
-    parser.add_argument(
-        "--retriever-faults",
-        default=None,
-        metavar="SPEC",
-        help="inject seeded retriever faults, e.g. 'empty=0.1,shuffle=0.2,replace=0.1,replace_k=2,"
-        "truncate=0.1,truncate_words=20,latency=0.05,latency_s=0.2,seed=0' (default: none)",
     )
 
 
@@ -244,13 +247,11 @@ def run(args: argparse.Namespace) -> int:
         )
 
     overrides: dict[str, Any] = dict(checkpoint_env_defaults(args))
-    if args.retriever_faults is not None:
-        overrides["retriever_faults"] = args.retriever_faults
-    settings = {**env_kwargs(args), **overrides}
+    settings = {**env_kwargs(args, env_defaults()), **overrides}
     warn_on_data_mismatch(args.agent, settings)
     if args.record_retrieval is not None:  # the cassette is written when the env releases it (env.close())
         overrides["retriever"] = f"cassette:{args.record_retrieval};record={args.retriever}"
-    env = make_env(args, **overrides)
+    env = make_env(args, env_defaults(), **overrides)
     agent = build_agent(args, env)
     questions = min(args.episodes, len(env.unwrapped.questions))  # distinct questions played
     note = repeats_note(

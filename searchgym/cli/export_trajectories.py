@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from searchgym.cli._common import add_retriever_patience, add_transcript_arguments, env_kwargs, positive_int
+from searchgym.cli._common import add_env_arguments, env_kwargs, positive_int
 from searchgym.cli._manifest import write_run_manifest
 
 COMMAND = ("export-trajectories",)
 HELP = (
     "play episodes with a policy and write token ids, loss masks, log-probs and rewards (TRL or verl fields)"
 )
+
+
+def _env_defaults() -> Any:
+    """The episodes exported unless told otherwise: the trainers' sizes (:data:`~searchgym.envs.spec.TRAINING`),
+    as the policy exported is usually a trained one."""
+    from searchgym.envs.spec import TRAINING
+
+    return TRAINING
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,29 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--greedy", action="store_true", help="take the most likely token instead of sampling"
     )
-    parser.add_argument("--dataset", default=None, help="FlashRAG folder (default: the generated world)")
-    parser.add_argument("--world-seed", type=int, default=0, help="seed of the generated world")
-    parser.add_argument("--split", default="train", help="dataset split")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer (default: the policy's, else built-in)")
-    parser.add_argument("--retriever", default="bm25", help="retriever backend name or URL")
-    add_retriever_patience(parser)
-    parser.add_argument("--topk", type=int, default=3, help="passages per search")
-    parser.add_argument("--max-turns", type=int, default=4, help="turn budget per episode")
-    parser.add_argument("--max-turn-tokens", type=int, default=48, help="token cap per turn")
-    parser.add_argument("--max-context-tokens", type=int, default=1024, help="context size")
-    add_transcript_arguments(parser, "Search-R1's base prompt or a chat turn (the tokenizer's chat template)")
+    add_env_arguments(parser, _env_defaults(), env_id=False)
     parser.add_argument("--seed", type=int, default=0, help="seed of the question draw and of sampling")
 
 
 def run(args: argparse.Namespace) -> int:
     from searchgym.agents.integrations.export import export_trajectories
 
-    env = {
-        **env_kwargs(args),
-        "max_obs_tokens": args.max_obs_tokens,
-        "reward": args.reward,
-        "prompt_style": args.prompt_style,
-    }
+    env = env_kwargs(args)
     n = export_trajectories(
         args.out,
         fmt=args.format,

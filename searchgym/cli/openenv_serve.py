@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from searchgym.cli._common import add_retriever_patience
+from searchgym.cli._common import add_env_arguments, run_env_defaults
 from searchgym.cli.serve import add_connection_arguments, connection_limits
 
 COMMAND = ("openenv", "serve")
@@ -24,7 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bm25",
         help="bm25, rank_bm25, dense:INDEX_DIR, hybrid:INDEX_DIR, or the URL of a /retrieve server",
     )
-    add_retriever_patience(parser)
+    add_env_arguments(
+        parser,
+        run_env_defaults(),
+        env_id=False,
+        tokenizer=False,
+        title="retrieval",
+        only=("retriever_patience",),
+    )
     parser.add_argument(
         "--index",
         default=None,

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from searchgym.cli._common import add_retriever_patience, add_transcript_arguments
+from searchgym.cli._common import add_env_arguments, run_env_defaults
 
 COMMAND = ("prepare", "verl")
 HELP = "write OUT/{split}.parquet for verl's RLHFDataset: one row per question, played by the searchgym agent loop"
@@ -25,7 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bm25",
         help="retriever the workers use: a backend name (built in each worker) or a /retrieve server URL",
     )
-    add_retriever_patience(parser)
+    add_env_arguments(
+        parser,
+        run_env_defaults(),
+        env_id=False,
+        tokenizer=False,
+        title="retrieval",
+        only=("retriever_patience",),
+    )
     parser.add_argument("--topk", type=int, default=3, help="passages per search")
     parser.add_argument(
         "--max-turns", type=int, default=4, help="turn budget per episode (answer turn included)"
@@ -37,7 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=4096,
         help="transcript size; keep it <= verl's data.max_prompt_length + data.max_response_length",
     )
-    add_transcript_arguments(parser, "Search-R1's base prompt or a chat turn")
+    add_env_arguments(
+        parser,
+        env_id=False,
+        tokenizer=False,
+        title="transcript",
+        only=("max_obs_tokens", "reward", "prompt_style"),
+    )
     parser.add_argument(
         "--no-plugin-check",
         dest="plugin_check",

@@ -83,7 +83,7 @@ def test_reward_f1_reaches_the_env_the_evaluation_and_the_manifest(
 
     cfg = tiny(tmp_path, reward="f1", eval_questions=3, eval_at_start=False)
     trainer = GRPOTrainer(cfg)
-    assert trainer.env.config.reward == "f1"
+    assert trainer.env.env_spec.reward == "f1"
     trainer.step = 1
     batch = trainer.rollout()
     assert batch.rewards.tolist() == pytest.approx([i["f1"] for i in batch.infos])

@@ -11,8 +11,9 @@ import pytest
 
 from searchgym.agents.grpo.config import GRPOConfig
 from searchgym.agents.integrations.config import TRLConfig
-from searchgym.agents.training.config import CommonConfig, SFTConfig, literal_choices
+from searchgym.agents.training.config import CommonConfig, SFTConfig
 from searchgym.errors import ConfigError
+from searchgym.options import literal_choices
 
 CONFIGS = (CommonConfig, SFTConfig, GRPOConfig, TRLConfig)
 CASES = [

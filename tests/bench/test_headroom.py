@@ -219,13 +219,15 @@ class ScriptedPolicy:
 
     def turns(self, i: int, plan: str) -> list[str]:
         env, q = self.env, self.env.questions[i]
-        oracle = oracle_turns(env.dataset, q.id, "test", env.config.max_turns, env.retriever, env.config.topk)
+        oracle = oracle_turns(
+            env.dataset, q.id, "test", env.env_spec.max_turns, env.retriever, env.env_spec.topk
+        )
         wrong = "<answer> nobody at all </answer>"
         return {
             "right": oracle,
             "miss": [wrong],
             "misread": [*oracle[:-1], wrong],
-            "silent": ["<search> zzz qqq </search>"] * env.config.max_turns,
+            "silent": ["<search> zzz qqq </search>"] * env.env_spec.max_turns,
         }[plan]
 
 

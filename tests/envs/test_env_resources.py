@@ -37,7 +37,7 @@ def test_non_integer_sizes_are_refused_naming_the_argument(world: Any, name: str
 
 def test_numpy_integers_are_accepted(world: Any) -> None:
     env = SearchQAEnv(dataset=world, topk=np.int64(2), max_turns=np.int32(3))
-    assert env.config.topk == 2 and type(env.config.topk) is int
+    assert env.env_spec.topk == 2 and type(env.env_spec.topk) is int
     env.close()
 
 

@@ -317,7 +317,7 @@ def test_env_episodes_over_http_equal_in_process(
     for name, spec in (("local", retriever), ("http", server.url + "/retrieve")):
         env = gym.make("SearchQA-v0", dataset=world, retriever=spec, split="test")
         base: Any = env.unwrapped
-        agent = OracleAgent(base.dataset, base.split, base.tokenizer, base.config.max_turns)
+        agent = OracleAgent(base.dataset, base.split, base.tokenizer, base.env_spec.max_turns)
         records[name] = [
             run_episode(env, agent, seed=i, options={"question_index": i}) for i in range(0, 60, 10)
         ]

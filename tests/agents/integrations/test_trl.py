@@ -367,7 +367,7 @@ def test_shared_env_options_reach_the_episodes(tok: Any) -> None:
         model=_model(tok), accelerator=SimpleNamespace(process_index=0), temperature=1.0
     )
     out = rollout([qid, qid], trainer)
-    assert rollout.env(2).config.reward == "f1"
+    assert rollout.env(2).env_spec.reward == "f1"
     for mask in out["env_mask"]:  # every tool observation is cut to 6 tokens
         runs = "".join(map(str, mask)).split("1")
         assert all(len(run) <= 6 for run in runs)
