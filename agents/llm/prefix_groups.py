@@ -98,7 +98,7 @@ def prefix_levels(
     best: list[float] = []
     back: list[int] = []
     for b, cut in enumerate(candidates):
-        options = [(n[b] * cut, -1)]
+        options: list[tuple[float, int]] = [(float(n[b] * cut), -1)]
         options += [(best[a] + n[b] * (cut - candidates[a]) + call_slots, a) for a in range(b)]
         cost, a = min(options)
         best.append(cost)
