@@ -18,6 +18,8 @@ pytest.importorskip("transformers")
 
 from searchgym.cli import main
 
+from ..conftest import SERVER_WAIT
+
 SIZES = ["--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768"]
 
 
@@ -95,9 +97,11 @@ def test_the_command_serves_on_loopback_and_a_down_server_is_one_line(
         line = server.stdout.readline()
         assert line.startswith("serving tiny (") and "http://127.0.0.1:" in line, line + server.stderr.read()
         base = line.split(" on ")[1].split()[0]
-        assert httpx.get(base + "/models").json()["data"][0]["id"] == "tiny"
+        assert httpx.get(base + "/models", timeout=SERVER_WAIT).json()["data"][0]["id"] == "tiny"
         answer = httpx.post(
-            base + "/completions", json={"prompt": "Q", "max_tokens": 3, "temperature": 0}
+            base + "/completions",
+            timeout=SERVER_WAIT,
+            json={"prompt": "Q", "max_tokens": 3, "temperature": 0},
         ).json()
         assert len(answer["choices"][0]["token_ids"]) >= 1 and answer["usage"]["prompt_tokens"] >= 1
     finally:

@@ -20,6 +20,8 @@ from searchgym.server import ServerThread
 from searchgym.server.completions import Completion, CompletionLimits, create_completions_app
 from searchgym.tokenization import load_tokenizer
 
+from ..conftest import SERVER_WAIT
+
 
 class Scripted:
     """A generator that writes a fixed text (cut at the first stop string), and records its calls."""
@@ -61,7 +63,7 @@ def served() -> Any:
 
 def test_the_app_answers_completions_and_chats_as_openai_does(served: Any) -> None:
     server, generator = served
-    with httpx.Client(base_url=server.url) as client:
+    with httpx.Client(base_url=server.url, timeout=SERVER_WAIT) as client:
         answer = client.post(
             "/v1/completions",
             json={"model": "scripted", "prompt": "Q:", "max_tokens": 9, "stop": ["</search>"]},
@@ -101,7 +103,7 @@ def test_the_app_answers_completions_and_chats_as_openai_does(served: Any) -> No
 )
 def test_bad_requests_get_one_clear_message(served: Any, body: Any, status: int, message: str) -> None:
     server, _ = served
-    response = httpx.post(server.url + "/v1/completions", json=body)
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=SERVER_WAIT)
     assert response.status_code == status
     assert message in response.json()["error"]["message"]
 
