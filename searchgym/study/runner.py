@@ -369,6 +369,12 @@ def run_study(
     return failed
 
 
+RUN_CLI = "import sys; del sys.path[0]; from searchgym.cli import main; sys.exit(main())"
+"""How a run's process starts the command line: the searchgym this interpreter has installed, never a
+``searchgym/`` folder that the working directory happens to hold (``python -m`` would put the working
+directory first on ``sys.path``; a custom arm's module is found there by its own loader all the same)."""
+
+
 def _start(protocol: Protocol, s: RunState, folder: Path) -> _Job:
     folder.mkdir(parents=True, exist_ok=True)
     args = command(protocol, s.arm, s.seed, folder, resume=s.state == "partial")
@@ -379,7 +385,7 @@ def _start(protocol: Protocol, s: RunState, folder: Path) -> _Job:
     log.write(f"\n== {time.strftime('%Y-%m-%d %H:%M:%S')} searchgym {shlex.join(args)}\n".encode())
     log.flush()
     process = subprocess.Popen(
-        [sys.executable, "-m", "searchgym.cli", *args],
+        [sys.executable, "-c", RUN_CLI, *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

@@ -189,3 +189,30 @@ def test_run_kill_resume_status_and_report(
     assert "study tiny: 4 of 4 runs summarised" in report.stdout
     assert "C1 learn, then collapse — grpo:" in report.stdout.split("verdict:")[1]
     assert "warning signals" in report.stdout and figure.stat().st_size > 10_000
+
+
+def test_a_run_uses_the_installed_searchgym_not_a_folder_of_that_name_where_it_was_started(
+    tmp_path: Path,
+) -> None:
+    """A study started from another checkout (a frozen worktree's interpreter, the main tree as working
+    directory) must run the interpreter's code: ``python -m`` would import the working directory's copy."""
+    from searchgym.study.runner import RUN_CLI
+
+    (tmp_path / "searchgym").mkdir()
+    (tmp_path / "searchgym" / "__init__.py").write_text(
+        "raise ImportError('the decoy in the working directory')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    decoyed = subprocess.run(
+        [sys.executable, "-m", "searchgym.cli", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert decoyed.returncode != 0 and "the decoy in the working directory" in decoyed.stderr
+    ran = subprocess.run(
+        [sys.executable, "-c", RUN_CLI, "--help"], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "study" in ran.stdout
