@@ -144,8 +144,9 @@ def run(args: argparse.Namespace) -> int:
         "gradient-norm maximum (spikes: the late phase of the collapse). This budget shows the pipeline, not\n"
         "the result: a warm-start that answers (EM ~0.5) takes longer than the demo's 15 minutes to build.\n"
         "The pre-registered studies and their verdicts: docs/experiments/learn.md (GRPO beats a frozen\n"
-        "control in sampled reward, not in greedy EM), docs/experiments/lld3.md (learn, then collapse) and\n"
-        "docs/experiments/learn2.md (RL beyond imitation: greedy EM from a warm-start with designed headroom)."
+        "control in sampled reward, not in greedy EM), docs/experiments/lld3.md (learn, then collapse),\n"
+        "docs/experiments/learn2.md (RL beyond imitation: greedy EM from a warm-start with designed headroom)\n"
+        "and docs/experiments/lld4.md (greedy EM rises, then collapses: the cures tried, a KL pull among them)."
     )
     return 0
 
