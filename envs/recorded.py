@@ -10,6 +10,7 @@ refused too.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -31,10 +32,12 @@ def _arguments(env_id: str) -> set[str]:
     from searchgym.envs.search_qa import SearchQAEnv
 
     classes: list[type] = [SearchQAEnv] if env_id == "SearchQA-v0" else [SearchQAMacroEnv, SearchQAEnv]
-    names: set[str] = set()
+    from searchgym.envs.spec import EnvSpec
+
+    names: set[str] = {f.name for f in dataclasses.fields(EnvSpec)}  # what ``**fields`` accepts
     for cls in classes:
         for p in inspect.signature(cls).parameters.values():
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "spec":
                 names.add(p.name)
     return names
 

@@ -249,7 +249,7 @@ def build_agent(args: Any, env: Any) -> Any:
         return ServedAgent(
             ServedOptions.from_args(args),
             base.tokenizer,
-            base.config.max_turn_tokens,
+            base.env_spec.max_turn_tokens,
             temperature=getattr(args, "temperature", 0.0),
         )
     agent = load_agent(args.agent, env, seed=args.seed)

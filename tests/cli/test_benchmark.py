@@ -83,7 +83,7 @@ def test_two_agents_on_the_shared_data_write_the_table_json_and_plot(tmp_path: P
     assert hot["em_diff"]["high"] < 0 and hot["mcnemar_p"] < 1e-6
     table = (out / "benchmark.md").read_text()
     assert table == done.stdout
-    assert "| oracle | 1.000 [1.000, 1.000] |" in table
+    assert "| oracle | 1.000 [0.816, 1.000] |" in table  # Wilson at 17 of 17: n / (n + 1.96²)
     assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The pairs' episodes are eval --out records, one line per question.
     pair_files = sorted((out / "pairs").glob("*/*.jsonl"))

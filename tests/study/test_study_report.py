@@ -308,22 +308,34 @@ def test_learn_re_reported_from_its_protocol_gives_learn_mds_verdict(
     assert got == expected
 
 
-def test_the_verdict_docs_study_md_quotes_is_what_the_report_prints(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(
+    ("page", "study"),
+    [(ROOT / "docs" / "study.md", "lld3"), (EXPERIMENTS / "lld4.md", "lld4")],
+)
+def test_the_verdict_a_page_quotes_is_what_the_report_prints(
+    page: Path, study: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    doc = (ROOT / "docs" / "study.md").read_text()
-    quoted = doc.split("```text\nverdict:\n", 1)[1].split("```", 1)[0].strip()
-    out = study_report(EXPERIMENTS / "lld3.toml", capsys)
+    quoted = page.read_text().split("```text\nverdict:\n", 1)[1].split("```", 1)[0].strip()
+    out = study_report(EXPERIMENTS / f"{study}.toml", capsys)
     assert quoted == out.split("verdict:\n", 1)[1].strip()
 
 
-@pytest.mark.parametrize("study", ["lld3", "learn"])
-def test_the_protocols_options_are_those_the_committed_runs_recorded(study: str) -> None:
+def test_lld4_md_quotes_every_table_row_the_report_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    page = (EXPERIMENTS / "lld4.md").read_text()
+    rows = [
+        line for line in study_report(EXPERIMENTS / "lld4.toml", capsys).splitlines() if line.startswith("| ")
+    ]
+    assert len(rows) >= 2 + 18 + 2 + 15  # both tables' headers, every run, every trained run's signals
+    assert [row for row in rows if row not in page] == []
+
+
+@pytest.mark.parametrize(("study", "arm"), [("lld3", "grpo"), ("learn", "lr1e-4"), ("lld4", "grpo")])
+def test_the_protocols_options_are_those_the_committed_runs_recorded(study: str, arm: str) -> None:
     """Every option the committed summaries record (learning rate, ramp, sizes, LLDS, SAPO, ledger, probes,
     evaluation …) is the one the protocol gives their arm: the protocol describes the runs that were made."""
     from searchgym.study.runner import check_summaries
 
     protocol = load_protocol(EXPERIMENTS / f"{study}.toml")
     check_summaries(protocol, protocol.summaries_dir)
-    recorded = load_summaries(protocol.summaries_dir)["grpo" if study == "lld3" else "lr1e-4"][0]["config"]
+    recorded = load_summaries(protocol.summaries_dir)[arm][0]["config"]
     assert {"lr", "questions_per_step", "minibatch_size", "probe_every", "llds", "kl_coef"} <= set(recorded)
