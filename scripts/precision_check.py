@@ -1,10 +1,13 @@
-"""Does ``--precision bf16-autocast`` change what the learning study measures? A paired check.
+"""Does a faster path (``--precision bf16-autocast``, ``--shared-prefix``) change what the learning study
+measures? A paired check.
 
-    python scripts/precision_check.py RUN_DIR [--fp32 docs/experiments/learn/lr1e-4_s0.json]
+    python scripts/precision_check.py RUN_DIR [--label bf16-autocast]
+        [--fp32 docs/experiments/learn/lr1e-4_s0.json]
         [--control docs/experiments/learn/control_s0.json] [--steps 50]
 
-``RUN_DIR`` is a ``train grpo`` run of the learning study's ``lr1e-4`` arm, seed 0, at bf16-autocast for
-``--steps`` steps (scripts/learn_experiment.sh's options plus ``--precision bf16-autocast --steps 50``).
+``RUN_DIR`` is a ``train grpo`` run of the learning study's ``lr1e-4`` arm, seed 0, on the faster path for
+``--steps`` steps (scripts/learn_experiment.sh's options plus e.g. ``--precision bf16-autocast --steps 50``);
+``--label`` names that path in the report.
 ``--fp32`` and ``--control`` are the study's summaries of the same arm at fp32 and of the frozen control
 (docs/experiments/learn/, written by ``lld_report.py learn-summarize``); the fp32 run is read up to the same
 step, which is what a run of that many steps at fp32 logs (a constant rate, no warm-up).
@@ -12,8 +15,8 @@ step, which is what a run of that many steps at fp32 logs (a constant rate, no w
 For each precision: the paired gain ``d_t`` = sampled reward − the control's at step ``t`` (the same
 questions and seeds) over the last half of the steps, its mean and 95 % interval (mean ± 1.96 sd / √n, the
 study's L1), and the greedy test EM at the last step against the warm-start's, question by question (a
-percentile bootstrap). The check passes when the bf16 run's mean gain lies within the fp32 run's interval.
-It also prints the health figures precision moves: ``rollout/logp_mismatch`` (pi_old against the sampler)
+percentile bootstrap). The check passes when the faster run's mean gain lies within the fp32 run's
+interval. It also prints the health figures precision moves: ``rollout/logp_mismatch`` (pi_old against the sampler)
 and ``train/clip_frac``, as medians over the steps.
 """
 
@@ -78,13 +81,14 @@ def run_em(run: Path, step: int) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("run", type=Path, help="the bf16-autocast run folder")
+    parser.add_argument("run", type=Path, help="the faster path's run folder")
+    parser.add_argument("--label", default="bf16-autocast", help="the faster path's name in the report")
     learn = HERE.parent / "docs" / "experiments" / "learn"
     parser.add_argument("--fp32", type=Path, default=learn / "lr1e-4_s0.json", help="the fp32 arm's summary")
     parser.add_argument(
         "--control", type=Path, default=learn / "control_s0.json", help="the control's summary"
     )
-    parser.add_argument("--steps", type=int, default=50, help="steps compared (the bf16 run's length)")
+    parser.add_argument("--steps", type=int, default=50, help="steps compared (the faster run's length)")
     args = parser.parse_args(argv)
     fp32 = json.loads(args.fp32.read_text(encoding="utf-8"))
     control = json.loads(args.control.read_text(encoding="utf-8"))
@@ -96,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             gain(summary_series(fp32, key), reference, args.steps),
             em_gain([int(ch) for ch in fp32["eval"][str(args.steps)]["em_by_question"]], warm),
         ),
-        "bf16-autocast": (
+        args.label: (
             gain(run_series(args.run, key), reference, args.steps),
             em_gain(run_em(args.run, args.steps), warm),
         ),
@@ -108,12 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"greedy test EM at step {args.steps} vs the warm-start {em['mean']:+.4f} [{em['lo']:+.4f}, {em['hi']:+.4f}]"
         )
     ref = rows["fp32"][0]
-    inside = ref["lo"] <= rows["bf16-autocast"][0]["mean"] <= ref["hi"]
-    print(f"bf16's mean gain {'lies within' if inside else 'is OUTSIDE'} the fp32 run's interval")
+    inside = ref["lo"] <= rows[args.label][0]["mean"] <= ref["hi"]
+    print(f"{args.label}'s mean gain {'lies within' if inside else 'is OUTSIDE'} the fp32 run's interval")
     for key in ("rollout/logp_mismatch", "train/clip_frac"):
         values = run_series(args.run, key)
         steps = [t for t in values if t <= args.steps]
-        print(f"bf16 {key}: median {statistics.median(values[t] for t in steps):.3g} over {len(steps)} steps")
+        print(
+            f"{args.label} {key}: median {statistics.median(values[t] for t in steps):.3g} over {len(steps)} steps"
+        )
     return 0 if inside else 1
 
 

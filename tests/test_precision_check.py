@@ -72,8 +72,9 @@ def test_the_check_passes_inside_the_interval_and_fails_outside(
             )
         )
         argv = [str(run), "--fp32", str(tmp_path / "fp32.json"), "--control", str(tmp_path / "control.json")]
-        assert check.main([*argv, "--steps", "4"]) == code
+        assert check.main([*argv, "--steps", "4", "--label", "shared-prefix"]) == code
         out = capsys.readouterr().out
-        assert ("lies within" in out) == (
+        assert ("shared-prefix's mean gain lies within" in out) == (
             code == 0
         ) and "greedy test EM at step 4 vs the warm-start +0.5000" in out
+        assert "shared-prefix  sampled reward" in out and "bf16" not in out

@@ -319,6 +319,7 @@ def run_step_benchmark(
     repeats: int = 3,
     warmup: bool = True,
     flops: bool = True,
+    unshared_base: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Times ``repeats`` steps of ``config`` (a ``GRPOConfig``; and of ``other``, alternating) phase by phase.
@@ -329,6 +330,8 @@ def run_step_benchmark(
         repeats: Timed steps per configuration; figures are medians.
         warmup: One untimed step per configuration first.
         flops: Count the update's FLOPs and measure this core's matrix-product peak.
+        unshared_base: The base configuration's rollout extends each of several equal contexts for itself
+            (the rollout before equal contexts were read once: the same transcripts, more arithmetic).
         log: Progress lines (e.g. to stderr).
 
     Returns:
@@ -347,6 +350,7 @@ def run_step_benchmark(
     configs = {"base": config} | ({"other": other} if other is not None else {})
     with tempfile.TemporaryDirectory(prefix="searchgym-bench-step-") as folder:
         arms = {label: _Arm(label, cfg, folder) for label, cfg in configs.items()}
+        arms["base"].trainer.policy._prefill.share_extensions = not unshared_base
         try:
             for label, arm in arms.items():
                 say(f"{label}: trainer built in {arm.setup_s:.1f} s")

@@ -97,6 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="one untimed step per configuration",
     )
+    bench.add_argument(
+        "--base-rollout",
+        choices=("shared", "unshared"),
+        default="shared",
+        help="unshared: the base configuration's rollout extends every context for itself, as rollouts did "
+        "before equal contexts were read once (a step-for-step baseline of that earlier path; the "
+        "transcripts are the same) (default: shared)",
+    )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -128,7 +136,12 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(config.threads)
     figures = run_step_benchmark(
-        config, other, repeats=args.repeats, warmup=args.warmup, log=lambda line: print(line, file=sys.stderr)
+        config,
+        other,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        unshared_base=args.base_rollout == "unshared",
+        log=lambda line: print(line, file=sys.stderr),
     )
     if args.json:
         print(json.dumps(figures))

@@ -170,3 +170,30 @@ def test_the_figures_of_a_run(tmp_path: Any) -> None:
     assert figures["logp_gap"]["logp_gap_max"] == 0.0
     assert figures["other"]["phases"]["optimizer"] >= 0 and figures["compare"]["step"]["ratio"] > 0
     assert not any(tmp_path.iterdir())  # the trainers ran in a temporary folder
+
+
+def test_an_unshared_base_extends_every_context_and_plays_the_same_step(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from searchgym.agents.grpo.config import GRPOConfig
+    from searchgym.agents.llm.session import _Prefill
+    from searchgym.cli._options import config_from_args
+
+    seen: dict[bool, int] = {True: 0, False: 0}
+    extend = _Prefill.extend
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen[self.share_extensions] += 1
+        return extend(self, *args, **kwargs)
+
+    monkeypatch.setattr(_Prefill, "extend", spy)
+    args = build_parser().parse_args(
+        ["bench", "step", *TINY, "--run-dir", str(tmp_path), "--base-rollout", "unshared"]
+    )
+    assert args.base_rollout == "unshared"
+    config = config_from_args(GRPOConfig, args)
+    figures = run_step_benchmark(config, config, repeats=1, warmup=False, flops=False, unshared_base=True)
+    assert seen[False] > 0 and seen[True] > 0  # the base extended unshared, the other shared
+    # The same transcripts either way: the same rewards and log-probabilities.
+    assert figures["logp_gap"]["logp_gap_max"] == 0.0
+    assert figures["base"]["metrics"]["rollout/reward"] == figures["other"]["metrics"]["rollout/reward"]
