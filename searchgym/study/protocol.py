@@ -60,6 +60,9 @@ STUDY_OPTIONS = {
     "eval_batch": "set [evaluation] batch",
 }
 """``train grpo`` options the study sets itself, and where a protocol says what they should be."""
+STUDY_PATHS = ("shared_prefix", "precision")
+"""Options that change a step's float rounding, not what it computes: every arm of a study runs on one path,
+so an arm may not set them (they go in ``[train]``)."""
 ARM_NAME = re.compile(r"[A-Za-z0-9.\-]+")
 HEX = re.compile(r"[0-9a-f]{8,64}")
 
@@ -261,6 +264,12 @@ def load_protocol(path: str | Path) -> Protocol:
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: [arms.{arm}] must be a table of options")
         arms[arm] = _options(table, f"{where}: [arms.{arm}]")
+        for key in STUDY_PATHS:
+            if key in arms[arm]:
+                raise ConfigError(
+                    f"{where}: [arms.{arm}] {key}: a scoring path is the study's, not an arm's (arms on "
+                    f"different paths part by float rounding); set it in [train] for every arm"
+                )
     control = study.get("control")
     if control is not None and control not in arms:
         raise ConfigError(f"{where}: [study] control {control!r} is not an arm; arms: {', '.join(arms)}")

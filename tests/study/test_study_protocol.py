@@ -11,6 +11,7 @@ import pytest
 
 from searchgym.cli import main
 from searchgym.study.protocol import load_protocol
+from searchgym.study.runner import command
 
 
 def test_the_tiny_protocol_reads_into_arms_options_and_runs(write_protocol: Callable[..., Path]) -> None:
@@ -36,6 +37,15 @@ def test_the_tiny_protocol_reads_into_arms_options_and_runs(write_protocol: Call
     assert p.lead_event() == "collapse"
 
 
+def test_a_scoring_path_in_train_reaches_every_arms_command(write_protocol: Callable[..., Path]) -> None:
+    path = write_protocol()
+    path.write_text(path.read_text().replace("[train]\n", "[train]\nshared_prefix = true\n"))
+    p = load_protocol(path)
+    for arm in ("grpo", "control"):
+        assert p.options(arm)["shared_prefix"] is True
+        assert "--shared-prefix" in command(p, arm, 0, p.runs_dir / arm / "s0", resume=False)
+
+
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     """Runs the CLI; it must fail with exit 2 and exactly one line on stderr, which is returned."""
     assert main(argv) == 2
@@ -57,6 +67,10 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
             r"unknown option 'questions_per_stp'",
         ),
         (lambda t: t.replace("[train]\n", "[train]\nseed = 3\n"), r"'seed' is set by the study"),
+        (
+            lambda t: t.replace("lr = 1e-3", "lr = 1e-3\nshared_prefix = true"),
+            r"\[arms.grpo\] shared_prefix: a scoring path is the study's, not an arm's",
+        ),
         (lambda t: t.replace("group_size = 2", 'group_size = "two"'), r"\[train\] group_size: expected int"),
         (
             lambda t: t.replace("group_size = 2", "group_size = 1"),
