@@ -118,6 +118,9 @@ class EvalSummary:
     question's success rate), ``pass_at_k`` the share of questions solved at least once in K (the unbiased
     estimator at k = K), and ``successes`` each question's count of successful samples. ``em_low`` and
     ``em_high`` bound ``em`` by Wilson's score interval over the questions (:func:`searchgym.stats.wilson`).
+
+    ``failures`` counts the episodes by the stage they failed at — no answer, gold not retrieved, retrieved but
+    misread — overall and per question kind (:func:`searchgym.failures.decompose`).
     """
 
     em: float
@@ -136,6 +139,7 @@ class EvalSummary:
     samples: int = 1
     pass_at_k: float | None = None
     successes: list[int] = field(default_factory=list, repr=False)
+    failures: dict[str, Any] = field(default_factory=dict, repr=False)
     records: list[EpisodeRecord] = field(default_factory=list, repr=False)
 
     @classmethod
@@ -145,6 +149,7 @@ class EvalSummary:
         Raises:
             ValueError: the records are not a whole number of questions' samples.
         """
+        from searchgym.failures import decompose
         from searchgym.stats import pass_at_k, wilson
 
         def mean(values: list[float]) -> float:
@@ -185,13 +190,14 @@ class EvalSummary:
             samples=samples,
             pass_at_k=mean([pass_at_k(samples, c, samples) for c in successes]) if successes else None,
             successes=successes,
+            failures=decompose([{**r.info, "transcript": r.transcript} for r in records]),
             records=records,
         )
 
     @classmethod
     def metric_names(cls) -> list[str]:
         """The names of the summary figures, in order (the keys of :meth:`metrics`; ``successes`` is the list
-        of per-question counts)."""
+        of per-question counts, ``failures`` the counts by stage)."""
         return [f.name for f in fields(cls) if f.name != "records"]
 
     def metrics(self) -> dict[str, Any]:

@@ -28,8 +28,14 @@ HELP = (
     "on an env"
 )
 
-COLUMNS = ["agent", "decoding", *(m for m in EvalSummary.metric_names() if m != "successes"), "questions"]
-"""The table's columns: every figure but the per-question counts (in ``--json``)."""
+COLUMNS = [
+    "agent",
+    "decoding",
+    *(m for m in EvalSummary.metric_names() if m not in ("successes", "failures")),
+    "questions",
+]
+"""The table's columns: every figure but the per-question and per-stage counts (in ``--json``; the stages
+get a table of their own)."""
 
 
 TRAINED_SIZES = ("max_turn_tokens", "max_context_tokens")
@@ -292,7 +298,15 @@ def run(args: argparse.Namespace) -> int:
         agent.close()
     if args.out is not None:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
-        write_run_manifest(args.out, "eval", settings, folder=False, seeds={"seed": args.seed}, config=config)
+        from searchgym.result_card import result_card
+
+        card = result_card(
+            settings, env=args.env, temperature=args.temperature, samples=args.samples, seed=args.seed
+        )
+        write_run_manifest(
+            args.out, "eval", settings, folder=False, seeds={"seed": args.seed}, config=config,
+            extra={"card": card},
+        )  # fmt: skip
     from searchgym.benchmark import decoding_label
 
     decoding = decoding_label(args.temperature, args.samples)
@@ -307,4 +321,8 @@ def run(args: argparse.Namespace) -> int:
     else:  # the faults column only when faults were injected
         columns = [c for c in COLUMNS if c != "retrieval_faults" or metrics.get(c) is not None]
         print(format_table([{"agent": args.agent, **metrics}], columns))
+        from searchgym.failures import FAILURE_COLUMNS, failure_rows
+
+        print("\nwhy answers fail (episodes by the stage they failed at; see docs/benchmark.md):")
+        print(format_table(failure_rows(summary.failures), FAILURE_COLUMNS))
     return 0
