@@ -133,9 +133,7 @@ def decompose(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def flip_table(
-    baseline: Sequence[Mapping[str, Any]], agent: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
+def flip_table(baseline: Sequence[Mapping[str, Any]], agent: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The episodes two agents played on the same questions, in the same order, compared by outcome.
 
     Returns:
@@ -175,20 +173,20 @@ def failure_table(rows: Sequence[tuple[Sequence[str], Mapping[str, Any]]], heads
     return lines
 
 
-def flips_table(rows: Sequence[tuple[Sequence[str], Mapping[str, Any]]], heads: Sequence[str], baseline: str) -> list[str]:
+def flips_table(
+    rows: Sequence[tuple[Sequence[str], Mapping[str, Any]]], heads: Sequence[str], baseline: str
+) -> list[str]:
     """Markdown lines of flip tables (:func:`flip_table`): per row and stage, the episodes gained and lost."""
-    lines = [
-        "| "
-        + " | ".join([*heads, f"stage of the miss", f"gained (missed by {baseline}, right here)",
-                      f"lost (right by {baseline}, missed here)"])
-        + " |",
-        "|---" * (len(heads) + 3) + "|",
-    ]  # fmt: skip
+    titles = [
+        "stage of the miss",
+        f"gained (missed by {baseline}, right here)",
+        f"lost (right by {baseline}, missed here)",
+    ]
+    lines = ["| " + " | ".join([*heads, *titles]) + " |", "|---" * (len(heads) + 3) + "|"]
     for cells, flips in rows:
         for stage in MISSES:
-            lines.append(
-                "| " + " | ".join([*cells, LABELS[stage], str(flips["gained"][stage]), str(flips["lost"][stage])]) + " |"
-            )
+            row = [*cells, LABELS[stage], str(flips["gained"][stage]), str(flips["lost"][stage])]
+            lines.append("| " + " | ".join(row) + " |")
     return lines
 
 
@@ -204,5 +202,7 @@ def failure_rows(decomposition: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for kind, counts in [("all", decomposition), *named]:
         total = int(counts["episodes"])
-        rows.append({"kind": kind, "episodes": total, **{LABELS[o]: _share(int(counts[o]), total) for o in OUTCOMES}})
+        rows.append(
+            {"kind": kind, "episodes": total, **{LABELS[o]: _share(int(counts[o]), total) for o in OUTCOMES}}
+        )
     return rows
