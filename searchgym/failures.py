@@ -54,9 +54,9 @@ LABELS = {
 UNLABELLED = "(no kind)"
 """The kind of a question whose dataset gives none."""
 
-# A tool segment ends at its closing mark only where the next segment (or the end) follows, as the
-# transcript's segments are written (``Episode.render_text``).
-_TOOL = re.compile(r"\[tool\](.*?)\[/tool\](?=\[(?:prompt|policy|tool)\]|\Z)", re.DOTALL)
+# A segment ends at its closing mark only where the next segment (or the end) follows, as the transcript's
+# segments are written (``Episode.render_text``): a policy that writes "[tool]" makes no tool segment.
+_SEGMENT = re.compile(r"\[(prompt|policy|tool)\](.*?)\[/\1\](?=\[(?:prompt|policy|tool)\]|\Z)", re.DOTALL)
 
 
 def tool_text(transcript: str) -> str:
@@ -65,7 +65,12 @@ def tool_text(transcript: str) -> str:
     >>> tool_text("[prompt]Q[/prompt][policy]<search> x </search>[/policy][tool]<information>Doc[/tool]")
     '<information>Doc'
     """
-    return "\n".join(m.group(1) for m in _TOOL.finditer(transcript))
+    parts, at = [], 0
+    while (segment := _SEGMENT.match(transcript, at)) is not None:
+        if segment.group(1) == "tool":
+            parts.append(segment.group(2))
+        at = segment.end()
+    return "\n".join(parts)
 
 
 def answer_in_text(golden_answers: Sequence[str], text: str) -> bool:
