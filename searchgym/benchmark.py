@@ -387,6 +387,18 @@ def markdown_report(report: Mapping[str, Any]) -> str:
                 "not): the difference is at the edge of what these questions can show.",
             ]
     lines += _failure_lines(report, decoding)
+    cards = {str(d["name"]): d["card"] for d in datasets if d.get("card")}
+    if cards:
+        from searchgym.result_card import card_table
+
+        lines += [
+            "",
+            "## Result card: what these figures compare on",
+            "",
+            "Every agent of a dataset played under this card (hashes: the first 12 hex digits of their SHA-256).",
+            "",
+            *card_table(cards),
+        ]
     return "\n".join(lines) + "\n"
 
 

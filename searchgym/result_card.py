@@ -16,7 +16,7 @@ from typing import Any
 
 from searchgym.errors import ConfigError
 
-__all__ = ["CARD_FIELDS", "card_differences", "check_cards", "result_card"]
+__all__ = ["CARD_FIELDS", "card_differences", "card_table", "check_cards", "result_card"]
 
 CARD_FIELDS = (
     "env",
@@ -113,3 +113,19 @@ def check_cards(cards: Mapping[str, Mapping[str, Any]], what: str) -> None:
                 f"({cards[names[0]].get(field)!r:.80} vs {cards[name].get(field)!r:.80}); play both with the same "
                 "settings (a cached pair is played again once its folder under pairs/ is removed)"
             )
+
+
+def card_table(cards: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Markdown lines of one card per row (by dataset), its hashes cut to 12 hex digits."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, str) and value.startswith("sha256:"):
+            return value[len("sha256:") :][:12]
+        if isinstance(value, dict):
+            return ",".join(f"{k}={v}" for k, v in value.items())
+        return "–" if value is None else str(value)
+
+    lines = ["| dataset | " + " | ".join(CARD_FIELDS) + " |", "|---" * (1 + len(CARD_FIELDS)) + "|"]
+    for name, card in cards.items():
+        lines.append(f"| {name} | " + " | ".join(cell(card.get(f)) for f in CARD_FIELDS) + " |")
+    return lines

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.benchmark import build_report
+from searchgym.benchmark import build_report, markdown_report
 from searchgym.cli import main
 from searchgym.errors import ConfigError
 from searchgym.result_card import CARD_FIELDS, card_differences, check_cards, result_card
@@ -69,6 +69,9 @@ def test_differing_cards_are_refused_naming_the_field() -> None:
     datasets = [{"name": "world", "group": "other"}]
     report = build_report(episodes, datasets, cards={"a": {"world": card()}, "b": {"world": card()}})
     assert report["datasets"][0]["card"] == card()
+    table = markdown_report(report)
+    assert "## Result card" in table
+    assert f"| world | SearchQA-v0 | test | {card()['questions_sha256'][7:19]} |" in table
     with pytest.raises(ConfigError, match="differ in prompt_style"):
         build_report(
             episodes, datasets, cards={"a": {"world": card()}, "b": {"world": card(prompt_style="chat")}}
