@@ -166,7 +166,7 @@ def _play_pair(
     each question is played ``pair.samples`` times."""
     from searchgym.agents import evaluate
     from searchgym.agents.evaluate import EpisodeRecord
-    from searchgym.cli._agent_options import build_agent
+    from searchgym.cli._agent_options import build_agent, close_players, served_players
     from searchgym.cli._common import env_kwargs, make_env
     from searchgym.cli.eval import checkpoint_env_defaults, env_defaults, held_episodes, run_identity
     from searchgym.data.digests import RecordDigests
@@ -196,8 +196,12 @@ def _play_pair(
     record_path.unlink(missing_ok=True)  # from here until the pair is done, no record vouches for the file
     env = make_env(pair, env_defaults(), **overrides)
     agent = None
+    players: list[tuple[Any, Any]] = []
     try:
         agent = build_agent(pair, env)
+        if ";record" in pair.retriever:  # a recording cassette records one episode at a time
+            pair.concurrency = 1
+        players = served_players(pair, lambda: make_env(pair, env_defaults(), **overrides))
         in_split = len(env.unwrapped.questions)
         count = in_split if episodes is None else min(episodes, in_split)
         partial_record = path.with_name(path.name + ".partial.run.json")
@@ -217,13 +221,14 @@ def _play_pair(
             bar.update(len(held))
             evaluate(
                 env, agent, count, seed=pair.seed, out=partial, held=held, on_episode=lambda _: bar.update(1),
-                on_line=digests.append, samples=pair.samples,
+                on_line=digests.append, samples=pair.samples, players=players,
             )  # fmt: skip
         partial_record.unlink(missing_ok=True)
         _write_record(record_path, {**identity, RECORDS_DIGEST: digests.head, CARD: card})
         digests.remove()
     finally:
         env.close()
+        close_players(players)
         if callable(getattr(agent, "close", None)):
             agent.close()  # type: ignore[union-attr]
     return [record for _, record in iter_jsonl(path)], sizes, "played", card

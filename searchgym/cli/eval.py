@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.evaluate import EvalSummary
-from searchgym.cli._agent_options import add_sampling_arguments, add_served_arguments, build_agent
+from searchgym.cli._agent_options import (
+    add_sampling_arguments,
+    add_served_arguments,
+    build_agent,
+    close_players,
+    served_players,
+)
 from searchgym.cli._common import (
     AGENT_FORMS,
     add_env_arguments,
@@ -259,6 +265,14 @@ def run(args: argparse.Namespace) -> int:
         overrides["retriever"] = f"cassette:{args.record_retrieval};record={args.retriever}"
     env = make_env(args, env_defaults(), **overrides)
     agent = build_agent(args, env)
+    if (
+        args.record_retrieval is not None
+        and getattr(args, "concurrency", 1) > 1
+        and args.agent.startswith("openai:")
+    ):
+        print("note: --record-retrieval: episodes are played one at a time (one cassette)", file=sys.stderr)
+        args.concurrency = 1
+    players = served_players(args, lambda: make_env(args, env_defaults(), **overrides))
     questions = min(args.episodes, len(env.unwrapped.questions))  # distinct questions played
     note = repeats_note(
         args.episodes, len(env.unwrapped.questions), args.split, "the figures average over episodes"
@@ -267,8 +281,9 @@ def run(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     if args.out is None:
         summary = evaluate(
-            env, agent, args.episodes, seed=args.seed, progress=not args.no_progress, samples=args.samples
-        )
+            env, agent, args.episodes, seed=args.seed, progress=not args.no_progress, samples=args.samples,
+            players=players,
+        )  # fmt: skip
     else:
         # Episodes stream into OUT.partial (a crash keeps the finished ones there); OUT is replaced only
         # by a complete run, so a run that fails never destroys an earlier file.
@@ -290,10 +305,12 @@ def run(args: argparse.Namespace) -> int:
                 held=held,
                 on_line=digests.append,
                 samples=args.samples,
+                players=players,
             )
         record_path.unlink(missing_ok=True)
         digests.remove()
     env.close()
+    close_players(players)
     if callable(getattr(agent, "close", None)):
         agent.close()
     if args.out is not None:
