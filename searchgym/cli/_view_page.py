@@ -165,13 +165,12 @@ def read_episodes(
                     fields, segments = _export_row(record, kind, tokenizer)
             except (TypeError, ValueError) as e:
                 raise DataFormatError(str(path), line, str(e)) from None
-            dataset, own = record.get("dataset"), record.get("agent")
-            episodes.append(
-                Episode(
-                    str(path), line, dataset if isinstance(dataset, str) else label, fields, segments,
-                    own if isinstance(own, str) else agent,
-                )
-            )  # fmt: skip
+            named, own = record.get("dataset"), record.get("agent")
+            dataset, played = (
+                named if isinstance(named, str) else label,
+                own if isinstance(own, str) else agent,
+            )
+            episodes.append(Episode(str(path), line, dataset, fields, segments, played))
     return episodes
 
 
@@ -515,7 +514,7 @@ def page_episodes(
             }
         )
     by_question: dict[tuple[Any, str], list[int]] = {}
-    for page in pages:
+    for page in pages:  # a question is its id and text: two datasets may share ids
         by_question.setdefault((page["question_id"], page["question"].strip()), []).append(page["index"])
     for page in pages:
         same = by_question[page["question_id"], page["question"].strip()]
