@@ -702,6 +702,7 @@ def test_the_page_works_in_a_headless_browser(
             assert count() == 20
             assert page.locator("details.episode:visible .agent").first.text_content() == "oracle"
             page.select_option("#filter-agent", "all")
+            assert page.locator("#compare-b option[value='oracle']").text_content() == "oracle (20)"
             page.select_option("#compare-a", "heuristic")
             page.select_option("#compare-b", "oracle")
             pairs = page.locator("details.pair")
