@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,9 @@ class EvalSummary:
     question's success rate), ``pass_at_k`` the share of questions solved at least once in K (the unbiased
     estimator at k = K), and ``successes`` each question's count of successful samples. ``em_low`` and
     ``em_high`` bound ``em`` by Wilson's score interval over the questions (:func:`searchgym.stats.wilson`).
+
+    ``failures`` counts the episodes by the stage they failed at — no answer, gold not retrieved, retrieved but
+    misread — overall and per question kind (:func:`searchgym.failures.decompose`).
     """
 
     em: float
@@ -136,6 +139,7 @@ class EvalSummary:
     samples: int = 1
     pass_at_k: float | None = None
     successes: list[int] = field(default_factory=list, repr=False)
+    failures: dict[str, Any] = field(default_factory=dict, repr=False)
     records: list[EpisodeRecord] = field(default_factory=list, repr=False)
 
     @classmethod
@@ -145,6 +149,7 @@ class EvalSummary:
         Raises:
             ValueError: the records are not a whole number of questions' samples.
         """
+        from searchgym.failures import decompose
         from searchgym.stats import pass_at_k, wilson
 
         def mean(values: list[float]) -> float:
@@ -185,13 +190,14 @@ class EvalSummary:
             samples=samples,
             pass_at_k=mean([pass_at_k(samples, c, samples) for c in successes]) if successes else None,
             successes=successes,
+            failures=decompose([{**r.info, "transcript": r.transcript} for r in records]),
             records=records,
         )
 
     @classmethod
     def metric_names(cls) -> list[str]:
         """The names of the summary figures, in order (the keys of :meth:`metrics`; ``successes`` is the list
-        of per-question counts)."""
+        of per-question counts, ``failures`` the counts by stage)."""
         return [f.name for f in fields(cls) if f.name != "records"]
 
     def metrics(self) -> dict[str, Any]:
@@ -252,6 +258,43 @@ def iter_episodes(
         yield record
 
 
+def _concurrent_episodes(
+    players: Sequence[tuple[gym.Env[Any, Any], Agent]],
+    episodes: int,
+    seed: int,
+    first: int,
+    samples: int,
+) -> Iterator[EpisodeRecord]:
+    """As :func:`iter_episodes`, with each (env, agent) pair of ``players`` playing one episode at a time in
+    a thread of its own: ``len(players)`` episodes are in flight at once, and the records come in episode
+    order. Every episode is seeded and pinned by its index alone, so they equal one player's."""
+    import queue
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    idle: queue.SimpleQueue[tuple[gym.Env[Any, Any], Agent]] = queue.SimpleQueue()
+    for player in players:
+        idle.put(player)
+
+    def play(i: int) -> EpisodeRecord:
+        env, agent = idle.get()
+        try:
+            return next(iter_episodes(env, agent, i + 1, seed, first=i, samples=samples))
+        finally:
+            idle.put((env, agent))
+
+    pool = ThreadPoolExecutor(max_workers=len(players), thread_name_prefix="episode")
+    window: list[Future[EpisodeRecord]] = []
+    try:
+        for i in range(first, episodes):
+            window.append(pool.submit(play, i))
+            if len(window) >= 2 * len(players):  # a bounded look-ahead: a failure stops the run soon
+                yield window.pop(0).result()
+        while window:
+            yield window.pop(0).result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def evaluate(
     env: gym.Env[Any, Any],
     agent: Agent,
@@ -264,6 +307,7 @@ def evaluate(
     on_episode: Callable[[EpisodeRecord], None] | None = None,
     on_line: Callable[[bytes], None] | None = None,
     samples: int = 1,
+    players: Sequence[tuple[gym.Env[Any, Any], Agent]] = (),
 ) -> EvalSummary:
     """Evaluates ``agent`` on the first ``episodes`` questions of the env's split (in order).
 
@@ -281,11 +325,18 @@ def evaluate(
         on_episode: Called with each record this run plays, once it is written (a caller's own progress).
         on_line: Called with each line's bytes (newline included) once it is written to ``out`` and flushed
             (:meth:`~searchgym.data.digests.RecordDigests.append` records its digest).
+        players: More (env, agent) pairs, each an env like ``env`` and its own agent, that play episodes at
+            the same time as ``(env, agent)``, one each at a time (a served model's concurrent requests); the
+            records, the file and the callbacks keep episode order, and equal a lone player's.
     """
     start = time.perf_counter()
     records: list[EpisodeRecord] = list(held or [])
     total = episodes * samples
-    iterator: Any = iter_episodes(env, agent, total, seed, first=len(records), samples=samples)
+    iterator: Any = (
+        _concurrent_episodes([(env, agent), *players], total, seed, len(records), samples)
+        if players
+        else iter_episodes(env, agent, total, seed, first=len(records), samples=samples)
+    )
     if progress:
         from tqdm.auto import tqdm
 

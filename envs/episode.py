@@ -516,6 +516,7 @@ class Episode:
         info = {
             "question_id": q.id,
             "question": q.question,
+            "question_kind": q.kind,
             "golden_answers": list(gold),
             "turn": len(self.turns),
             "searches": len(self.queries),

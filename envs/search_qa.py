@@ -173,7 +173,8 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
     ## Info
 
     Every step: ``turn``, ``searches``, ``length``. When a turn ends and at reset, and at the end: also
-    ``question_id``, ``question``, ``golden_answers``, ``queries``, ``retrieved_ids``, ``invalid_turns``,
+    ``question_id``, ``question``, ``question_kind`` (the dataset's type of question, ``""`` when it gives
+    none), ``golden_answers``, ``queries``, ``retrieved_ids``, ``invalid_turns``,
     ``answer``, ``em``, ``subem``, ``f1``, ``gold_retrieved`` (any supporting passage retrieved),
     ``gold_recall`` (the fraction retrieved) and ``gold_all_retrieved`` (every one retrieved) — the three
     are ``None`` when the dataset has no gold passages —, ``cut_observations`` (tool observations cut to

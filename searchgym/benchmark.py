@@ -148,6 +148,7 @@ def build_report(
     settings: Mapping[str, Any] | None = None,
     samples: int = 1,
     temperature: float = 0.0,
+    cards: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """The benchmark's figures from the episode records of every (agent, dataset) pair.
 
@@ -160,6 +161,9 @@ def build_report(
         samples: Episodes per question (K), consecutive in the records; each figure is a question's mean
             over them (for ``em``, mean@K).
         temperature: The sampling temperature the agents played at (0: greedy), for the tables' label.
+        cards: ``cards[agent][dataset]``: the result card each pair played under
+            (:func:`searchgym.result_card.result_card`); agents are paired on a dataset only when their cards
+            are equal, and the report gives each dataset its card.
 
     Returns:
         A JSON-ready dict: ``results`` (one row per agent and dataset: ``em``, ``f1``, ``searches``,
@@ -169,11 +173,18 @@ def build_report(
         (each agent after the first against the first, per dataset and on the ``all`` average: ``em_diff``
         with Newcombe's paired interval, McNemar's ``p``, the discordant counts, and ``disagree`` — true when
         the interval and the test reach different verdicts at the 5 % level; with K > 1 samples the
-        difference of mean@K gets a paired bootstrap and no McNemar test).
+        difference of mean@K gets a paired bootstrap and no McNemar test), ``failures`` (per agent and
+        dataset, the episodes counted by the stage they failed at, overall and per question kind:
+        :func:`searchgym.failures.decompose`) and ``flips`` (each agent after the first against the first,
+        per dataset: the episodes gained and lost by stage, :func:`searchgym.failures.flip_table`).
 
     Raises:
-        ConfigError: two agents' episodes of a dataset are not the same questions.
+        ConfigError: two agents' episodes of a dataset are not the same questions, or were played under
+            different result cards (the field named).
     """
+    from searchgym.failures import decompose, flip_table
+    from searchgym.result_card import check_cards
+
     agents = list(episodes)
     names = [str(d["name"]) for d in datasets]
     for d in names:
@@ -189,6 +200,9 @@ def build_report(
                 raise ConfigError(
                     f"{a} on {d}: {len(episodes[a][d])} episodes are not {samples} per question"
                 )
+    if cards is not None:
+        for d in names:
+            check_cards({a: cards[a][d] for a in agents}, f"dataset {d}")
     outcomes = {a: {d: _outcomes(episodes[a][d], samples) for d in names} for a in agents}
     results = []
     for a in agents:
@@ -262,9 +276,18 @@ def build_report(
                 "disagree": None,
             }
         )
+    failures = [{"agent": a, "dataset": d, **decompose(episodes[a][d])} for a in agents for d in names]
+    flips = [
+        {"agent": a, "baseline": baseline, "dataset": d, **flip_table(episodes[baseline][d], episodes[a][d])}
+        for a in agents[1:]
+        for d in names
+    ]
     return {
         "agents": agents,
-        "datasets": [dict(d) for d in datasets],
+        "datasets": [
+            {**d, "card": dict(cards[baseline][str(d["name"])])} if cards is not None else dict(d)
+            for d in datasets
+        ],
         "level": 0.95,
         "interval": "wilson" if samples == 1 else "wilson (mean@K over questions)",
         "bootstrap_resamples": resamples,
@@ -275,6 +298,8 @@ def build_report(
         "results": results,
         "averages": averages,
         "paired": paired,
+        "failures": failures,
+        "flips": flips,
     }
 
 
@@ -361,7 +386,57 @@ def markdown_report(report: Mapping[str, Any]) -> str:
                 "⚠: the interval and McNemar's test disagree at the 5 % level (one excludes 0, the other does "
                 "not): the difference is at the edge of what these questions can show.",
             ]
+    lines += _failure_lines(report, decoding)
+    cards = {str(d["name"]): d["card"] for d in datasets if d.get("card")}
+    if cards:
+        from searchgym.result_card import card_table
+
+        lines += [
+            "",
+            "## Result card: what these figures compare on",
+            "",
+            "Every agent of a dataset played under this card (hashes: the first 12 hex digits of their SHA-256).",
+            "",
+            *card_table(cards),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _failure_lines(report: Mapping[str, Any], decoding: str) -> list[str]:
+    """The markdown of the report's ``failures`` and ``flips`` (none for a report without them)."""
+    from searchgym.failures import UNLABELLED, failure_table, flips_table
+
+    failures = report.get("failures") or []
+    if not failures:
+        return []
+    lines = [
+        "",
+        f"## Why answers fail, {decoding}",
+        "",
+        "Each episode is correct or missed at the first stage that went wrong: no answer; gold not retrieved "
+        "(some gold passage never retrieved, where the dataset names them; else no golden answer in any "
+        "retrieved text); retrieved but misread.",
+        "",
+        *failure_table([((r["dataset"], r["agent"]), r) for r in failures], ("dataset", "agent")),
+    ]
+    kinds = [
+        ((r["dataset"], r["agent"], kind), counts)
+        for r in failures
+        for kind, counts in r["kinds"].items()
+        if len(r["kinds"]) > 1 or kind != UNLABELLED
+    ]
+    if kinds:
+        lines += ["", "By question kind:", "", *failure_table(kinds, ("dataset", "agent", "kind"))]
+    flips = report.get("flips") or []
+    if flips:
+        baseline = report["agents"][0]
+        lines += [
+            "",
+            f"## Flips against {baseline}: episodes gained and lost, by the stage of the miss",
+            "",
+            *flips_table([((r["dataset"], r["agent"]), r) for r in flips], ("dataset", "agent"), baseline),
+        ]
+    return lines
 
 
 def plot_report(report: Mapping[str, Any], path: str | Path) -> None:

@@ -30,8 +30,10 @@ __all__ = [
     "agent_sha256",
     "apply_sampling",
     "build_agent",
+    "close_players",
     "sampling_settings",
     "served_identity",
+    "served_players",
     "source_sha256",
 ]
 
@@ -187,6 +189,8 @@ def apply_sampling(agent: Any, spec: str, temperature: float) -> None:
 def add_served_arguments(parser: Any) -> None:
     """The options of an ``openai:MODEL`` agent (``eval`` and ``benchmark``); the API key is read from the
     environment only."""
+    from searchgym.cli._common import positive_int
+
     group = parser.add_argument_group("served model (--agent openai:MODEL)")
     group.add_argument(
         "--base-url",
@@ -217,6 +221,14 @@ def add_served_arguments(parser: Any) -> None:
     )
     group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold of every request")
     group.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=4,
+        metavar="N",
+        help="requests in flight at once: N episodes played at a time, each with its own env and connection "
+        "(the records and figures are those of one at a time; default 4)",
+    )
+    group.add_argument(
         "--token-ids",
         action="store_true",
         help="send the context as token ids and play the ids the server returns (serve-policy, vLLM): "
@@ -231,6 +243,26 @@ def served_identity(args: Any) -> dict[str, Any] | None:
     from searchgym.agents.served import ServedOptions
 
     return ServedOptions.from_args(args).identity()
+
+
+def served_players(args: Any, new_env: Any) -> list[tuple[Any, Any]]:
+    """The further (env, agent) pairs an ``openai:`` agent plays with at once: ``--concurrency`` - 1 of them,
+    each with a fresh env from ``new_env()`` and its own connection (none for another agent, whose episodes
+    are played one at a time). The caller closes them."""
+    if not str(getattr(args, "agent", "")).startswith("openai:"):
+        return []
+    players: list[tuple[Any, Any]] = []
+    for _ in range(int(getattr(args, "concurrency", 1)) - 1):
+        env = new_env()
+        players.append((env, build_agent(args, env)))
+    return players
+
+
+def close_players(players: list[tuple[Any, Any]]) -> None:
+    """Closes the envs and agents of :func:`served_players`."""
+    for env, agent in players:
+        env.close()
+        agent.close()
 
 
 def build_agent(args: Any, env: Any) -> Any:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Episode",
     "Segment",
+    "file_labels",
     "page_episodes",
     "policy_token_values",
     "read_episodes",
@@ -79,6 +80,7 @@ class Episode:
         path: The file, as given.
         line: Its 1-based line in the file.
         dataset: The dataset filter value: the record's ``dataset`` field, else the file's label.
+        agent: The agent filter value: the record's ``agent`` field, else the file's agent (``""``: unknown).
         fields: The episode's fields under the eval names (``question``, ``golden_answers``, ``answer``,
             ``em``, ``f1``, ``reward``, ``searches``, ``end_reason``, ``question_id``, and when the record has
             them ``queries``, ``retrieved_ids``, ``gold_retrieved`` and ``supporting_ids``).
@@ -90,6 +92,7 @@ class Episode:
     dataset: str
     fields: dict[str, Any]
     segments: tuple[Segment, ...] = field(default=())
+    agent: str = ""
 
 
 # -- reading ------------------------------------------------------------------------------------------------
@@ -116,14 +119,17 @@ def split_transcript_text(text: str) -> list[Segment]:
     return segments
 
 
-def _labels(paths: Sequence[str | Path]) -> list[str]:
+def file_labels(paths: Sequence[str | Path]) -> list[str]:
     """Each file's dataset label: its name, or the path as given where two files share a name."""
     names = [Path(p).name for p in paths]
     return [name if names.count(name) == 1 else str(p) for name, p in zip(names, paths, strict=True)]
 
 
 def read_episodes(
-    paths: Sequence[str | Path], tokenizer_for: Callable[[Path], Tokenizer] | None = None
+    paths: Sequence[str | Path],
+    tokenizer_for: Callable[[Path], Tokenizer] | None = None,
+    agents: Sequence[str] | None = None,
+    labels: Sequence[str] | None = None,
 ) -> list[Episode]:
     """Every episode of the given eval or export-trajectories JSONL files, in order.
 
@@ -131,6 +137,8 @@ def read_episodes(
         paths: The files. Each is a dataset filter value (its name) unless its records name their own.
         tokenizer_for: The tokenizer that decodes a file's token ids, asked once per file that holds
             export-trajectories rows (default: the built-in tokenizer).
+        agents: Each file's agent, where its records do not name one (default: unknown).
+        labels: Each file's dataset label, where its records do not name one (default: its name).
 
     Raises:
         DataFormatError: a line is not JSON, or not one of the two record formats; the message names the file
@@ -139,7 +147,8 @@ def read_episodes(
     from searchgym.data.jsonl import iter_jsonl
 
     episodes: list[Episode] = []
-    for path, label in zip(paths, _labels(paths), strict=True):
+    agents = list(agents) if agents is not None else [""] * len(paths)
+    for path, label, agent in zip(paths, labels or file_labels(paths), agents, strict=True):
         tokenizer: Tokenizer | None = None
         for line, record in iter_jsonl(Path(path)):
             try:
@@ -156,10 +165,12 @@ def read_episodes(
                     fields, segments = _export_row(record, kind, tokenizer)
             except (TypeError, ValueError) as e:
                 raise DataFormatError(str(path), line, str(e)) from None
-            dataset = record.get("dataset")
-            episodes.append(
-                Episode(str(path), line, dataset if isinstance(dataset, str) else label, fields, segments)
+            named, own = record.get("dataset"), record.get("agent")
+            dataset, played = (
+                named if isinstance(named, str) else label,
+                own if isinstance(own, str) else agent,
             )
+            episodes.append(Episode(str(path), line, dataset, fields, segments, played))
     return episodes
 
 
@@ -438,7 +449,8 @@ def page_episodes(
 
     Each holds ``index``, ``dataset``, ``source`` (``FILE:LINE``), ``question_id``, ``question``,
     ``golden_answers``, ``answer``, ``outcome`` (:func:`outcome`), ``em``, ``f1``, ``reward``, ``searches``,
-    ``end_reason``, ``gold_retrieved``, ``gold_ids`` (``None`` when unknown), ``prompt`` and ``turns``. A
+    ``end_reason``, ``gold_retrieved``, ``gold_ids`` (``None`` when unknown), ``prompt``, ``turns``, ``agent``
+    and ``peers`` (the indices of the other episodes of the same question id and text, of other agents). A
     turn holds the policy's ``text``, its ``kind`` (``"search"``, ``"answer"``, ``"invalid"``), its ``query``
     or ``answer``, the ``passages`` its search returned (``rank``, ``id``, ``title``, ``text``, ``gold``:
     ``True``/``False``, or ``None`` when the gold passages are unknown), the ``tool`` text when it shows
@@ -498,8 +510,15 @@ def page_episodes(
                 "gold_ids": support,
                 "prompt": prompt,
                 "turns": turns,
+                "agent": episode.agent,
             }
         )
+    by_question: dict[tuple[Any, str], list[int]] = {}
+    for page in pages:  # a question is its id and text: two datasets may share ids
+        by_question.setdefault((page["question_id"], page["question"].strip()), []).append(page["index"])
+    for page in pages:
+        same = by_question[page["question_id"], page["question"].strip()]
+        page["peers"] = [i for i in same if pages[i]["agent"] != page["agent"]]
     if unmatched and warn is not None:
         warn(
             f"{len(unmatched)} of {len(episodes)} episodes have no question of the same id and text in dataset "

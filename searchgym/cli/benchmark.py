@@ -158,22 +158,27 @@ ENV_SIZES = ("topk", "max_turns", "max_turn_tokens", "max_context_tokens")
 
 def _play_pair(
     pair: argparse.Namespace, path: Path, episodes: int | None, questions: int | None, bar: Any
-) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
-    """The episode records of one (agent, dataset) pair, the episode sizes it played with, and whether they
-    were ``cached`` or ``played``: read from ``path`` when a finished run with the same identity left it
-    there, else played (continuing what an interrupted run left in ``path.partial``). ``questions`` is the
-    split's size where it is known; each question is played ``pair.samples`` times."""
+) -> tuple[list[dict[str, Any]], dict[str, Any], str, dict[str, Any]]:
+    """The episode records of one (agent, dataset) pair, the episode sizes it played with, whether they
+    were ``cached`` or ``played``, and the result card they were played under: read from ``path`` when a
+    finished run with the same identity left it there (with the card recorded then), else played (continuing
+    what an interrupted run left in ``path.partial``). ``questions`` is the split's size where it is known;
+    each question is played ``pair.samples`` times."""
     from searchgym.agents import evaluate
     from searchgym.agents.evaluate import EpisodeRecord
-    from searchgym.cli._agent_options import build_agent
+    from searchgym.cli._agent_options import build_agent, close_players, served_players
     from searchgym.cli._common import env_kwargs, make_env
     from searchgym.cli.eval import checkpoint_env_defaults, env_defaults, held_episodes, run_identity
     from searchgym.data.digests import RecordDigests
     from searchgym.data.jsonl import iter_jsonl, replace_on_success
     from searchgym.errors import ConfigError, DataFormatError
+    from searchgym.result_card import result_card
 
     overrides = checkpoint_env_defaults(pair)
     settings = {**env_kwargs(pair, env_defaults()), **overrides}
+    card = result_card(
+        settings, env=pair.env, temperature=pair.temperature, samples=pair.samples, seed=pair.seed
+    )
     sizes = {k: overrides.get(k, getattr(pair, k, None)) for k in ENV_SIZES}  # None: not given
     identity = {**run_identity(pair, settings), "episodes": episodes, "data": _data_stamp(pair)}
     record_path = path.with_name(path.name + ".run.json")
@@ -185,13 +190,18 @@ def _play_pair(
         records, why = _cached_records(path, record_path, identity, expected)
         if records is not None:
             bar.update(len(records))
-            return records, sizes, "cached"
+            saved = _read_record(record_path)
+            return records, sizes, "cached", saved.get(CARD, card) if isinstance(saved, dict) else card
         print(f"note: {path} {why}; playing it again", file=sys.stderr)
     record_path.unlink(missing_ok=True)  # from here until the pair is done, no record vouches for the file
     env = make_env(pair, env_defaults(), **overrides)
     agent = None
+    players: list[tuple[Any, Any]] = []
     try:
         agent = build_agent(pair, env)
+        if ";record" in pair.retriever:  # a recording cassette records one episode at a time
+            pair.concurrency = 1
+        players = served_players(pair, lambda: make_env(pair, env_defaults(), **overrides))
         in_split = len(env.unwrapped.questions)
         count = in_split if episodes is None else min(episodes, in_split)
         partial_record = path.with_name(path.name + ".partial.run.json")
@@ -211,16 +221,17 @@ def _play_pair(
             bar.update(len(held))
             evaluate(
                 env, agent, count, seed=pair.seed, out=partial, held=held, on_episode=lambda _: bar.update(1),
-                on_line=digests.append, samples=pair.samples,
+                on_line=digests.append, samples=pair.samples, players=players,
             )  # fmt: skip
         partial_record.unlink(missing_ok=True)
-        _write_record(record_path, {**identity, RECORDS_DIGEST: digests.head})
+        _write_record(record_path, {**identity, RECORDS_DIGEST: digests.head, CARD: card})
         digests.remove()
     finally:
         env.close()
+        close_players(players)
         if callable(getattr(agent, "close", None)):
             agent.close()  # type: ignore[union-attr]
-    return [record for _, record in iter_jsonl(path)], sizes, "played"
+    return [record for _, record in iter_jsonl(path)], sizes, "played", card
 
 
 def _data_stamp(pair: argparse.Namespace) -> dict[str, Any]:
@@ -242,6 +253,10 @@ RECORDS_DIGEST = "records_sha256"
 """The field of a finished pair's record holding the digest of its episodes, in order
 (:func:`~searchgym.data.digests.chain_digest` of the pair file's lines under the pair's identity)."""
 
+CARD = "card"
+"""The field of a finished pair's record holding the result card it was played under
+(:mod:`searchgym.result_card`): what the report pairs agents on, kept as it was when the pair was played."""
+
 
 def _cached_records(
     path: Path, record_path: Path, identity: dict[str, Any], expected: int | None
@@ -254,7 +269,10 @@ def _cached_records(
     from searchgym.errors import DataFormatError
 
     saved = _read_record(record_path)
-    if not isinstance(saved, dict) or {k: v for k, v in saved.items() if k != RECORDS_DIGEST} != identity:
+    if (
+        not isinstance(saved, dict)
+        or {k: v for k, v in saved.items() if k not in (RECORDS_DIGEST, CARD)} != identity
+    ):
         return None, "was played with other settings or data"
     try:
         lines = [line for _, line in read_lines(path)]
@@ -330,6 +348,7 @@ def run(args: argparse.Namespace) -> int:
         pairs_root = out / PAIRS_FOLDER
     episodes: dict[str, dict[str, list[dict[str, Any]]]] = {a: {} for a in args.agent}
     played: dict[str, dict[str, Any]] = {}  # each agent's episode sizes
+    cards: dict[str, dict[str, dict[str, Any]]] = {a: {} for a in args.agent}
     in_split = {name: _split_questions(path, args.split) for name, path in zip(names, paths, strict=True)}
     known = [n or 0 for n in in_split.values()]  # the progress bar: a dataset stored otherwise counts 0
     total = sum(n if args.episodes is None else min(n, args.episodes) for n in known)
@@ -342,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
                 bar.set_postfix_str(f"{agent} on {name}", refresh=True)
                 pair = _pair_args(args, agent, path, retrievers[name])
                 target = pairs_root / _slug(agent) / f"{name}.jsonl"
-                episodes[agent][name], played[agent], how = _play_pair(
+                episodes[agent][name], played[agent], how, cards[agent][name] = _play_pair(
                     pair, target, args.episodes, in_split[name], bar
                 )
                 # One line per pair: whether its episodes were read back from the cache or played now.
@@ -376,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
         "agent_env": played,
     }
     report = build_report(
-        episodes, datasets, settings=settings, samples=args.samples, temperature=args.temperature
+        episodes, datasets, settings=settings, samples=args.samples, temperature=args.temperature, cards=cards
     )
     table = markdown_report(report)
     if out is not None:

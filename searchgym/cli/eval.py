@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.evaluate import EvalSummary
-from searchgym.cli._agent_options import add_sampling_arguments, add_served_arguments, build_agent
+from searchgym.cli._agent_options import (
+    add_sampling_arguments,
+    add_served_arguments,
+    build_agent,
+    close_players,
+    served_players,
+)
 from searchgym.cli._common import (
     AGENT_FORMS,
     add_env_arguments,
@@ -28,8 +34,14 @@ HELP = (
     "on an env"
 )
 
-COLUMNS = ["agent", "decoding", *(m for m in EvalSummary.metric_names() if m != "successes"), "questions"]
-"""The table's columns: every figure but the per-question counts (in ``--json``)."""
+COLUMNS = [
+    "agent",
+    "decoding",
+    *(m for m in EvalSummary.metric_names() if m not in ("successes", "failures")),
+    "questions",
+]
+"""The table's columns: every figure but the per-question and per-stage counts (in ``--json``; the stages
+get a table of their own)."""
 
 
 TRAINED_SIZES = ("max_turn_tokens", "max_context_tokens")
@@ -253,6 +265,14 @@ def run(args: argparse.Namespace) -> int:
         overrides["retriever"] = f"cassette:{args.record_retrieval};record={args.retriever}"
     env = make_env(args, env_defaults(), **overrides)
     agent = build_agent(args, env)
+    if (
+        args.record_retrieval is not None
+        and getattr(args, "concurrency", 1) > 1
+        and args.agent.startswith("openai:")
+    ):
+        print("note: --record-retrieval: episodes are played one at a time (one cassette)", file=sys.stderr)
+        args.concurrency = 1
+    players = served_players(args, lambda: make_env(args, env_defaults(), **overrides))
     questions = min(args.episodes, len(env.unwrapped.questions))  # distinct questions played
     note = repeats_note(
         args.episodes, len(env.unwrapped.questions), args.split, "the figures average over episodes"
@@ -261,8 +281,9 @@ def run(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     if args.out is None:
         summary = evaluate(
-            env, agent, args.episodes, seed=args.seed, progress=not args.no_progress, samples=args.samples
-        )
+            env, agent, args.episodes, seed=args.seed, progress=not args.no_progress, samples=args.samples,
+            players=players,
+        )  # fmt: skip
     else:
         # Episodes stream into OUT.partial (a crash keeps the finished ones there); OUT is replaced only
         # by a complete run, so a run that fails never destroys an earlier file.
@@ -284,15 +305,25 @@ def run(args: argparse.Namespace) -> int:
                 held=held,
                 on_line=digests.append,
                 samples=args.samples,
+                players=players,
             )
         record_path.unlink(missing_ok=True)
         digests.remove()
     env.close()
+    close_players(players)
     if callable(getattr(agent, "close", None)):
         agent.close()
     if args.out is not None:
         config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
-        write_run_manifest(args.out, "eval", settings, folder=False, seeds={"seed": args.seed}, config=config)
+        from searchgym.result_card import result_card
+
+        card = result_card(
+            settings, env=args.env, temperature=args.temperature, samples=args.samples, seed=args.seed
+        )
+        write_run_manifest(
+            args.out, "eval", settings, folder=False, seeds={"seed": args.seed}, config=config,
+            extra={"card": card},
+        )  # fmt: skip
     from searchgym.benchmark import decoding_label
 
     decoding = decoding_label(args.temperature, args.samples)
@@ -307,4 +338,8 @@ def run(args: argparse.Namespace) -> int:
     else:  # the faults column only when faults were injected
         columns = [c for c in COLUMNS if c != "retrieval_faults" or metrics.get(c) is not None]
         print(format_table([{"agent": args.agent, **metrics}], columns))
+        from searchgym.failures import FAILURE_COLUMNS, failure_rows
+
+        print("\nwhy answers fail (episodes by the stage they failed at; see docs/benchmark.md):")
+        print(format_table(failure_rows(summary.failures), FAILURE_COLUMNS))
     return 0

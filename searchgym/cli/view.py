@@ -25,14 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "files",
         nargs="+",
         metavar="FILE",
-        help="eval --out or export-trajectories JSONL files; each is a value of the page's dataset filter "
-        "(its name) unless its records carry a 'dataset' field",
+        help="eval --out or export-trajectories JSONL files (a benchmark's pairs/AGENT/DATASET.jsonl too); each "
+        "is a value of the page's dataset filter (its name) unless its records carry a 'dataset' field, and "
+        "its agent is read from its manifest or benchmark pair record",
     )
     parser.add_argument(
         "--out",
         default=None,
         metavar="PAGE",
-        help="the page to write (default: FILE.html beside the first FILE)",
+        help="the page to write (default: FILE.html in the current directory, FILE the first file's name)",
     )
     parser.add_argument(
         "--dataset",
@@ -68,10 +69,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def default_out(first: str) -> Path:
-    """``FILE.html`` beside ``first`` (``e.jsonl`` -> ``e.html``; never ``first`` itself)."""
+    """``FILE.html`` in the current directory, ``FILE`` the name of ``first`` (``runs/e.jsonl`` -> ``e.html``;
+    never ``first`` itself): a page of a benchmark's cached pairs lands where the command ran, not among them."""
     path = Path(first)
-    out = path.with_suffix(".html")
-    return out if out != path else path.with_name(path.name + ".html")
+    out = Path(path.with_suffix(".html").name)
+    return out if out.resolve() != path.resolve() else Path(path.name + ".html")
+
+
+def file_agent(path: Path) -> tuple[str, str | None]:
+    """The agent that played the episodes of ``path`` and their dataset's name, where a record beside it
+    says: a benchmark pair's ``FILE.run.json`` (the agent; the dataset is the file's stem) or an
+    ``eval --out`` manifest (the agent and the dataset it names: ``world`` or the folder's name). ``""`` for
+    an agent and ``None`` for a dataset that no record names."""
+    from searchgym.manifest import manifest_path, read_manifest
+
+    pair = read_manifest(path.with_name(path.name + ".run.json")) or {}
+    if isinstance(pair.get("agent"), str):
+        return pair["agent"], path.stem
+    manifest = read_manifest(manifest_path(path, folder=False)) or {}
+    config, data = manifest.get("config"), manifest.get("data")
+    agent = config.get("agent") if isinstance(config, dict) else None
+    dataset = data.get("dataset") if isinstance(data, dict) else None
+    return (
+        agent if isinstance(agent, str) else "",
+        Path(dataset).name if isinstance(dataset, str) and dataset else None,
+    )
 
 
 def manifest_tokenizer(path: Path) -> str | None:
@@ -112,7 +134,11 @@ def run(args: argparse.Namespace) -> int:
             )
         return tokenizers[path]
 
-    episodes = read_episodes(args.files, tokenizer_for)
+    from searchgym.cli._view_page import file_labels
+
+    found = [file_agent(Path(f)) for f in args.files]
+    labels = [dataset or label for (_, dataset), label in zip(found, file_labels(args.files), strict=True)]
+    episodes = read_episodes(args.files, tokenizer_for, agents=[a for a, _ in found], labels=labels)
     tokens, colour = None, None
     if policies:
         tokens, colour = checkpoint_tokens(episodes, policies, args)

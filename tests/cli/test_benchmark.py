@@ -81,6 +81,26 @@ def test_two_agents_on_the_shared_data_write_the_table_json_and_plot(tmp_path: P
     right = round(rows["heuristic", "hotpotqa_dev_distractor_1100"]["em"]["mean"] * 40)
     assert (hot["only_agent"], hot["only_baseline"]) == (0, 40 - right)
     assert hot["em_diff"]["high"] < 0 and hot["mcnemar_p"] < 1e-6
+    # Why the heuristic fails, by the gold passages where a dataset names them, else by the answer string.
+    failures = {(r["agent"], r["dataset"]): r for r in report["failures"]}
+    assert failures["oracle", "hotpotqa_dev_distractor_1100"]["correct"] == 40
+    missed = failures["heuristic", "hotpotqa_dev_distractor_1100"]
+    assert missed["rules"] == {"gold_passages": 40, "answer_string": 0}
+    assert set(missed["kinds"]) == {"bridge", "comparison"}  # HotpotQA's own question types
+    assert missed["not_retrieved"] + missed["misread"] == 40 - right and missed["no_answer"] == 0
+    assert failures["heuristic", "flashrag_quickstart_nq"]["rules"] == {
+        "gold_passages": 0,
+        "answer_string": 17,
+    }
+    flips = {r["dataset"]: r for r in report["flips"]}
+    assert flips["hotpotqa_dev_distractor_1100"]["gained"] == {
+        "no_answer": 0,
+        "not_retrieved": 0,
+        "misread": 0,
+    }
+    lost = flips["hotpotqa_dev_distractor_1100"]["lost"]
+    assert (lost["not_retrieved"], lost["misread"]) == (missed["not_retrieved"], missed["misread"])
+    assert {d["name"]: d["card"]["topk"] for d in report["datasets"]} == dict.fromkeys(names, 3)
     table = (out / "benchmark.md").read_text()
     assert table == done.stdout
     assert "| oracle | 1.000 [0.816, 1.000] |" in table  # Wilson at 17 of 17: n / (n + 1.96²)

@@ -45,6 +45,15 @@ def eval_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def oracle_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The oracle on the same 20 questions as :func:`eval_file` (every answer right)."""
+    out = tmp_path_factory.mktemp("eval") / "oracle.jsonl"
+    argv = ["eval", "--agent", "oracle", "--episodes", "20", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
 def records(eval_file: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in eval_file.read_text().splitlines()]
 
@@ -414,24 +423,60 @@ def test_script_end_tags_in_the_data_cannot_end_the_data_element(
     assert json.loads(embed_json({"a": "</script>"})) == {"a": "</script>"}
 
 
-def test_the_cli_writes_the_page_beside_the_first_file_and_prints_its_path(
-    eval_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_the_cli_writes_the_page_in_the_current_directory_and_prints_its_path(
+    eval_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = tmp_path / "first.jsonl"
+    first = tmp_path / "runs" / "first.jsonl"
+    first.parent.mkdir()
     shutil.copy(eval_file, first)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
     assert main(["view", str(first), str(eval_file)]) == 0
-    out = tmp_path / "first.html"
+    out = Path("first.html")
     assert capsys.readouterr().out.strip() == str(out)
-    assert not (tmp_path / "first.html.partial").exists()
-    data = page_data(out)
+    assert (here / "first.html").is_file() and not (first.parent / "first.html").exists()
+    assert not (here / "first.html.partial").exists()
+    data = page_data(here / out)
     assert len(data["episodes"]) == 40 and data["meta"]["files"] == ["first.jsonl", "heuristic.jsonl"]
-    assert {e["dataset"] for e in data["episodes"]} == {"first.jsonl", "heuristic.jsonl"}
+    # The eval's manifest names its agent and dataset; the copy without one is known by its name.
+    assert {(e["agent"], e["dataset"]) for e in data["episodes"]} == {
+        ("", "first.jsonl"),
+        ("heuristic", "world"),
+    }
     page = tmp_path / "p" / "page.html"
     assert main(["view", str(first), "--out", str(page), "--dataset", "world"]) == 0
     assert any(p["gold"] for e in page_data(page)["episodes"] for t in e["turns"] for p in t["passages"])
     assert main(["view", str(first), "--out", str(first)]) == 2
     assert main(["view", str(first), "--against", "x.pt"]) == 2
     assert "give --checkpoint too" in capsys.readouterr().err
+
+
+def test_two_agents_episodes_of_one_question_are_peers(
+    eval_file: Path, oracle_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "two.html"
+    assert main(["view", str(eval_file), str(oracle_file), "--out", str(out)]) == 0
+    episodes = page_data(out)["episodes"]
+    assert [e["agent"] for e in episodes] == ["heuristic"] * 20 + ["oracle"] * 20
+    assert {e["dataset"] for e in episodes} == {"world"}
+    for e in episodes:  # each question's other agent's episode, and nothing else
+        (peer,) = e["peers"]
+        other = episodes[peer]
+        assert other["agent"] != e["agent"] and other["question_id"] == e["question_id"]
+    assert sum(e["outcome"] != episodes[e["peers"][0]]["outcome"] for e in episodes[:20]) > 0
+
+
+def test_a_benchmark_pair_file_names_its_agent_and_dataset(eval_file: Path, tmp_path: Path) -> None:
+    pair = tmp_path / "pairs" / "oracle-0a1b2c3d" / "hotpotqa_small.jsonl"
+    pair.parent.mkdir(parents=True)
+    shutil.copy(eval_file, pair)
+    (pair.parent / "hotpotqa_small.jsonl.run.json").write_text(json.dumps({"agent": "mine:Agent"}))
+    out = tmp_path / "page.html"
+    assert main(["view", str(pair), "--out", str(out)]) == 0
+    assert {(e["agent"], e["dataset"]) for e in page_data(out)["episodes"]} == {
+        ("mine:Agent", "hotpotqa_small")
+    }
 
 
 # -- colouring by log-probabilities ---------------------------------------------------------------------------
@@ -575,7 +620,9 @@ def haystack(episode: dict[str, Any]) -> str:
 
 
 @pytest.mark.slow
-def test_the_page_works_in_a_headless_browser(records: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_the_page_works_in_a_headless_browser(
+    records: list[dict[str, Any]], eval_file: Path, oracle_file: Path, tmp_path: Path
+) -> None:
     if not CHROMIUM.is_file():
         pytest.skip(f"{CHROMIUM} is absent (Debian: apt-get install chromium; `make unit` installs it)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is part of the dev extra")
@@ -588,6 +635,9 @@ def test_the_page_works_in_a_headless_browser(records: list[dict[str, Any]], tmp
     assert main(["view", str(a), str(b), "--out", str(out)]) == 0
     episodes = page_data(out)["episodes"]
     total = len(episodes)
+    two = tmp_path / "two.html"
+    assert main(["view", str(eval_file), str(oracle_file), "--out", str(two)]) == 0
+    paired = page_data(two)["episodes"]
 
     errors: list[str] = []
     with sync_api.sync_playwright() as pw:
@@ -635,6 +685,46 @@ def test_the_page_works_in_a_headless_browser(records: list[dict[str, Any]], tmp
             assert turns.count() == len(episodes[0]["turns"])
             assert SCRIPT_BREAKER in (item.locator("ol.passages li").first.text_content() or "")
             assert page.title().startswith("searchgym view")  # the passage's script never ran
+            for name in ("a.jsonl", "b.jsonl"):  # every filter's values show the episodes each would show
+                n = sum(e["dataset"] == name for e in episodes)
+                assert (
+                    page.locator(f"#filter-dataset option[value='{name}']").text_content() == f"{name} ({n})"
+                )
+            page.click("#filter-outcome button[data-value='correct']")
+            n = sum(e["dataset"] == "a.jsonl" and e["outcome"] == "correct" for e in episodes)
+            assert page.locator("#filter-dataset option[value='a.jsonl']").text_content() == f"a.jsonl ({n})"
+            page.click("#filter-outcome button[data-value='all']")
+
+            # Two agents: an agent column and filter, and one question's two episodes side by side.
+            page.goto(two.as_uri())
+            assert page.locator("#filter-agent option[value='oracle']").text_content() == "oracle (20)"
+            page.select_option("#filter-agent", "oracle")
+            assert count() == 20
+            assert page.locator("details.episode:visible .agent").first.text_content() == "oracle"
+            page.select_option("#filter-agent", "all")
+            assert page.locator("#compare-b option[value='oracle']").text_content() == "oracle (20)"
+            page.select_option("#compare-a", "heuristic")
+            page.select_option("#compare-b", "oracle")
+            pairs = page.locator("details.pair")
+            assert page.locator("#pair-count").text_content() == "20" and pairs.count() == 20
+            wrong = [i for i, e in enumerate(paired[:20]) if e["outcome"] != "correct"]
+            assert wrong and page.locator("details.pair[data-differs='true']").count() >= len(wrong)
+            for i in range(
+                20
+            ):  # the oracle is right everywhere: a pair differs wherever the heuristic is wrong
+                if i in wrong:
+                    assert pairs.nth(i).get_attribute("data-differs") == "true"
+            pair = pairs.nth(wrong[0])
+            pair.locator("summary").click()
+            sides = pair.locator(".side-by-side > div")
+            sides.first.wait_for(state="visible")
+            assert [sides.nth(k).locator("h2").text_content() for k in (0, 1)] == ["heuristic", "oracle"]
+            for k in (0, 1):  # the answers differ, and both sides mark them; the golden answers do not
+                marked = sides.nth(k).locator("dt.differs")
+                assert "answer" in marked.all_text_contents()
+                assert "golden answers" not in marked.all_text_contents()
+            page.click("#filter-outcome button[data-value='wrong']")  # the filters apply to the first agent
+            assert page.locator("#pair-count").text_content() == str(len(wrong))
             shot = tmp_path / "page.png"
             page.screenshot(path=str(shot))
         finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -196,3 +197,78 @@ def test_bad_options_are_refused() -> None:
         ServedOptions("m", "http://h/v1", api="chat", token_ids=True)
     with pytest.raises(ConfigError, match="needs a model name"):
         ServedOptions("", "http://h/v1")
+
+
+def test_concurrent_players_keep_n_requests_in_flight_and_play_the_same_episodes() -> None:
+    import threading
+    import time
+
+    lock = threading.Lock()
+    flight = {"now": 0, "most": 0}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        with lock:
+            flight["now"] += 1
+            flight["most"] = max(flight["most"], flight["now"])
+        time.sleep(0.02)  # long enough for the other players' requests to arrive meanwhile
+        # The answer depends on the prompt only: one agent or several, every episode is the same.
+        prompt = json.loads(request.content)["prompt"]
+        word = re.findall(r"Question: (\w+)", prompt)[0]
+        with lock:
+            flight["now"] -= 1
+        return httpx.Response(200, json={"choices": [{"text": f" <answer> {word}", "finish_reason": "stop"}]})
+
+    def players(n: int) -> list[tuple[Any, ServedAgent]]:
+        out = []
+        for _ in range(n):
+            env = _env()
+            options = ServedOptions("m", "http://127.0.0.1:9/v1")
+            out.append(
+                (
+                    env,
+                    ServedAgent(options, env.unwrapped.tokenizer, 12, transport=httpx.MockTransport(answer)),
+                )
+            )
+        return out
+
+    alone = players(1)
+    one = evaluate(*alone[0], 12, seed=5)
+    assert flight["most"] == 1
+    three = players(3)
+    seen: list[str] = []
+    together = evaluate(
+        *three[0], 12, seed=5, players=three[1:], on_episode=lambda r: seen.append(r.info["question_id"])
+    )
+    assert flight["most"] == 3
+    fields = ("question_id", "answer", "em", "end_reason")
+    assert [{k: r.info[k] for k in fields} for r in together.records] == [
+        {k: r.info[k] for k in fields} for r in one.records
+    ]
+    assert [r.transcript for r in together.records] == [r.transcript for r in one.records]
+    assert seen == [r.info["question_id"] for r in one.records]  # the callbacks come in episode order
+    assert [r.info["requests"][0]["request"] for r in together.records] == [
+        r.info["requests"][0]["request"] for r in one.records
+    ]
+
+
+def test_eval_concurrency_against_a_local_server_writes_what_one_at_a_time_does(
+    served: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.cli import main
+
+    server, generator = served
+    files = []
+    for n in ("1", "3"):
+        out = tmp_path / f"c{n}.jsonl"
+        argv = ["eval", "--agent", "openai:scripted", "--base-url", server.url + "/v1", "--concurrency", n,
+                "--max-turns", "2", "--max-turn-tokens", "12", "--episodes", "6", "--no-progress", "--out", str(out)]  # fmt: skip
+        assert main(argv) == 0
+        files.append([json.loads(line) for line in out.read_text().splitlines()])
+    strip = ("requests",)  # each request's time differs
+    assert [{k: v for k, v in r.items() if k not in strip} for r in files[0]] == [
+        {k: v for k, v in r.items() if k not in strip} for r in files[1]
+    ]
+    assert len(generator.calls) == 2 * 6 * 2  # two turns per episode, both runs
+    with pytest.raises(SystemExit):
+        main(["eval", "--agent", "openai:scripted", "--base-url", server.url + "/v1", "--concurrency", "0"])
+    assert "--concurrency: must be >= 1" in capsys.readouterr().err

@@ -1,0 +1,131 @@
+"""The result card: the settings that decide whether two evaluation figures may be compared.
+
+Two exact-match figures compare only when the agents answered the same questions (split hash and name),
+searched the same corpus (its hash) with the same retriever (its spec and index hash, its injected faults,
+top-k), within the same episode (env id, turn budget, prompt style), scored by the same reward and answer
+normaliser (the hash of ``searchgym/rewards.py``), sampled the same way (temperature, samples per question)
+from the same seeds. ``searchgym eval --out`` writes the card into its manifest, ``searchgym benchmark``
+into each dataset of its report, and refuses to pair agents whose cards differ. An agent's own sizes (turn
+and context tokens, its tokenizer) are not on the card: they are part of the agent being compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from searchgym.errors import ConfigError
+
+__all__ = ["CARD_FIELDS", "card_differences", "card_table", "check_cards", "result_card"]
+
+CARD_FIELDS = (
+    "env",
+    "split",
+    "questions_sha256",
+    "corpus_sha256",
+    "retriever",
+    "index_sha256",
+    "retriever_faults",
+    "topk",
+    "max_turns",
+    "prompt_style",
+    "reward",
+    "normaliser_sha256",
+    "temperature",
+    "samples",
+    "seed",
+)
+"""Every field of a card, in order; two cards compare on all of them."""
+
+
+def _played_retriever(spec: Any) -> Any:
+    """The retriever whose results the episodes got: a recording cassette's inner spec (the cassette file
+    grows as it records, and what it records is that spec's results), else ``spec``."""
+    if isinstance(spec, str) and spec.startswith("cassette:"):
+        _, _, option = spec.partition(";")
+        mode, sep, inner = option.partition("=")
+        if sep and mode.startswith("record"):
+            return inner
+    return spec
+
+
+def result_card(
+    env_kwargs: Mapping[str, Any], *, env: str, temperature: float, samples: int, seed: int
+) -> dict[str, Any]:
+    """The card of a run whose environment had ``env_kwargs`` (as ``gym.make`` takes them, every episode
+    setting given) on env id ``env``.
+
+    Raises:
+        ConfigError: the dataset cannot be found.
+    """
+    from searchgym import rewards
+    from searchgym.manifest import dataset_fingerprint, file_digest, retriever_fingerprint
+
+    data = dataset_fingerprint(
+        env_kwargs.get("dataset"), str(env_kwargs.get("split", "test")), int(env_kwargs.get("world_seed", 0))
+    )
+    spec = _played_retriever(env_kwargs.get("retriever", "bm25"))
+    retriever = retriever_fingerprint(spec, env_kwargs.get("topk"), env_kwargs.get("retriever_faults"))
+    card = {
+        "env": env,
+        "split": data["split"],
+        "questions_sha256": data["questions_sha256"],
+        "corpus_sha256": data["corpus_sha256"],
+        "retriever": retriever["spec"],
+        "index_sha256": retriever["index_sha256"],
+        "retriever_faults": retriever["faults"],
+        "topk": env_kwargs.get("topk"),
+        "max_turns": env_kwargs.get("max_turns"),
+        "prompt_style": env_kwargs.get("prompt_style"),
+        "reward": env_kwargs.get("reward"),
+        "normaliser_sha256": file_digest(rewards.__file__),
+        "temperature": float(temperature),
+        "samples": int(samples),
+        "seed": int(seed),
+    }
+    return {name: card[name] for name in CARD_FIELDS}
+
+
+def card_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The card fields on which ``a`` and ``b`` differ (a field one lacks counts as differing)."""
+    return [name for name in CARD_FIELDS if a.get(name, ...) != b.get(name, ...)]
+
+
+def check_cards(cards: Mapping[str, Mapping[str, Any]], what: str) -> None:
+    """Checks every card of ``cards`` (by agent) equals the first one.
+
+    Args:
+        cards: Each agent's card, the baseline first.
+        what: What the figures are of, for the message (``"dataset nq"``).
+
+    Raises:
+        ConfigError: two cards differ; the message names the agents, the first differing field and both
+            values.
+    """
+    names = list(cards)
+    for name in names[1:]:
+        differ = card_differences(cards[names[0]], cards[name])
+        if differ:
+            field = differ[0]
+            more = f" (and {', '.join(differ[1:])})" if len(differ) > 1 else ""
+            raise ConfigError(
+                f"cannot pair {name} with {names[0]} on {what}: their result cards differ in {field}{more} "
+                f"({cards[names[0]].get(field)!r:.80} vs {cards[name].get(field)!r:.80}); play both with the same "
+                "settings (a cached pair is played again once its folder under pairs/ is removed)"
+            )
+
+
+def card_table(cards: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Markdown lines of one card per row (by dataset), its hashes cut to 12 hex digits."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, str) and value.startswith("sha256:"):
+            return value[len("sha256:") :][:12]
+        if isinstance(value, dict):
+            return ",".join(f"{k}={v}" for k, v in value.items())
+        return "–" if value is None else str(value)
+
+    lines = ["| dataset | " + " | ".join(CARD_FIELDS) + " |", "|---" * (1 + len(CARD_FIELDS)) + "|"]
+    for name, card in cards.items():
+        lines.append(f"| {name} | " + " | ".join(cell(card.get(f)) for f in CARD_FIELDS) + " |")
+    return lines
