@@ -151,7 +151,7 @@ class GRPOTrainer:
         else:
             write_run_record(self.run_dir, cfg)
         self.logger = MetricLogger(
-            self.run_dir, resume_step=self.step if cfg.resume else None, tensorboard=cfg.tensorboard
+            self.run_dir, resume_step=self.step if cfg.resume else None, config=cfg
         )
         # The logged history feeds the early-warning rule; a resumed run reads back what it had logged.
         self.history: list[dict[str, Any]] = read_metrics(self.run_dir) if cfg.resume else []
