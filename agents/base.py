@@ -30,7 +30,9 @@ class Agent(ABC):
 
         By default ``cls(env, **options)``, so an agent of your own needs only ``__init__(self, env)`` (and a
         ``seed`` keyword, which the command then passes, to be seeded); a class whose constructor takes what
-        it reads from the env (a tokenizer, an action count) overrides this.
+        it reads from the env (a tokenizer, an action count) overrides this, and the command uses the override
+        only for a class that defines no constructor of its own below it (a subclass with its own
+        ``__init__(self, env)`` is built as ``Class(env)``).
         """
         return cls(env, **options)  # type: ignore[call-arg]
 

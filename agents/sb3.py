@@ -260,7 +260,15 @@ def recorded_env(path: str | Path) -> tuple[str, dict[str, Any], Path] | None:
     try:
         saved = json.loads(config.read_text(encoding="utf-8"))
         env_id, env_kwargs = saved["env_id"], saved.get("env", {})
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError, AttributeError) as e:
+    except (
+        OSError,
+        UnicodeDecodeError,
+        ValueError,
+        RecursionError,
+        KeyError,
+        TypeError,
+        AttributeError,
+    ) as e:
         raise ConfigError(
             f"{config}: not a readable train sb3 run config with an env_id ({type(e).__name__}); pass the env "
             "the model plays (eval --env, or env= in code)"

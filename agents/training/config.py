@@ -82,7 +82,8 @@ class CommonConfig:
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
     progress: bool = option(True, "show a tqdm progress bar")
     tensorboard: bool = option(
-        True, "also write TensorBoard events when tensorboard is installed (--no-tensorboard: --report-to none)"
+        True,
+        "also write TensorBoard events when tensorboard is installed (--no-tensorboard: --report-to none)",
     )
     report_to: ReportTo = option("tensorboard", REPORT_TO_HELP)  # noqa: RUF009 - a Literal alias: an immutable str
 

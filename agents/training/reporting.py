@@ -23,8 +23,8 @@ from searchgym.errors import ConfigError, MissingDependencyError
 __all__ = [
     "REPORT_TO",
     "REPORT_TO_HELP",
-    "Reporter",
     "ReportTo",
+    "Reporter",
     "check_report_to",
     "open_reporters",
     "report_target",

@@ -247,7 +247,9 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
     )
 
 
-AGENT_RULE = "Class(env), or Class(env, seed=SEED) when its __init__ takes a seed (Class.from_env(env) if it has one)"
+AGENT_RULE = (
+    "Class(env), or Class(env, seed=SEED) when its __init__ takes a seed (Class.from_env(env) if it has one)"
+)
 """How ``--agent`` builds every agent class, for the messages."""
 
 
@@ -255,9 +257,10 @@ def build_agent_class(cls: type, env: Any, spec: str, seed: int = 0) -> Any:
     """An agent of class ``cls`` for ``env``: the one rule every ``--agent`` class follows, the built-in ones
     included.
 
-    ``cls.from_env(env)`` when the class has one (every :class:`~searchgym.agents.Agent` does: by default it
-    is ``cls(env)``; built-in agents whose constructors take what they read from the env, a tokenizer or an
-    action count, override it), else ``cls(env)``; ``seed=seed`` is passed too when that call takes a
+    ``cls.from_env(env)`` when the class defines its constructor and ``from_env`` together (a built-in agent
+    whose constructor takes what it reads from the env, a tokenizer or an action count), else ``cls(env)``
+    (:meth:`Agent.from_env <searchgym.agents.Agent.from_env>`'s default; so a subclass of a built-in agent with
+    its own ``__init__(self, env)`` is built as that); ``seed=seed`` is passed too when that call takes a
     ``seed`` parameter.
 
     Raises:
@@ -268,11 +271,14 @@ def build_agent_class(cls: type, env: Any, spec: str, seed: int = 0) -> Any:
 
     from searchgym.agents import Agent
 
-    factory: Any = getattr(cls, "from_env", None)
-    default = factory is None or getattr(factory, "__func__", None) is Agent.from_env.__func__
-    target = cls if default else factory  # whose parameters decide: the default from_env is Class(env)
+    mro = cls.__mro__
+    owners = {a: next((k for k in mro if a in vars(k)), object) for a in ("from_env", "__init__")}
+    own_factory = owners["from_env"] not in (object, Agent) and mro.index(owners["from_env"]) <= mro.index(
+        owners["__init__"]
+    )
+    call: Any = cls.from_env if own_factory else cls  # type: ignore[attr-defined]
     try:
-        signature = inspect.signature(target)
+        signature = inspect.signature(call)
     except (TypeError, ValueError):  # a built-in or C type: no signature to check, the call says
         signature = None
     options = {"seed": seed} if signature is not None and "seed" in signature.parameters else {}
@@ -280,12 +286,12 @@ def build_agent_class(cls: type, env: Any, spec: str, seed: int = 0) -> Any:
         try:
             signature.bind(env, **options)
         except TypeError as e:
-            shown = f"{cls.__name__}.from_env" if not default else f"{cls.__name__}.__init__"
+            shown = f"{cls.__name__}.from_env" if own_factory else f"{cls.__name__}.__init__"
             raise ConfigError(
                 f"--agent {spec}: {shown}{signature} cannot be called with the env ({e}); an agent class is "
                 f"built as {AGENT_RULE}: give it def __init__(self, env)"
             ) from None
-    return (cls if factory is None else factory)(env, **options)
+    return call(env, **options)
 
 
 def _checkpoint_agent(path: str, base: Any) -> Any:
@@ -299,7 +305,9 @@ def _checkpoint_agent(path: str, base: Any) -> Any:
 
     from searchgym.agents.training.export import load_policy, loadable_in_run
 
-    inside = loadable_in_run(path) if os.path.isdir(path) and not os.path.isfile(f"{path}/config.json") else []
+    inside = (
+        loadable_in_run(path) if os.path.isdir(path) and not os.path.isfile(f"{path}/config.json") else []
+    )
     if inside:
         specs = " or ".join(f"checkpoint:{p}" for p in inside)
         raise ConfigError(f"--agent checkpoint:{path} names a run folder, not a model; did you mean {specs}?")

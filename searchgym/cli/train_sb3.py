@@ -143,20 +143,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the envs")
     parser.add_argument("--run-dir", default=None, help="run directory (default: runs/sb3-ALGO-VIEW-sSEED)")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace the run an existing --run-dir holds (refused otherwise)"
+        "--overwrite",
+        action="store_true",
+        help="replace the run an existing --run-dir holds (refused otherwise)",
     )
     parser.add_argument("--n-envs", type=int, default=4, help="training envs stepped together")
-    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: HYPERPARAMS' per algo)")
+    parser.add_argument(
+        "--lr", type=float, default=None, help="learning rate (default: HYPERPARAMS' per algo)"
+    )
     parser.add_argument("--save-every", type=int, default=5_000, help="checkpoint every N steps (0: off)")
     parser.add_argument(
         "--eval-questions", type=int, default=200, help="questions of the closing evaluation (0: off)"
     )
     parser.add_argument("--eval-split", default="test", help="split of the closing evaluation")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument(
-        "--report-to", choices=REPORT_TO, default="tensorboard", help=REPORT_TO_HELP
-    )
-    types = {"--timesteps": int, "--learning-rate": float, "--checkpoint-freq": int, "--eval-episodes": int}
+    parser.add_argument("--report-to", choices=REPORT_TO, default="tensorboard", help=REPORT_TO_HELP)
+    types: dict[str, Any] = {"--out": str, "--learning-rate": float}  # the others count: int
     for old, new in DEPRECATED_FLAGS.items():
         parser.add_argument(
             old,
@@ -164,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action=_Deprecated,
             new=new,
             help=argparse.SUPPRESS,
-            **({"type": types[old]} if old in types else {}),
+            type=types.get(old, int),
         )
     add_env_arguments(
         parser

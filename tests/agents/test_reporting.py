@@ -159,7 +159,9 @@ def test_train_sft_reports_to_wandb(
     assert main(argv) == 0
     [wandb_run] = fake_wandb
     assert wandb_run.settings["project"] == "sg-test" and wandb_run.finished
-    logged = [(r["step"], {k: v for k, v in r.items() if k != "step" and v is not None}) for r in read_metrics(run)]
+    logged = [
+        (r["step"], {k: v for k, v in r.items() if k != "step" and v is not None}) for r in read_metrics(run)
+    ]
     assert logged and wandb_run.logged == logged  # every line of metrics.jsonl, at its step
     assert wandb_run.settings["config"]["report_to"] == "wandb"
     assert not (run / "tb").exists()
@@ -184,15 +186,15 @@ def test_train_sb3_reports_its_logger_rows_to_wandb(
         written = {k: float(v) for k, v in row.items() if v != ""}
         kept_out = {k for k in written if k not in reported}  # what SB3 keeps out of TensorBoard, as we do
         assert kept_out <= {"time/total_timesteps", "train/n_updates", "time/iterations", "time/episodes"}
-        assert {k: written[k] for k in reported} == reported and written.get("time/total_timesteps", step) == step
+        assert {k: written[k] for k in reported} == reported and written.get(
+            "time/total_timesteps", step
+        ) == step
     assert "time/train_seconds" in reported and "rollout/em" in reported
     assert json.loads((run / "config.json").read_text())["report_to"] == "wandb"
     assert not (run / "tb").exists()
 
 
-def test_wandb_reporter_names_the_extra_when_missing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_wandb_reporter_names_the_extra_when_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(MissingDependencyError, match=r"pip install 'searchgym\[wandb\]'"):
         SFTConfig(report_to="wandb")

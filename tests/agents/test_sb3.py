@@ -389,7 +389,9 @@ def test_eval_plays_an_sb3_model_on_the_env_and_sizes_its_run_records(
     config = {"algo": "ppo", "env_id": "SearchQA-v0", "env": {**TOKEN_KWARGS, "split": "train"}}
     (tmp_path / "token" / "config.json").write_text(json.dumps(config))
     macro, _ = _sb3_model(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": "SearchQAMacro-v0", "env": {}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"algo": "ppo", "env_id": "SearchQAMacro-v0", "env": {}})
+    )
 
     code, out, err = _eval(["--agent", f"sb3:{macro}"], capsys)  # the macro env, with no --env
     assert code == 0 and json.loads(out)["episodes"] == 2, err
@@ -423,7 +425,11 @@ def test_eval_plays_an_sb3_model_on_the_env_and_sizes_its_run_records(
     ids=["module:id", "a list", "null"],
 )
 def test_eval_refuses_an_env_id_a_run_config_may_not_name_in_one_line(
-    env_id: Any, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    env_id: Any,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import sys
 
@@ -442,3 +448,32 @@ def test_eval_refuses_an_env_id_a_run_config_may_not_name_in_one_line(
     assert code == 2 and len(err) == 1 and "not a readable train sb3 run config" in err[0]
     code, out, err = _eval(["--env", "SearchQAMacro-v0", "--agent", f"sb3:{path}"], capsys)
     assert code == 0 and err == []  # with --env, the run config is not needed
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "value"),
+    [
+        ("--timesteps", "--steps", "steps", "64"),
+        ("--out", "--run-dir", "run_dir", "runs/x"),
+        ("--learning-rate", "--lr", "lr", "0.001"),
+        ("--checkpoint-freq", "--save-every", "save_every", "32"),
+        ("--eval-episodes", "--eval-questions", "eval_questions", "5"),
+    ],
+)
+def test_train_sb3_shares_the_trainers_option_names_and_takes_the_old_ones_with_a_line(
+    old: str, new: str, field: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.cli import build_parser
+    from searchgym.cli.train_sb3 import config_from_args
+
+    configs = []
+    for flag in (new, old):
+        args = build_parser().parse_args(["train", "sb3", "--algo", "ppo", flag, value])
+        configs.append(config_from_args(args))
+        err = capsys.readouterr().err
+        assert err == ("" if flag == new else f"searchgym: {old} is deprecated; use {new}\n")
+    assert configs[0] == configs[1] and str(getattr(configs[0], field)) == value
+    with pytest.raises(SystemExit):
+        main(["train", "sb3", "--help"])
+    shown = capsys.readouterr().out
+    assert f"  {new} " in shown and f"  {old} " not in shown

@@ -11,8 +11,15 @@ import pytest
 from searchgym.cli import main
 from searchgym.cli._agent_options import agent_label, agent_labels
 
-USER_AGENTS = '''
-from searchgym.agents import Agent
+USER_AGENTS = """
+from searchgym.agents import Agent, HeuristicAgent
+
+
+class MyHeuristic(HeuristicAgent):  # its own constructor: built as MyHeuristic(env), not by from_env
+    name = "my-heuristic"
+
+    def __init__(self, env):
+        super().__init__(env.unwrapped.tokenizer)
 
 
 class Named(Agent):
@@ -57,7 +64,7 @@ class MoreArguments:
 
     def act(self, observation, info):
         return 0
-'''
+"""
 
 
 @pytest.fixture
@@ -75,7 +82,8 @@ def _eval(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
 
 
 @pytest.mark.parametrize(
-    ("cls", "signature"), [("NoEnv", "NoEnv.__init__()"), ("MoreArguments", "MoreArguments.__init__(env, tokenizer)")]
+    ("cls", "signature"),
+    [("NoEnv", "NoEnv.__init__()"), ("MoreArguments", "MoreArguments.__init__(env, tokenizer)")],
 )
 def test_a_class_that_cannot_take_the_env_is_one_line_naming_the_signature(
     cls: str, signature: str, user_agents: str, capsys: pytest.CaptureFixture[str]
@@ -96,6 +104,17 @@ def test_builtin_agents_are_built_by_the_rule_user_classes_follow(capsys: pytest
             assert code == 0, err
             figures.append({k: v for k, v in json.loads(out).items() if k != "episodes_per_s"})
         assert figures[0] == figures[1], name
+
+
+def test_a_subclass_with_its_own_constructor_is_built_by_it(
+    user_agents: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    figures = []
+    for spec in ("heuristic", f"{user_agents}:MyHeuristic"):
+        code, out, err = _eval(capsys, "--agent", spec, "--json")
+        assert code == 0, err
+        figures.append({k: v for k, v in json.loads(out).items() if k != "episodes_per_s"})
+    assert figures[0] == figures[1]
 
 
 def test_a_class_with_a_seed_parameter_is_given_the_seed(
