@@ -52,9 +52,13 @@ DEFAULT_ENV = "SearchQA-v0"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_env_arguments(parser, env_defaults(), unset=TRAINED_SIZES)
-    parser.set_defaults(
-        env=None
-    )  # DEFAULT_ENV, or the env an sb3: model's run records (recorded_env_defaults)
+    # Not given: DEFAULT_ENV, or the env an sb3: model's run records (recorded_env_defaults).
+    parser.set_defaults(env=None)
+    for action in parser._actions:
+        if action.dest == "env":
+            action.help = (
+                f"environment id (default: {DEFAULT_ENV}, or the one an sb3:PATH model's run records)"
+            )
     parser.add_argument("--agent", required=True, help=AGENT_FORMS)
     parser.add_argument(
         "--episodes",
