@@ -22,6 +22,19 @@ class Agent(ABC):
     """
 
     name: str = "agent"
+    """What tables call the agent (``searchgym eval`` and ``benchmark`` show it, not the ``--agent`` text)."""
+
+    @classmethod
+    def from_env(cls, env: Any, **options: Any) -> Agent:
+        """The agent for ``env`` (wrapped or not): how ``searchgym eval --agent`` builds every agent class.
+
+        By default ``cls(env, **options)``, so an agent of your own needs only ``__init__(self, env)`` (and a
+        ``seed`` keyword, which the command then passes, to be seeded); a class whose constructor takes what
+        it reads from the env (a tokenizer, an action count) overrides this, and the command uses the override
+        only for a class that defines no constructor of its own below it (a subclass with its own
+        ``__init__(self, env)`` is built as ``Class(env)``).
+        """
+        return cls(env, **options)  # type: ignore[call-arg]
 
     def reset(self, info: dict[str, Any], seed: int | None = None) -> None:  # noqa: B027 - optional hook
         """Starts an episode. ``seed`` (when given) makes stochastic agents reproducible."""

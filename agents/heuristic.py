@@ -90,6 +90,11 @@ class HeuristicAgent(Agent):
         self._question = ""
         self._searched = False
 
+    @classmethod
+    def from_env(cls, env: Any) -> HeuristicAgent:  # type: ignore[override]
+        """The heuristic in ``env``'s tokenizer."""
+        return cls(env.unwrapped.tokenizer)
+
     def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
         self._question = info["question"]
         self._queue = self.tokenizer.encode(f"<search> {self._question} </search>")

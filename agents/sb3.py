@@ -45,6 +45,9 @@ __all__ = [
     "SB3Agent",
     "TokenFeaturesExtractor",
     "load_model",
+    "model_file",
+    "recorded_env",
+    "run_config_path",
     "token_policy_kwargs",
 ]
 
@@ -233,11 +236,52 @@ def _policy_kwargs(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return kwargs
 
 
-def _guess_algo(path: Path, data: dict[str, Any]) -> str:
-    """The algorithm of a saved model: ``config.json`` next to it (written by the CLI), else its own data."""
+def run_config_path(path: str | Path) -> Path:
+    """The ``config.json`` of the ``searchgym train sb3`` run a saved model belongs to: beside the model, or
+    above its ``checkpoints/`` folder (it may not exist)."""
+    path = Path(path)
     config = path.parent / "config.json"
     if not config.is_file() and path.parent.name == "checkpoints":
         config = path.parent.parent / "config.json"
+    return config
+
+
+def recorded_env(path: str | Path) -> tuple[str, dict[str, Any], Path] | None:
+    """The env id and arguments the run's ``config.json`` records for the model at ``path``, and that file;
+    ``None`` when the model has no run config. Checked as :func:`~searchgym.envs.recorded.make_recorded_env`
+    checks them (a registered searchgym env id, its own arguments, plain data), nothing built or imported.
+
+    Raises:
+        ConfigError: the run config is unreadable or records no env id, or what it records is refused.
+    """
+    config = run_config_path(path)
+    if not config.is_file():
+        return None
+    try:
+        saved = json.loads(config.read_text(encoding="utf-8"))
+        env_id, env_kwargs = saved["env_id"], saved.get("env", {})
+    except (
+        OSError,
+        UnicodeDecodeError,
+        ValueError,
+        RecursionError,
+        KeyError,
+        TypeError,
+        AttributeError,
+    ) as e:
+        raise ConfigError(
+            f"{config}: not a readable train sb3 run config with an env_id ({type(e).__name__}); pass the env "
+            "the model plays (eval --env, or env= in code)"
+        ) from None
+    from searchgym.envs.recorded import check_recorded_env
+
+    check_recorded_env(env_id, env_kwargs, str(config))
+    return env_id, env_kwargs, config
+
+
+def _guess_algo(path: Path, data: dict[str, Any]) -> str:
+    """The algorithm of a saved model: ``config.json`` next to it (written by the CLI), else its own data."""
+    config = run_config_path(path)
     if config.is_file():
         try:
             algo = json.loads(config.read_text(encoding="utf-8")).get("algo")
@@ -255,29 +299,16 @@ def _guess_algo(path: Path, data: dict[str, Any]) -> str:
 
 def _run_env(path: Path) -> gym.Env[Any, Any]:
     """The env a ``searchgym train sb3`` run trained on, from its ``config.json``: a searchgym env id with its
-    own arguments only (:func:`~searchgym.envs.recorded.make_recorded_env`), so the file cannot make
-    ``gym.make`` import a module."""
-    config = path.parent / "config.json"
-    if not config.is_file() and path.parent.name == "checkpoints":
-        config = path.parent.parent / "config.json"
-    try:
-        saved = json.loads(config.read_text(encoding="utf-8"))
-        env_id, env_kwargs = saved["env_id"], saved.get("env", {})
-    except (
-        OSError,
-        UnicodeDecodeError,
-        ValueError,
-        RecursionError,
-        KeyError,
-        TypeError,
-        AttributeError,
-    ) as e:
+    own arguments only (:func:`recorded_env`), so the file cannot make ``gym.make`` import a module."""
+    recorded = recorded_env(path)
+    if recorded is None:
         raise ConfigError(
             f"{path}: pass the env the model plays (load_model(path, env=...)): its spaces are not read from the "
-            f"file (that would unpickle them), and no readable run config.json is next to it ({type(e).__name__})"
-        ) from None
+            "file (that would unpickle them), and no run config.json is next to it"
+        )
     from searchgym.envs.recorded import make_recorded_env
 
+    env_id, env_kwargs, config = recorded
     return make_recorded_env(env_id, env_kwargs, str(config))
 
 
@@ -359,6 +390,24 @@ _PREDICT_ONLY: dict[str, dict[str, Any]] = {
 }
 
 
+def model_file(path: str | Path) -> Path:
+    """The saved model ``path`` names: the file, or ``path.zip``.
+
+    Raises:
+        ConfigError: no model there (for a ``train sb3`` run folder, the message names its ``model.zip``).
+    """
+    file = Path(path).expanduser()
+    if not file.is_file() and file.with_suffix(".zip").is_file():
+        file = file.with_suffix(".zip")
+    if file.is_dir() and (file / "model.zip").is_file():
+        raise ConfigError(
+            f"{str(path)!r} is a train sb3 run folder, not a model; did you mean {file / 'model.zip'}?"
+        )
+    if not file.is_file():
+        raise ConfigError(f"no stable-baselines3 model at {str(path)!r}")
+    return file
+
+
 def load_model(
     path: str | Path, algo: str | None = None, env: gym.Env[Any, Any] | None = None
 ) -> BaseAlgorithm:
@@ -381,11 +430,7 @@ def load_model(
             the env's, or ``policy_kwargs`` naming a class outside the allow-list.
         CheckpointError: the file is not a readable SB3 model, or its weights do not fit the env's spaces.
     """
-    file = Path(path).expanduser()
-    if not file.is_file() and file.with_suffix(".zip").is_file():
-        file = file.with_suffix(".zip")
-    if not file.is_file():
-        raise ConfigError(f"no stable-baselines3 model at {str(path)!r}")
+    file = model_file(path)
     data, state = _read_archive(file)
     name = algo or _guess_algo(file, data)
     if name not in ALGORITHMS:

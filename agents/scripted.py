@@ -41,6 +41,11 @@ class RandomAgent(Agent):
         self.vocab_size = vocab_size
         self.rng = np.random.default_rng(seed)
 
+    @classmethod
+    def from_env(cls, env: gym.Env[Any, Any], seed: int = 0) -> RandomAgent:  # type: ignore[override]
+        """Random actions of ``env``'s ``Discrete`` action space."""
+        return cls(int(env.action_space.n), seed=seed)  # type: ignore[attr-defined]
+
     def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
         if seed is not None:
             self.rng = np.random.default_rng(seed)
@@ -164,7 +169,7 @@ class OracleAgent(Agent):
         self._pos = 0
 
     @classmethod
-    def from_env(cls, env: gym.Env[Any, Any]) -> OracleAgent:
+    def from_env(cls, env: gym.Env[Any, Any]) -> OracleAgent:  # type: ignore[override]
         """The oracle for a SearchQA env (wrapped or not), with its retriever, turn budget and top-k."""
         base: Any = env.unwrapped
         return cls(

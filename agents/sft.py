@@ -97,7 +97,7 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
     )
     per_epoch = math.ceil(len(demos) / config.batch_size)
     optimizer, scheduler = make_optimizer(model, config, total_updates=config.epochs * per_epoch)
-    logger = MetricLogger(config.run_dir, tensorboard=config.tensorboard)
+    logger = MetricLogger(config.run_dir, config=config)
     generator = torch.Generator().manual_seed(config.seed)
     from tqdm.auto import tqdm
 

@@ -5,7 +5,7 @@ and arguments could run code: ``gym.make("pkg.module:EnvId")`` imports ``pkg.mod
 arguments (``entry_point``, ``additional_wrappers``…) reach further. :func:`make_recorded_env` builds only
 the env ids searchgym registers, with arguments that their constructors declare, each a JSON scalar (or, for
 ``retriever_faults``, a flat object of scalars); a retriever that would write a file (a recording cassette) is
-refused too.
+refused too. :func:`check_recorded_env` applies the same checks without building the env.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import gymnasium as gym
 
 from searchgym.errors import ConfigError
 
-__all__ = ["RECORDED_ENV_IDS", "make_recorded_env"]
+__all__ = ["RECORDED_ENV_IDS", "check_recorded_env", "make_recorded_env"]
 
 RECORDED_ENV_IDS = ("SearchQA-v0", "SearchQAMacro-v0")
 """The env ids a file may name."""
@@ -44,6 +44,18 @@ def _arguments(env_id: str) -> set[str]:
 
 def make_recorded_env(env_id: Any, kwargs: Any, source: str) -> gym.Env[Any, Any]:
     """``gym.make(env_id, **kwargs)`` for an env id and arguments read from ``source`` (a file).
+
+    Raises:
+        ConfigError: as :func:`check_recorded_env`.
+    """
+    check_recorded_env(env_id, kwargs, source)
+    import searchgym  # noqa: F401 - registers the env ids
+
+    return gym.make(env_id, **kwargs)
+
+
+def check_recorded_env(env_id: Any, kwargs: Any, source: str) -> None:
+    """Checks an env id and arguments read from ``source`` (a file) before anything is built from them.
 
     Raises:
         ConfigError: ``env_id`` is not one of :data:`RECORDED_ENV_IDS`, or an argument is not one the env
@@ -77,6 +89,3 @@ def make_recorded_env(env_id: Any, kwargs: Any, source: str) -> gym.Env[Any, Any
                 f"{source}: env argument 'retriever' is {value!r:.80}, a recording cassette, which writes a "
                 "file; a file may name a cassette to replay only (cassette:PATH)"
             )
-    import searchgym  # noqa: F401 - registers the env ids
-
-    return gym.make(env_id, **kwargs)

@@ -107,7 +107,7 @@ BUDGETS: dict[tuple[str, ...], list[str]] = {
         "train grpo": "--steps 1 --questions-per-step 1 --group-size 2 --eval-questions 0 --probe-size 0 "
         "--onpolicy-probe-size 0",
         "train trl": "--updates 1 --questions-per-step 1 --group-size 2 --eval-questions 0",
-        "train sb3": "--timesteps 64 --eval-episodes 1",
+        "train sb3": "--steps 64 --eval-questions 1",
         "export-trajectories": "--episodes 4",
         "index dense": "--max-length 32 --no-progress",
         "serve": "--port 0",
@@ -834,8 +834,8 @@ def prerequisites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @contextlib.contextmanager
 def provided(words: Sequence[str], work: Path, prerequisites: dict[str, Path]) -> Iterator[None]:
-    """The prerequisites a command names (``sb3:PATH`` too) that no earlier command of its page wrote, copied
-    in for that command and removed after it: they stand for files made elsewhere, so a later command of the
+    """The prerequisites a command names (``sb3:PATH`` too, with its run's ``config.json``) that no earlier
+    command of its page wrote, copied in for that command and removed after it: they stand for files made elsewhere, so a later command of the
     page that makes them (sb3.md trains the model its evaluation line loads) finds its place free."""
     copied = []
     for word in words:
@@ -847,6 +847,14 @@ def provided(words: Sequence[str], work: Path, prerequisites: dict[str, Path]) -
             else:
                 shutil.copy2(prerequisites[name], work / name)
             copied.append(work / name)
+            run_config = prerequisites[name].parent / "config.json"  # an sb3 model plays the env it records
+            if (
+                name.endswith(".zip")
+                and run_config.is_file()
+                and not (work / name).with_name("config.json").exists()
+            ):
+                shutil.copy2(run_config, (work / name).with_name("config.json"))
+                copied.append((work / name).with_name("config.json"))
     yield
     for path in copied:
         if path.is_dir():

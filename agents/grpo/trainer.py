@@ -150,9 +150,7 @@ class GRPOTrainer:
             self._restore(self.run_dir / CHECKPOINT)
         else:
             write_run_record(self.run_dir, cfg)
-        self.logger = MetricLogger(
-            self.run_dir, resume_step=self.step if cfg.resume else None, tensorboard=cfg.tensorboard
-        )
+        self.logger = MetricLogger(self.run_dir, resume_step=self.step if cfg.resume else None, config=cfg)
         # The logged history feeds the early-warning rule; a resumed run reads back what it had logged.
         self.history: list[dict[str, Any]] = read_metrics(self.run_dir) if cfg.resume else []
         self.update_metrics: list[dict[str, float]] = []  # per optimizer update of the last step (tests)

@@ -489,7 +489,7 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
         "seed": config.seed,
         "logging_steps": 1,
         "save_strategy": "steps" if config.save_every else "no",
-        "report_to": "none",  # metrics.jsonl and TensorBoard come from searchgym's MetricLogger
+        "report_to": "none",  # metrics.jsonl and --report-to come from searchgym's MetricLogger
         "use_cpu": config.device == "cpu",
         "bf16": config.dtype == "bfloat16",
         "fp16": config.dtype == "float16",

@@ -208,7 +208,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     dataset = question_dataset(rollout.env(args.generation_batch_size // args.world_size))
     logger = None
     if state.is_main_process:
-        logger = MetricLogger(run_dir, resume_step=resume_step, tensorboard=config.tensorboard)
+        logger = MetricLogger(run_dir, resume_step=resume_step, config=config)
     metrics_cb = _MetricsCallback(logger)
     llds = LLDSOptions(
         gate=None if config.llds == "none" else config.llds,

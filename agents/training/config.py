@@ -16,6 +16,8 @@ from typing import Any, ClassVar, Literal, TypeAlias, get_args
 from searchgym.errors import ConfigError
 from searchgym.options import check_choices, option
 
+from .reporting import REPORT_TO_HELP, ReportTo, check_report_to
+
 __all__ = ["REWARDS", "CommonConfig", "SFTConfig"]
 
 Reward: TypeAlias = Literal["em", "subem", "f1"]
@@ -79,13 +81,18 @@ class CommonConfig:
     seed: int = option(0, "seed of sampling, shuffling and question order")
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
     progress: bool = option(True, "show a tqdm progress bar")
-    tensorboard: bool = option(True, "also write TensorBoard events when tensorboard is installed")
+    tensorboard: bool = option(
+        True,
+        "also write TensorBoard events when tensorboard is installed (--no-tensorboard: --report-to none)",
+    )
+    report_to: ReportTo = option("tensorboard", REPORT_TO_HELP)  # noqa: RUF009 - a Literal alias: an immutable str
 
     FROZEN_CONTROL: ClassVar[bool] = False
     """Whether ``lr == 0`` is allowed (GRPO's frozen control); every other entry point needs a rate."""
 
     def __post_init__(self) -> None:
         check_choices(self)
+        check_report_to(self.report_to)
         for name in ("tiny_layers", "tiny_hidden", "topk", "max_turns", "max_turn_tokens", "eval_batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

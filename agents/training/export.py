@@ -21,7 +21,14 @@ from ..llm import LLMPolicy
 from .config import CommonConfig
 from .policy import build_policy
 
-__all__ = ["ENV_SIZES", "checkpoint_env_sizes", "export_env_sizes", "export_pretrained", "load_policy"]
+__all__ = [
+    "ENV_SIZES",
+    "checkpoint_env_sizes",
+    "export_env_sizes",
+    "export_pretrained",
+    "load_policy",
+    "loadable_in_run",
+]
 
 EXPORT_NOTE = "searchgym_export.json"
 """The provenance note :func:`export_pretrained` writes beside the model files."""
@@ -29,6 +36,14 @@ EXPORT_NOTE = "searchgym_export.json"
 ENV_SIZES = ("max_turn_tokens", "max_context_tokens")
 """The env sizes a model was trained with, recorded in a checkpoint's config and in an export's note: the
 model plays best (and at its trained speed) in an env of the same sizes."""
+
+
+def loadable_in_run(folder: str | Path) -> list[Path]:
+    """What :func:`load_policy` loads inside a run folder: its ``checkpoint.pt`` (``train sft`` / ``grpo``),
+    its ``model/`` (``train trl``'s final model); ``[]`` for a folder holding neither."""
+    root = Path(folder)
+    found = [root / "checkpoint.pt"] if (root / "checkpoint.pt").is_file() else []
+    return found + ([root / "model"] if (root / "model" / "config.json").is_file() else [])
 
 
 def load_policy(
@@ -64,7 +79,9 @@ def load_policy(
     }
     if p.is_dir():
         if not (p / "config.json").is_file():
-            raise ConfigError(f"{p} is a folder without config.json: not a Hugging Face model folder")
+            inside = loadable_in_run(p)
+            hint = f"; did you mean {' or '.join(str(q) for q in inside)}?" if inside else ""
+            raise ConfigError(f"{p} is a folder without config.json: not a Hugging Face model folder{hint}")
         try:
             return LLMPolicy.from_pretrained(str(p), tokenizer, device=device, **kwargs)
         except (OSError, ValueError, RuntimeError, pickle.UnpicklingError, EOFError) as e:

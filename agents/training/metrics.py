@@ -1,4 +1,5 @@
-"""A run's metric log: ``metrics.jsonl`` (one JSON line per step) and TensorBoard, and its one reader."""
+"""A run's metric log: ``metrics.jsonl`` (one JSON line per step) and the ``--report-to`` reporters
+(:mod:`~searchgym.agents.training.reporting`), and its one reader."""
 
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def _read_metric_records(path: Path, repair: bool) -> list[dict[str, Any]]:
 
 
 class MetricLogger:
-    """Writes one JSON line per step to ``RUN_DIR/metrics.jsonl`` (and TensorBoard scalars when available).
+    """Writes one JSON line per step to ``RUN_DIR/metrics.jsonl``, and hands the step to the run's reporters
+    (TensorBoard, W&B: :func:`~searchgym.agents.training.reporting.open_reporters`).
 
     Args:
         run_dir: The run folder.
@@ -73,13 +75,24 @@ class MetricLogger:
             dropped, so the log continues from the saved step without duplicates; a torn last line is
             dropped with a warning. ``None`` starts a new log (see :func:`prepare_run_dir`, which refuses to
             replace an existing run's log unasked).
-        tensorboard: Also write TensorBoard events if ``torch.utils.tensorboard`` can be imported.
+        tensorboard: Without ``config``: also write TensorBoard events if ``torch.utils.tensorboard`` can be
+            imported.
+        config: The run's config: its ``report_to`` (with ``tensorboard`` false meaning none) chooses the
+            reporters, and W&B records its fields.
 
     Raises:
         DataFormatError: resuming, and a line other than the last one is corrupt.
     """
 
-    def __init__(self, run_dir: str | Path, resume_step: int | None = None, tensorboard: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        resume_step: int | None = None,
+        tensorboard: bool = True,
+        config: Any = None,
+    ) -> None:
+        from .reporting import open_reporters, report_target
+
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
@@ -96,14 +109,12 @@ class MetricLogger:
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
         self._file = self.path.open("a", encoding="utf-8")
-        self._tb: Any = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # optional: tensorboard is not a dependency
-                pass
-            else:
-                self._tb = SummaryWriter(str(self.path.parent / "tb"), purge_step=resume_step)
+        if config is not None:
+            tensorboard = getattr(config, "tensorboard", True)
+        report_to = getattr(config, "report_to", "tensorboard")
+        self._reporters = open_reporters(
+            report_target(report_to, tensorboard), self.path.parent, resume_step=resume_step, config=config
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Records the step's metrics (non-finite values are written as ``null``)."""
@@ -113,17 +124,15 @@ class MetricLogger:
         with disk_full_is_clear(self.path, len(line.encode()), kept):
             self._file.write(line)
             self._file.flush()
-        if self._tb is not None:
-            for k, v in clean.items():
-                if v is not None:
-                    self._tb.add_scalar(k, v, step)
+        for reporter in self._reporters:
+            reporter.log(step, clean)
 
     def close(self) -> None:
         """Flushes and closes the log."""
         with disk_full_is_clear(self.path, kept="the steps logged before are intact"):
             self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for reporter in self._reporters:
+            reporter.close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

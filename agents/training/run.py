@@ -66,6 +66,7 @@ RESUMABLE_OPTIONS = frozenset(
         "threads",
         "progress",
         "tensorboard",
+        "report_to",
         "micro_batch_size",
         "retriever",
         "retriever_patience",

@@ -13,6 +13,9 @@ was edited. So each form names what decides its play:
 
 Data files an agent reads at run time are not covered: a user agent that loads weights from its own file
 should be given as ``checkpoint:`` or carry the file inside its package.
+
+It also says what tables call an agent (:func:`agent_label`), and builds the agent of a command's options
+(:func:`build_agent`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 __all__ = [
     "add_sampling_arguments",
     "add_served_arguments",
+    "agent_label",
+    "agent_labels",
     "agent_sha256",
     "apply_sampling",
     "build_agent",
@@ -112,6 +117,51 @@ def agent_sha256(spec: str) -> str | None:
     if spec.startswith("openai:") or ":" not in spec:
         return None
     return source_sha256(spec.partition(":")[0])
+
+
+# -- names ---------------------------------------------------------------------------------------------------
+
+TRAINED_FORMS = ("checkpoint:", "sb3:", "openai:")
+"""The spec forms of trained models: their class's name (llm, ppo, openai) is every such model's, so a table
+names them by the spec, whose path or model name tells them apart."""
+
+
+def agent_label(spec: str, agent: Any = None) -> str:
+    """What a table calls the agent of ``--agent spec``: its ``name`` (the class attribute every
+    :class:`~searchgym.agents.Agent` has; the class's own name when it sets none), for the built-in names and
+    ``package.module:Class``; the spec itself for a trained model (:data:`TRAINED_FORMS`).
+
+    ``agent`` is the built agent; without it (a benchmark pair read back from its cache) a class spec's
+    module is imported for the class's ``name``, and a spec that cannot be is shown as it is.
+    """
+    if spec.startswith(TRAINED_FORMS):
+        return spec
+    if agent is None and ":" in spec:
+        import importlib
+        import sys
+
+        module_name, _, attr = spec.partition(":")
+        saved = list(sys.path)
+        sys.path.insert(0, os.getcwd())  # where load_agent finds it
+        try:
+            agent = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError):
+            return spec
+        finally:
+            sys.path[:] = saved
+    if agent is None:
+        return spec  # a built-in name, not built: the name is its label
+    name = getattr(agent, "name", None)
+    if isinstance(name, str) and name and name != "agent":  # "agent": the interface's placeholder
+        return name
+    return agent.__name__ if isinstance(agent, type) else type(agent).__name__
+
+
+def agent_labels(specs: list[str], agents: dict[str, Any] | None = None) -> dict[str, str]:
+    """Each spec's :func:`agent_label`, unique: agents that share a name are shown by their specs."""
+    labels = {spec: agent_label(spec, (agents or {}).get(spec)) for spec in specs}
+    shared = {label for label in labels.values() if list(labels.values()).count(label) > 1}
+    return {spec: spec if label in shared else label for spec, label in labels.items()}
 
 
 # -- sampling -----------------------------------------------------------------------------------------------

@@ -201,27 +201,21 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
     ``random`` draws uniformly from the env's ``Discrete`` actions (token ids, or macro actions); ``oracle``
     is the macro oracle on ``SearchQAMacro-v0``; ``checkpoint:PATH`` plays a trained LLM greedily (a trainer's
     ``checkpoint.pt`` or a Hugging Face folder); ``sb3:PATH`` plays a stable-baselines3 model saved at PATH.
-    A user class is called as ``Class(env)``: it receives the (wrapped) env and reads what it needs.
+    The named agents and a user's class are built by one rule, :func:`build_agent_class`.
     """
-    from searchgym.agents import MacroOracleAgent, OracleAgent, RandomAgent
+    from searchgym.agents import HeuristicAgent, MacroOracleAgent, OracleAgent, RandomAgent
 
     base = env.unwrapped
-    if name == "random":
-        return RandomAgent(int(env.action_space.n), seed=seed)
-    if name == "oracle":
-        if hasattr(base, "action_for"):
-            return MacroOracleAgent(env)
-        return OracleAgent.from_env(env)  # queries checked against the env's retriever: a true upper bound
+    if name in BUILTIN_AGENTS:
+        oracle = MacroOracleAgent if hasattr(base, "action_for") else OracleAgent
+        cls = {"random": RandomAgent, "oracle": oracle, "heuristic": HeuristicAgent}[name]
+        return build_agent_class(cls, env, name, seed=seed)
     if name.startswith("checkpoint:"):
         return _checkpoint_agent(name[len("checkpoint:") :], base)
     if name.startswith("sb3:"):
         from searchgym.agents.sb3 import SB3Agent
 
         return SB3Agent.load(name[len("sb3:") :], env)
-    if name == "heuristic":
-        from searchgym.agents.heuristic import HeuristicAgent
-
-        return HeuristicAgent(base.tokenizer)
     if ":" in name:
         import os
         import sys
@@ -239,9 +233,9 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
         if not isinstance(cls, type):
             raise ConfigError(
                 f"--agent {name}: {attr} is a {type(cls).__name__}, not a class; package.module:Class names an "
-                "agent class, built as Class(env)"
+                f"agent class, built as {AGENT_RULE}"
             )
-        agent = cls(env)
+        agent = build_agent_class(cls, env, name, seed=seed)
         if not callable(getattr(agent, "act", None)):
             raise ConfigError(
                 f"--agent {name}: {attr} has no act(observation, info) method; it is not an agent"
@@ -253,10 +247,70 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
     )
 
 
-def _checkpoint_agent(path: str, base: Any) -> Any:
-    """A trained LLM (``checkpoint.pt`` or a Hugging Face folder) playing greedily in ``base``'s tokenizer."""
-    from searchgym.agents.training.export import load_policy
+AGENT_RULE = (
+    "Class(env), or Class(env, seed=SEED) when its __init__ takes a seed (Class.from_env(env) if it has one)"
+)
+"""How ``--agent`` builds every agent class, for the messages."""
 
+
+def build_agent_class(cls: type, env: Any, spec: str, seed: int = 0) -> Any:
+    """An agent of class ``cls`` for ``env``: the one rule every ``--agent`` class follows, the built-in ones
+    included.
+
+    ``cls.from_env(env)`` when the class defines its constructor and ``from_env`` together (a built-in agent
+    whose constructor takes what it reads from the env, a tokenizer or an action count), else ``cls(env)``
+    (:meth:`Agent.from_env <searchgym.agents.Agent.from_env>`'s default; so a subclass of a built-in agent with
+    its own ``__init__(self, env)`` is built as that); ``seed=seed`` is passed too when that call takes a
+    ``seed`` parameter.
+
+    Raises:
+        ConfigError: the call does not take ``(env)``; the message names the signature it has and the one
+            required.
+    """
+    import inspect
+
+    from searchgym.agents import Agent
+
+    mro = cls.__mro__
+    owners = {a: next((k for k in mro if a in vars(k)), object) for a in ("from_env", "__init__")}
+    own_factory = owners["from_env"] not in (object, Agent) and mro.index(owners["from_env"]) <= mro.index(
+        owners["__init__"]
+    )
+    call: Any = cls.from_env if own_factory else cls  # type: ignore[attr-defined]
+    try:
+        signature = inspect.signature(call)
+    except (TypeError, ValueError):  # a built-in or C type: no signature to check, the call says
+        signature = None
+    options = {"seed": seed} if signature is not None and "seed" in signature.parameters else {}
+    if signature is not None:
+        try:
+            signature.bind(env, **options)
+        except TypeError as e:
+            shown = f"{cls.__name__}.from_env" if own_factory else f"{cls.__name__}.__init__"
+            raise ConfigError(
+                f"--agent {spec}: {shown}{signature} cannot be called with the env ({e}); an agent class is "
+                f"built as {AGENT_RULE}: give it def __init__(self, env)"
+            ) from None
+    return call(env, **options)
+
+
+def _checkpoint_agent(path: str, base: Any) -> Any:
+    """A trained LLM (``checkpoint.pt`` or a Hugging Face folder) playing greedily in ``base``'s tokenizer.
+
+    Raises:
+        ConfigError: ``path`` is a run folder (the message names the ``checkpoint:`` spec of what it holds),
+            or the model's tokenizer is not the env's.
+    """
+    import os
+
+    from searchgym.agents.training.export import load_policy, loadable_in_run
+
+    inside = (
+        loadable_in_run(path) if os.path.isdir(path) and not os.path.isfile(f"{path}/config.json") else []
+    )
+    if inside:
+        specs = " or ".join(f"checkpoint:{p}" for p in inside)
+        raise ConfigError(f"--agent checkpoint:{path} names a run folder, not a model; did you mean {specs}?")
     policy = load_policy(path, max_turn_tokens=base.env_spec.max_turn_tokens)
     if policy.tokenizer.token_bytes != base.tokenizer.token_bytes:
         raise ConfigError(

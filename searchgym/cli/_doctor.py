@@ -43,6 +43,7 @@ EXTRA_PURPOSE = {
     "bench": "bench retrieval (bm25s, numba)",
     "dense": "index dense, dense: and hybrid: retrievers",
     "tensorboard": "TensorBoard logging",
+    "wandb": "--report-to wandb",
     "openenv": "openenv serve",
     "trl": "train trl",
     "verl": "the verl integration",

@@ -32,6 +32,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "threads",
         "progress",
         "tensorboard",
+        "report_to",
         "save_every",
         "save_total_limit",
         "save_model",

@@ -320,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from searchgym.benchmark import build_report, markdown_report, plot_report, resolve_dataset
+    from searchgym.cli._agent_options import agent_labels
     from searchgym.errors import ConfigError, MissingDependencyError
 
     if len(set(args.agent)) != len(args.agent):
@@ -394,8 +395,14 @@ def run(args: argparse.Namespace) -> int:
         # What each agent played with: a checkpoint: agent's training sizes where the command gave none.
         "agent_env": played,
     }
+    labels = agent_labels(list(args.agent))  # the tables name agents, not specs (settings keep those)
     report = build_report(
-        episodes, datasets, settings=settings, samples=args.samples, temperature=args.temperature, cards=cards
+        {labels[a]: v for a, v in episodes.items()},
+        datasets,
+        settings=settings,
+        samples=args.samples,
+        temperature=args.temperature,
+        cards={labels[a]: v for a, v in cards.items()},
     )
     table = markdown_report(report)
     if out is not None:

@@ -13,6 +13,7 @@ from searchgym.agents.evaluate import EvalSummary
 from searchgym.cli._agent_options import (
     add_sampling_arguments,
     add_served_arguments,
+    agent_label,
     build_agent,
     close_players,
     served_players,
@@ -53,8 +54,19 @@ def env_defaults() -> Any:
     return run_env_defaults(split="test")
 
 
+DEFAULT_ENV = "SearchQA-v0"
+"""The env ``eval`` plays without ``--env``, unless an ``sb3:PATH`` model's run records its own."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_env_arguments(parser, env_defaults(), unset=TRAINED_SIZES)
+    # Not given: DEFAULT_ENV, or the env an sb3: model's run records (recorded_env_defaults).
+    parser.set_defaults(env=None)
+    for action in parser._actions:
+        if action.dest == "env":
+            action.help = (
+                f"environment id (default: {DEFAULT_ENV}, or the one an sb3:PATH model's run records)"
+            )
     parser.add_argument("--agent", required=True, help=AGENT_FORMS)
     parser.add_argument(
         "--episodes",
@@ -115,6 +127,45 @@ def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
     else:
         return {}  # a missing file errors in load_agent
     return {n: v for n, v in sizes.items() if n in names}
+
+
+def recorded_env_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """Sets ``args.env`` when not given: for an ``sb3:PATH`` agent, the env id its run's ``config.json``
+    records (a registered searchgym id only: :func:`~searchgym.agents.sb3.recorded_env`), else
+    :data:`DEFAULT_ENV`; returns the turn and context sizes that run trained with, for those not given.
+
+    A given ``--env`` wins; one that differs from the recorded id is played with a note (the model's spaces
+    are then checked against it), and the run config is not needed.
+
+    Raises:
+        ConfigError: without ``--env``, the run config is unreadable or names an env id or arguments that are
+            refused.
+    """
+    given = args.env
+    if given is None:
+        args.env = DEFAULT_ENV
+    if not args.agent.startswith("sb3:"):
+        return {}
+    from searchgym.agents.sb3 import recorded_env
+    from searchgym.errors import ConfigError
+
+    try:
+        recorded = recorded_env(args.agent[len("sb3:") :])
+    except ConfigError:
+        if given is None:
+            raise
+        return {}  # --env says which env: the run config is not read for it
+    if recorded is None:
+        return {}
+    env_id, kwargs, config = recorded
+    if given is not None and given != env_id:
+        print(
+            f"note: --env {given} differs from {env_id}, the env {config} records for this model; playing {given}",
+            file=sys.stderr,
+        )
+        return {}
+    args.env = env_id
+    return {n: kwargs[n] for n in TRAINED_SIZES if getattr(args, n, None) is None and n in kwargs}
 
 
 RUN_RECORD_SUFFIX = ".partial.run.json"
@@ -258,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
             "--resume cannot be combined with --record-retrieval (the cassette would miss the searches already made)"
         )
 
-    overrides: dict[str, Any] = dict(checkpoint_env_defaults(args))
+    overrides: dict[str, Any] = {**checkpoint_env_defaults(args), **recorded_env_defaults(args)}
     settings = {**env_kwargs(args, env_defaults()), **overrides}
     warn_on_data_mismatch(args.agent, settings)
     if args.record_retrieval is not None:  # the cassette is written when the env releases it (env.close())
@@ -311,6 +362,7 @@ def run(args: argparse.Namespace) -> int:
         digests.remove()
     env.close()
     close_players(players)
+    label = agent_label(args.agent, agent)
     if callable(getattr(agent, "close", None)):
         agent.close()
     if args.out is not None:
@@ -337,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(metrics))
     else:  # the faults column only when faults were injected
         columns = [c for c in COLUMNS if c != "retrieval_faults" or metrics.get(c) is not None]
-        print(format_table([{"agent": args.agent, **metrics}], columns))
+        print(format_table([{"agent": label, **metrics}], columns))
         from searchgym.failures import FAILURE_COLUMNS, failure_rows
 
         print("\nwhy answers fail (episodes by the stage they failed at; see docs/benchmark.md):")

@@ -38,7 +38,7 @@ HYPERPARAMS: dict[tuple[str, str], dict[str, Any]] = {
     ("dqn", "token"): {"learning_starts": 200, "buffer_size": 5_000, "train_freq": 4,
                        "target_update_interval": 500, "learning_rate": 5e-4},
 }  # fmt: skip
-"""Default SB3 keyword arguments per ``(algo, view)``; ``--learning-rate`` overrides the rate."""
+"""Default SB3 keyword arguments per ``(algo, view)``; ``--lr`` overrides the rate."""
 
 
 @dataclass(frozen=True)
@@ -49,41 +49,47 @@ class SB3TrainConfig:
         algo: ``"ppo"``, ``"a2c"`` or ``"dqn"``.
         view: ``"macro"`` (``SearchQAMacro-v0``, ``MlpPolicy``) or ``"token"`` (``SearchQA-v0``,
             ``MultiInputPolicy`` with the token features extractor).
-        timesteps: Environment steps to train for (macro: turns; token: tokens).
+        steps: Environment steps to train for (macro: turns; token: tokens).
         seed: Seed of the model and of the training envs.
-        out: Run directory.
+        run_dir: Run directory.
         n_envs: Training envs stepped together (``DummyVecEnv``).
-        learning_rate: Overrides the default rate of ``HYPERPARAMS``.
-        checkpoint_freq: Save a checkpoint every this many steps (0: none).
-        eval_episodes: Episodes of the closing evaluation (0: none).
+        lr: Overrides the default rate of ``HYPERPARAMS``.
+        save_every: Save a checkpoint every this many steps (0: none).
+        eval_questions: Questions of the closing evaluation (0: none).
         eval_split: Split of the closing evaluation.
         threads: torch CPU threads.
         env: ``gym.make`` keyword arguments of the training env (the split included).
+        report_to: Where SB3's logged figures go besides ``progress.csv``
+            (:mod:`~searchgym.agents.training.reporting`).
     """
 
     algo: str
     view: str = "macro"
-    timesteps: int = 20_000
+    steps: int = 20_000
     seed: int = 0
-    out: str = "runs/sb3"
+    run_dir: str = "runs/sb3"
     n_envs: int = 4
-    learning_rate: float | None = None
-    checkpoint_freq: int = 5_000
-    eval_episodes: int = 200
+    lr: float | None = None
+    save_every: int = 5_000
+    eval_questions: int = 200
     eval_split: str = "test"
     threads: int = 1
     env: dict[str, Any] = field(default_factory=dict)
+    report_to: str = "tensorboard"
 
     def __post_init__(self) -> None:
         if self.algo not in ("ppo", "a2c", "dqn"):
             raise ConfigError(f"algo must be one of ['a2c', 'dqn', 'ppo'], got {self.algo!r}")
         if self.view not in VIEWS:
             raise ConfigError(f"view must be one of {sorted(VIEWS)}, got {self.view!r}")
-        for name in ("timesteps", "n_envs", "threads"):
+        for name in ("steps", "n_envs", "threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.checkpoint_freq < 0 or self.eval_episodes < 0:
-            raise ConfigError("checkpoint_freq and eval_episodes must be >= 0")
+        if self.save_every < 0 or self.eval_questions < 0:
+            raise ConfigError("save_every and eval_questions must be >= 0")
+        from searchgym.agents.training.reporting import check_report_to
+
+        check_report_to(self.report_to)
 
     @property
     def env_id(self) -> str:
@@ -107,12 +113,25 @@ class SB3TrainConfig:
     def model_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the SB3 algorithm (policy network included, not the env)."""
         kwargs = dict(HYPERPARAMS[(self.algo, self.view)])
-        if self.learning_rate is not None:
-            kwargs["learning_rate"] = self.learning_rate
+        if self.lr is not None:
+            kwargs["learning_rate"] = self.lr
         return kwargs
 
 
+DEPRECATED_FLAGS = {
+    "--timesteps": "--steps",
+    "--out": "--run-dir",
+    "--learning-rate": "--lr",
+    "--checkpoint-freq": "--save-every",
+    "--eval-episodes": "--eval-questions",
+}
+"""Flags that still set their option, with a line on stderr naming the one the other trainers share."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from searchgym.agents.training.reporting import REPORT_TO, REPORT_TO_HELP
+    from searchgym.cli._options import _Deprecated
+
     parser.add_argument("--algo", required=True, choices=["ppo", "a2c", "dqn"], help="SB3 algorithm")
     parser.add_argument(
         "--view",
@@ -120,20 +139,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(VIEWS),
         help="macro: SearchQAMacro-v0 (choose a query / an answer); token: SearchQA-v0",
     )
-    parser.add_argument("--timesteps", type=int, default=20_000, help="environment steps to train for")
+    parser.add_argument("--steps", type=int, default=20_000, help="environment steps to train for")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the envs")
-    parser.add_argument("--out", default=None, help="run directory (default: runs/sb3-ALGO-VIEW-sSEED)")
+    parser.add_argument("--run-dir", default=None, help="run directory (default: runs/sb3-ALGO-VIEW-sSEED)")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace the run an existing --out holds (refused otherwise)"
+        "--overwrite",
+        action="store_true",
+        help="replace the run an existing --run-dir holds (refused otherwise)",
     )
     parser.add_argument("--n-envs", type=int, default=4, help="training envs stepped together")
-    parser.add_argument("--learning-rate", type=float, default=None, help="override the default rate")
     parser.add_argument(
-        "--checkpoint-freq", type=int, default=5_000, help="checkpoint every N steps (0: off)"
+        "--lr", type=float, default=None, help="learning rate (default: HYPERPARAMS' per algo)"
     )
-    parser.add_argument("--eval-episodes", type=int, default=200, help="closing evaluation episodes (0: off)")
+    parser.add_argument("--save-every", type=int, default=5_000, help="checkpoint every N steps (0: off)")
+    parser.add_argument(
+        "--eval-questions", type=int, default=200, help="questions of the closing evaluation (0: off)"
+    )
     parser.add_argument("--eval-split", default="test", help="split of the closing evaluation")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--report-to", choices=REPORT_TO, default="tensorboard", help=REPORT_TO_HELP)
+    types: dict[str, Any] = {"--out": str, "--learning-rate": float}  # the others count: int
+    for old, new in DEPRECATED_FLAGS.items():
+        parser.add_argument(
+            old,
+            dest=new[2:].replace("-", "_"),
+            action=_Deprecated,
+            new=new,
+            help=argparse.SUPPRESS,
+            type=types.get(old, int),
+        )
     add_env_arguments(
         parser
     )  # --max-context-tokens / --max-turn-tokens default to 384 / 24 for the token view
@@ -151,11 +185,11 @@ def config_from_args(args: argparse.Namespace) -> SB3TrainConfig:
     # The token view trains on short transcripts unless told otherwise (env_kwargs holds explicit sizes).
     token_sizes = {"max_context_tokens": 384, "max_turn_tokens": 24} if args.view == "token" else {}
     return SB3TrainConfig(
-        algo=args.algo, view=args.view, timesteps=args.timesteps, seed=args.seed,
-        out=args.out or f"runs/sb3-{args.algo}-{args.view}-s{args.seed}", n_envs=args.n_envs,
-        learning_rate=args.learning_rate, checkpoint_freq=args.checkpoint_freq,
-        eval_episodes=args.eval_episodes, eval_split=args.eval_split, threads=args.threads,
-        env={**token_sizes, **env},
+        algo=args.algo, view=args.view, steps=args.steps, seed=args.seed,
+        run_dir=args.run_dir or f"runs/sb3-{args.algo}-{args.view}-s{args.seed}", n_envs=args.n_envs,
+        lr=args.lr, save_every=args.save_every,
+        eval_questions=args.eval_questions, eval_split=args.eval_split, threads=args.threads,
+        env={**token_sizes, **env}, report_to=args.report_to,
     )  # fmt: skip
 
 
@@ -165,11 +199,12 @@ def train(config: SB3TrainConfig) -> dict[str, Any]:
     import torch
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.logger import KVWriter, configure
 
     import searchgym  # noqa: F401 - registers the env ids
     from searchgym.agents import evaluate
     from searchgym.agents.sb3 import ALGORITHMS, SB3Agent, token_policy_kwargs
+    from searchgym.agents.training.reporting import open_reporters
 
     class EpisodeMetrics(BaseCallback):
         """Logs the episode figures of the env's final ``info`` (``rollout/em``, ``rollout/searches``, ...)."""
@@ -181,8 +216,28 @@ def train(config: SB3TrainConfig) -> dict[str, Any]:
                         self.logger.record_mean(f"rollout/{key}", float(info[key]))
             return True
 
+    class Reported(KVWriter):
+        """Hands each row of SB3's logger to the ``--report-to`` reporters (the numbers SB3 would give its
+        own TensorBoard writer)."""
+
+        def __init__(self, reporters: list[Any]) -> None:
+            self.reporters = reporters
+
+        def write(self, key_values: dict[str, Any], key_excluded: dict[str, Any], step: int = 0) -> None:
+            scalars = {
+                k: float(v)
+                for k, v in key_values.items()
+                if isinstance(v, int | float) and "tensorboard" not in (key_excluded.get(k) or ())
+            }
+            for reporter in self.reporters:
+                reporter.log(step, scalars)
+
+        def close(self) -> None:
+            for reporter in self.reporters:
+                reporter.close()
+
     torch.set_num_threads(config.threads)
-    out = Path(config.out)
+    out = Path(config.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(
         json.dumps({**asdict(config), "env_id": config.env_id, "policy": config.policy,
@@ -194,26 +249,29 @@ def train(config: SB3TrainConfig) -> dict[str, Any]:
     kwargs = config.model_kwargs
     kwargs["policy_kwargs"] = token_policy_kwargs() if config.view == "token" else {"net_arch": [128, 128]}
     model = ALGORITHMS[config.algo](config.policy, venv, seed=config.seed, device="cpu", **kwargs)
-    model.set_logger(configure(str(out), ["stdout", "csv"]))
+    logger = configure(str(out), ["stdout", "csv"])
+    logger.output_formats.append(Reported(open_reporters(config.report_to, out, config=config)))
+    model.set_logger(logger)
     callbacks: list[BaseCallback] = [EpisodeMetrics()]
-    if config.checkpoint_freq:
+    if config.save_every:
         # CheckpointCallback counts calls (one per vector step), not env steps.
-        every = max(1, config.checkpoint_freq // config.n_envs)
+        every = max(1, config.save_every // config.n_envs)
         callbacks.append(CheckpointCallback(every, str(out / "checkpoints"), name_prefix=config.algo))
     start = time.perf_counter()
-    model.learn(config.timesteps, callback=CallbackList(callbacks), log_interval=config.log_interval)
+    model.learn(config.steps, callback=CallbackList(callbacks), log_interval=config.log_interval)
     seconds = time.perf_counter() - start
     model.logger.record("time/train_seconds", seconds)
     model.logger.dump(model.num_timesteps)  # a last row, even when the run was shorter than log_interval
     model.save(out / "model.zip")
+    logger.close()
     venv.close()
-    if not config.eval_episodes:
+    if not config.eval_questions:
         return {}
     env = gym.make(config.env_id, **{**config.env, "split": config.eval_split})
-    summary = evaluate(env, SB3Agent(env, model), config.eval_episodes, seed=config.seed,
+    summary = evaluate(env, SB3Agent(env, model), config.eval_questions, seed=config.seed,
                        out=out / "eval.jsonl")  # fmt: skip
     metrics = {"algo": config.algo, "view": config.view, "seed": config.seed, "split": config.eval_split,
-               "timesteps": model.num_timesteps, "train_seconds": round(seconds, 1), **summary.metrics()}  # fmt: skip
+               "steps": model.num_timesteps, "train_seconds": round(seconds, 1), **summary.metrics()}  # fmt: skip
     (out / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     return metrics
 
@@ -226,12 +284,13 @@ RUN_FILES = (
     "eval.json",
     "eval.jsonl",
     "manifest.json",
+    "tb",
 )
 """What a ``train sb3`` run writes into its folder (an earlier run is recognised by any of them)."""
 
 
 def prepare_out(out: str | Path, overwrite: bool) -> None:
-    """Refuses an ``--out`` that holds an earlier run unless ``overwrite``; with it, removes that run's files
+    """Refuses a ``--run-dir`` that holds an earlier run unless ``overwrite``; with it, removes that run's files
     (so old ``checkpoints/`` never mix with the new run's).
 
     Raises:
@@ -239,14 +298,14 @@ def prepare_out(out: str | Path, overwrite: bool) -> None:
     """
     root = Path(out)
     if root.exists() and not root.is_dir():
-        raise ConfigError(f"--out {str(root)!r} is a file, not a run folder")
+        raise ConfigError(f"--run-dir {str(root)!r} is a file, not a run folder")
     existing = [name for name in RUN_FILES if (root / name).exists()]
     if not existing:
         return
     if not overwrite:
         raise ConfigError(
-            f"--out {str(root)!r} already holds a run ({', '.join(existing)}); pass --overwrite to replace it, "
-            "or choose another --out"
+            f"--run-dir {str(root)!r} already holds a run ({', '.join(existing)}); pass --overwrite to replace "
+            "it, or choose another --run-dir"
         )
     for name in existing:
         target = root / name
@@ -255,10 +314,10 @@ def prepare_out(out: str | Path, overwrite: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    prepare_out(config.out, args.overwrite)
+    prepare_out(config.run_dir, args.overwrite)
     metrics = train(config)
     write_run_manifest(
-        config.out, "train sb3", config.env, folder=True, seeds={"seed": config.seed}, config=config
+        config.run_dir, "train sb3", config.env, folder=True, seeds={"seed": config.seed}, config=config
     )
     if metrics:
         print(format_table([metrics], ["algo", "view", "seed", "split", "em", "f1", "searches", "valid_format",

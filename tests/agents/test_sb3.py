@@ -141,8 +141,8 @@ def test_cli_trains_checkpoints_and_evaluates_through_searchgym_eval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    argv = ["train", "sb3", "--algo", "ppo", "--timesteps", "256", "--n-envs", "2", "--checkpoint-freq", "128",
-            "--eval-episodes", "3", "--out", str(out)]  # fmt: skip
+    argv = ["train", "sb3", "--algo", "ppo", "--steps", "256", "--n-envs", "2", "--save-every", "128",
+            "--eval-questions", "3", "--run-dir", str(out)]  # fmt: skip
     assert main(argv) == 0
     for name in ("config.json", "progress.csv", "model.zip", "eval.json", "eval.jsonl"):
         assert (out / name).is_file(), name
@@ -163,6 +163,11 @@ def test_cli_trains_checkpoints_and_evaluates_through_searchgym_eval(
     assert figures["em"] == json.loads((out / "eval.json").read_text())["em"]  # same questions, greedy policy
     argv = ["eval", "--env", "SearchQAMacro-v0", "--agent", f"sb3:{out / 'model.zip'}", "--episodes", "3",
             "--no-progress", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["em"] == figures["em"]
+    # Without --env: the run's config.json says which env the model plays.
+    argv = ["eval", "--agent", f"sb3:{out / 'checkpoints' / 'ppo_256_steps.zip'}", "--episodes", "3", "--no-progress",
+            "--json"]  # fmt: skip
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["em"] == figures["em"]
 
@@ -304,7 +309,7 @@ def test_train_sb3_into_an_existing_run_is_refused_without_overwrite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "sb3"
-    args = ["train", "sb3", "--algo", "a2c", "--timesteps", "16", "--eval-episodes", "0", "--out", str(out)]
+    args = ["train", "sb3", "--algo", "a2c", "--steps", "16", "--eval-questions", "0", "--run-dir", str(out)]
     assert main(args) == 0
     stale = out / "checkpoints" / "a2c_999_steps.zip"  # a checkpoint of the run the folder holds
     stale.parent.mkdir(exist_ok=True)
@@ -360,3 +365,115 @@ def test_an_sb3_run_config_passes_only_the_envs_own_arguments(
     )
     with pytest.raises(ConfigError, match=message):
         load_model(path)
+
+
+# -- eval takes the env a model's run records ------------------------------------------------------------------
+
+
+def _eval(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, list[str]]:
+    code = main(["eval", *argv, "--episodes", "2", "--no-progress", "--json"])
+    captured = capsys.readouterr()
+    return code, captured.out, [line for line in captured.err.splitlines() if line.strip()]
+
+
+def test_eval_plays_an_sb3_model_on_the_env_and_sizes_its_run_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = gym.make("SearchQA-v0", **TOKEN_KWARGS)
+    model = ALGORITHMS["ppo"](
+        "MultiInputPolicy", env, device="cpu", n_steps=8, batch_size=8, seed=0,
+        policy_kwargs=token_policy_kwargs(embed_dim=8, last_k=2, features_dim=16),
+    )  # fmt: skip
+    (tmp_path / "token").mkdir()
+    model.save(tmp_path / "token" / "model.zip")
+    config = {"algo": "ppo", "env_id": "SearchQA-v0", "env": {**TOKEN_KWARGS, "split": "train"}}
+    (tmp_path / "token" / "config.json").write_text(json.dumps(config))
+    macro, _ = _sb3_model(tmp_path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"algo": "ppo", "env_id": "SearchQAMacro-v0", "env": {}})
+    )
+
+    code, out, err = _eval(["--agent", f"sb3:{macro}"], capsys)  # the macro env, with no --env
+    assert code == 0 and json.loads(out)["episodes"] == 2, err
+    # The token env at the sizes it trained with (the defaults, 1024 and 48, would not fit its spaces).
+    code, out, err = _eval(["--agent", f"sb3:{tmp_path / 'token' / 'model.zip'}"], capsys)
+    assert code == 0 and json.loads(out)["episodes"] == 2, err
+    # An explicit --env wins, with a note when it is not the recorded one; the model's spaces then refuse it.
+    code, out, err = _eval(["--env", "SearchQA-v0", "--agent", f"sb3:{macro}"], capsys)
+    assert code == 2 and err[0] == (
+        f"note: --env SearchQA-v0 differs from SearchQAMacro-v0, the env {tmp_path / 'config.json'} records for "
+        "this model; playing SearchQA-v0"
+    )
+    assert "observation_space differs" in err[1] and len(err) == 2
+    code, out, err = _eval(["--env", "SearchQAMacro-v0", "--agent", f"sb3:{macro}"], capsys)
+    assert code == 0 and err == []
+    # A folder is not a model: the message names the one inside.
+    code, out, err = _eval(["--agent", f"sb3:{tmp_path / 'token'}"], capsys)
+    assert code == 2 and err == [
+        f"searchgym: error: {str(tmp_path / 'token')!r} is a train sb3 run folder, not a model; did you mean "
+        f"{tmp_path / 'token' / 'model.zip'}?"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("env_id", "message"),
+    [
+        ("sg_evil_eval.evilmod:SearchQAMacro-v0", "is not a registered searchgym env"),
+        (["SearchQAMacro-v0"], "is not a registered searchgym env"),
+        (None, "is not a registered searchgym env"),
+    ],
+    ids=["module:id", "a list", "null"],
+)
+def test_eval_refuses_an_env_id_a_run_config_may_not_name_in_one_line(
+    env_id: Any,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import sys
+
+    folder = tmp_path / "sg_evil_eval"
+    folder.mkdir()
+    path, _ = _sb3_model(folder)
+    marker = tmp_path / "ran"
+    (folder / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (folder / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": env_id, "env": {}}))
+    monkeypatch.chdir(tmp_path)  # the module is importable from here, as an --agent module would be
+    code, out, err = _eval(["--agent", f"sb3:{path}"], capsys)
+    assert code == 2 and len(err) == 1 and message in err[0] and err[0].startswith("searchgym: error: ")
+    assert not marker.exists() and "sg_evil_eval.evilmod" not in sys.modules
+    (folder / "config.json").write_text("{not json")
+    code, out, err = _eval(["--agent", f"sb3:{path}"], capsys)
+    assert code == 2 and len(err) == 1 and "not a readable train sb3 run config" in err[0]
+    code, out, err = _eval(["--env", "SearchQAMacro-v0", "--agent", f"sb3:{path}"], capsys)
+    assert code == 0 and err == []  # with --env, the run config is not needed
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "value"),
+    [
+        ("--timesteps", "--steps", "steps", "64"),
+        ("--out", "--run-dir", "run_dir", "runs/x"),
+        ("--learning-rate", "--lr", "lr", "0.001"),
+        ("--checkpoint-freq", "--save-every", "save_every", "32"),
+        ("--eval-episodes", "--eval-questions", "eval_questions", "5"),
+    ],
+)
+def test_train_sb3_shares_the_trainers_option_names_and_takes_the_old_ones_with_a_line(
+    old: str, new: str, field: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.cli import build_parser
+    from searchgym.cli.train_sb3 import config_from_args
+
+    configs = []
+    for flag in (new, old):
+        args = build_parser().parse_args(["train", "sb3", "--algo", "ppo", flag, value])
+        configs.append(config_from_args(args))
+        err = capsys.readouterr().err
+        assert err == ("" if flag == new else f"searchgym: {old} is deprecated; use {new}\n")
+    assert configs[0] == configs[1] and str(getattr(configs[0], field)) == value
+    with pytest.raises(SystemExit):
+        main(["train", "sb3", "--help"])
+    shown = capsys.readouterr().out
+    assert f"  {new} " in shown and f"  {old} " not in shown

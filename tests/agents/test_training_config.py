@@ -12,7 +12,7 @@ import pytest
 from searchgym.agents.grpo.config import GRPOConfig
 from searchgym.agents.integrations.config import TRLConfig
 from searchgym.agents.training.config import CommonConfig, SFTConfig
-from searchgym.errors import ConfigError
+from searchgym.errors import ConfigError, MissingDependencyError
 from searchgym.options import literal_choices
 
 CONFIGS = (CommonConfig, SFTConfig, GRPOConfig, TRLConfig)
@@ -42,3 +42,5 @@ def test_a_value_outside_a_literal_field_is_refused_naming_the_choices(
             cls(**{name: value})
         except ConfigError as e:
             assert name not in str(e).split(";")[0], e
+        except MissingDependencyError as e:  # a choice that needs an optional package names its extra
+            assert (name, value) == ("report_to", "wandb") and "searchgym[wandb]" in str(e)
