@@ -135,7 +135,13 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
     model.eval()
     save_checkpoint(
         Path(config.run_dir) / "checkpoint.pt",
-        {"model": model.state_dict(), "arch": arch, "step": update, "kind": "sft", "config": vars(config)},
+        {
+            "model": model.state_dict(),
+            "arch": arch,
+            "step": update,
+            "kind": "sft",
+            "config": config.to_dict(),
+        },
     )
     final: dict[str, float] = {
         "sft/demonstrations": float(len(demos)),

@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, get_args
+from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
-from searchgym.agents.grpo.config import LLDS_COEF, GroupedLLDS, LLDSChoice, MASchedule
-from searchgym.agents.training.config import CommonConfig
+from searchgym.agents.grpo.config import GroupedConfig
 from searchgym.errors import ConfigError
 from searchgym.options import option
 
@@ -23,8 +22,8 @@ TRL_LOSS_TYPES: tuple[str, ...] = get_args(TRLLossType)
 """TRL loss aggregations offered (PPO-clipped ones); ``dapo`` is the token mean over the whole update."""
 
 
-@dataclass
-class TRLConfig(GroupedLLDS, CommonConfig):
+@dataclass(init=False)
+class TRLConfig(GroupedConfig):
     """GRPO (optionally with LLDS) on SearchQA, trained by TRL's ``GRPOTrainer``.
 
     The run lasts ``updates`` optimizer updates, as TRL counts them (``max_steps``; ``train grpo``'s
@@ -59,25 +58,11 @@ class TRLConfig(GroupedLLDS, CommonConfig):
     epochs: int = option(
         1, "passes over each rollout batch (TRL's num_iterations, mu)", deprecated=("--num-iterations",)
     )
-    temperature: float = option(1.0, "sampling temperature of the rollouts")
     loss_type: TRLLossType = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "dapo", "TRL's loss aggregation (dapo: token mean over the update, as train grpo)"
     )
-    clip_eps: float = option(0.2, "PPO clip range (TRL's epsilon)")
-    kl_coef: float = option(0.001, "weight of the k3 KL to the initial model (TRL's beta; 0: no reference)")
     entropy_coef: float = option(0.0, "entropy bonus weight (TRL's entropy_coef)")
     weight_decay: float = option(0.01, "AdamW weight decay (reference: 0.01)")
-    llds: LLDSChoice = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
-        "action", "LLDS gate, or none for TRL's plain GRPO loss"
-    )
-    llds_coef: float = option(LLDS_COEF, "LLDS weight lambda", "--lambda")
-    llds_ma: bool = option(False, "LLDS-MA: down-weight the final answer span in LLDS")
-    llds_ma_beta: float | None = option(
-        None, "LLDS-MA answer weight (default: adaptive, from the rollout batch's mean valid searches)"
-    )
-    llds_ma_schedule: MASchedule = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
-        "code", "LLDS-MA's adaptive beta: code = clip(V-1, 0, 1), paper = min(V/2, 1)"
-    )
     warning_window: int = option(
         3, "early-warning rule: lld/warning is 1 after this many consecutive logs with delta_adv_pos <= 0"
     )
@@ -99,9 +84,13 @@ class TRLConfig(GroupedLLDS, CommonConfig):
         "base", "Search-R1's base prompt, or the prompt as a user turn of the tokenizer's chat template"
     )
 
+    CLI_OMITS: ClassVar[tuple[str, ...]] = ("llds_ledger", "ledger_lambda", "ledger_batch")
+    """LLDS's options ``train trl`` has no use for (ledger-LLDS needs ``train grpo``'s ledger)."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.check_groups_and_llds()
+        if self.llds.ledger:
+            raise ConfigError("ledger-LLDS (--llds-ledger) is a train grpo option")
         for name in ("updates", "epochs", "warning_window"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -16,10 +16,12 @@ from typing import Any, cast
 
 import torch
 
+from searchgym.agents.grpo.config import LLDSConfig
+
 from .config import TRLConfig
 from .conform import LossOutput, Setup, TrainBatch
 from .conform_episodes import ConformError, Episode, ScriptedTurns
-from .trl import LLDSGRPOTrainer, LLDSOptions, SearchQARollout, episode_reward, question_dataset, trl_args
+from .trl import LLDSGRPOTrainer, SearchQARollout, episode_reward, question_dataset, trl_args
 
 __all__ = ["trl_adapter"]
 
@@ -74,7 +76,7 @@ def trl_adapter(episodes: Sequence[Episode], setup: Setup, loss_type: str = "dap
             train_dataset=question_dataset(rollout.env(n)),
             processing_class=setup.tokenizer.to_transformers(),
             rollout_func=rollout,
-            llds=LLDSOptions(gate=None),
+            llds=LLDSConfig(gate=None),
             tokenizer=setup.tokenizer,
             warning_window=None,
         )

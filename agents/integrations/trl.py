@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 try:
@@ -51,7 +51,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError(getattr(e, "name", None) or "trl", "trl", "The TRL integration") from e
 
-from searchgym.agents.grpo.config import GATES, LLDS_COEF, Gate
+from searchgym.agents.grpo.config import LLDSConfig
 from searchgym.agents.grpo.diagnostics import lld_warning
 from searchgym.agents.grpo.displacement import displacement_by_advantage
 from searchgym.agents.grpo.losses import llds_loss
@@ -73,7 +73,6 @@ from .trl_rollout import (
 __all__ = [
     "LLDSGRPOTrainer",
     "LLDSInactiveWarning",
-    "LLDSOptions",
     "LLDWarningCallback",
     "SearchQARollout",
     "SearchQAToolEnv",
@@ -94,30 +93,6 @@ _POLICY, _TOOL = int(Source.POLICY), int(Source.TOOL)
 
 class LLDSInactiveWarning(UserWarning):
     """LLDS is configured but identically zero: each rollout batch makes a single optimizer update."""
-
-
-@dataclass
-class LLDSOptions:
-    """The LLDS term added to TRL's loss.
-
-    Attributes:
-        gate: ``"action"``, ``"response"``, ``"token"``, or ``None`` for no LLDS (diagnostics still logged).
-        coef: lambda.
-        ma: LLDS-MA: weight the final answer span by ``beta``.
-        ma_beta: Constant ``beta``; ``None``: adaptive from the rollout batch's mean valid searches.
-        ma_schedule: The adaptive schedule (``"code"`` or ``"paper"``, :func:`~searchgym.agents.grpo.losses.adaptive_answer_weight`).
-    """
-
-    gate: Gate | None = "action"
-    coef: float = LLDS_COEF
-    ma: bool = False
-    ma_beta: float | None = None
-    ma_schedule: str = "code"
-
-    @property
-    def enabled(self) -> bool:
-        """Whether the term is in the loss."""
-        return self.gate is not None and self.coef > 0
 
 
 class LLDWarningCallback(transformers.TrainerCallback):
@@ -198,15 +173,13 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
     def __init__(
         self,
         *args: Any,
-        llds: LLDSOptions | None = None,
+        llds: LLDSConfig | None = None,
         tokenizer: Tokenizer | None = None,
         warning_window: int | None = 3,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.llds = llds if llds is not None else LLDSOptions()
-        if self.llds.gate is not None and self.llds.gate not in GATES:
-            raise ConfigError(f"unknown LLDS gate {self.llds.gate!r}; valid gates: {', '.join(GATES)}")
+        self.llds = llds if llds is not None else LLDSConfig()
         if self.llds.ma and tokenizer is None:
             raise ConfigError("LLDS-MA needs the env's searchgym tokenizer: pass tokenizer=")
         self.sg_tokenizer = tokenizer
@@ -357,7 +330,7 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
             logp_old,
             advantages,
             mask,
-            self.llds.gate or "action",
+            self.llds.measured_gate,
             inputs.get("llds_weights"),
             num_tokens=tokens,
         )

@@ -34,7 +34,6 @@ from searchgym.tokenization import Tokenizer
 from .config import TRLConfig
 from .trl import (
     LLDSGRPOTrainer,
-    LLDSOptions,
     LLDWarningCallback,
     SearchQARollout,
     check_trl_overrides,
@@ -210,13 +209,6 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     if state.is_main_process:
         logger = MetricLogger(run_dir, resume_step=resume_step, tensorboard=config.tensorboard)
     metrics_cb = _MetricsCallback(logger)
-    llds = LLDSOptions(
-        gate=None if config.llds == "none" else config.llds,
-        coef=config.llds_coef,
-        ma=config.llds_ma,
-        ma_beta=config.llds_ma_beta,
-        ma_schedule=config.llds_ma_schedule,
-    )
     trainer = LLDSGRPOTrainer(
         model=policy.model,
         reward_funcs=[episode_reward],
@@ -225,7 +217,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
         processing_class=tokenizer.to_transformers(),
         rollout_func=rollout,
         callbacks=[metrics_cb],
-        llds=llds,
+        llds=config.llds,
         tokenizer=tokenizer,
         warning_window=config.warning_window,
     )

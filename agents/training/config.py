@@ -9,23 +9,34 @@ module is torch-free so that ``searchgym --help`` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
 from searchgym.errors import ConfigError
-from searchgym.options import check_choices, option
+from searchgym.options import check_choices, gather_options, is_section, option
 
-__all__ = ["REWARDS", "CommonConfig", "SFTConfig"]
+__all__ = ["CONFIG_FORMAT", "REWARDS", "CommonConfig", "SFTConfig"]
 
 Reward: TypeAlias = Literal["em", "subem", "f1"]
 REWARDS: tuple[str, ...] = get_args(Reward)
 """``--reward`` values: the env's answer metrics (exact match, substring EM, token F1)."""
 
 
-@dataclass
+CONFIG_FORMAT = 2
+"""The form of a config as checkpoints store it (:meth:`CommonConfig.to_dict`): its sections as mappings,
+under ``"format"``. A mapping without it is the flat form of older checkpoints, one key per option
+(:func:`searchgym.agents.training.checkpoint_checks.stored_config` reads both)."""
+
+
+@dataclass(init=False)
 class CommonConfig:
-    """Fields shared by every training entry point: the run folder, the model, the environment."""
+    """Fields shared by every training entry point: the run folder, the model, the environment.
+
+    A config is built from its options by name (``GRPOConfig(lr=1e-3, llds="token")``, the names of the
+    CLI's flags), or with whole sections (``llds=LLDSConfig(...)``): :func:`searchgym.options.gather_options`.
+    """
 
     run_dir: str = option("runs/run", "folder for metrics.jsonl, checkpoints and TensorBoard events")
     overwrite: bool = option(
@@ -84,6 +95,21 @@ class CommonConfig:
     FROZEN_CONTROL: ClassVar[bool] = False
     """Whether ``lr == 0`` is allowed (GRPO's frozen control); every other entry point needs a rate."""
 
+    def __init__(self, **options: Any) -> None:
+        for name, value in gather_options(type(self), options).items():
+            setattr(self, name, value)
+        self.__post_init__()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data, its sections as mappings: what a checkpoint stores."""
+        out: dict[str, Any] = {"format": CONFIG_FORMAT}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if is_section(f):
+                value = value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
+            out[f.name] = value
+        return out
+
     def __post_init__(self) -> None:
         check_choices(self)
         for name in ("tiny_layers", "tiny_hidden", "topk", "max_turns", "max_turn_tokens", "eval_batch"):
@@ -128,7 +154,7 @@ class CommonConfig:
         }
 
 
-@dataclass
+@dataclass(init=False)
 class SFTConfig(CommonConfig):
     """Supervised warm-start on oracle demonstrations: cross-entropy on the policy's tokens only."""
 

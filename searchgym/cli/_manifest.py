@@ -53,7 +53,10 @@ def write_config_manifest(config: Any, command: str) -> Path:
     # A config:FILE model (random weights of an architecture) uses the built-in tokenizer unless told.
     if str(env.get("tokenizer")).startswith("config:"):
         env["tokenizer"] = None
-    return write_run_manifest(config.run_dir, command, env, folder=True, seeds=seeds, config=config)
+    from searchgym.options import flat_values
+
+    options = flat_values(config)  # one value per option, by the CLI's names
+    return write_run_manifest(config.run_dir, command, env, folder=True, seeds=seeds, config=options)
 
 
 def write_index_manifest(args: Any, kind: str) -> Path:

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = GRPOConfig(
             run_dir=str(root / ("grpo" if llds == "none" else "grpo_llds")),
             init=str(root / "sft" / "checkpoint.pt"),
-            llds=llds,  # type: ignore[arg-type]
+            llds=llds,
             steps=args.grpo_steps,
             questions_per_step=args.questions_per_step,
             lr=args.lr,

@@ -222,7 +222,7 @@ def test_config_errors_are_actionable(
 
 def test_sft_config_and_derived_values(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     cfg = tiny(tmp_path, questions_per_step=4, group_size=5, minibatch_size=10, epochs=3)
-    assert cfg.batch_size == 20 and cfg.updates_per_step == 6 and cfg.llds_enabled
+    assert cfg.batch_size == 20 and cfg.updates_per_step == 6 and cfg.llds.enabled
     # The reference recipe by default: one pass, one whole group per update (10 updates for 10 questions).
     default = GRPOConfig()
     assert default.epochs == 1 and default.minibatch_plan == "groups"

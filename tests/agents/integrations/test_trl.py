@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -18,12 +19,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl", reason="the trl extra is part of `all`: `make test` installs it")
 
+from searchgym.agents.grpo.config import LLDSConfig  # noqa: E402
 from searchgym.agents.grpo.losses import llds_loss  # noqa: E402
 from searchgym.agents.integrations.config import TRLConfig, parse_trl_args  # noqa: E402
 from searchgym.agents.integrations.trl import (  # noqa: E402
     LLDSGRPOTrainer,
     LLDSInactiveWarning,
-    LLDSOptions,
     LLDWarningCallback,
     SearchQARollout,
     SearchQAToolEnv,
@@ -90,7 +91,7 @@ def _trainer(
         train_dataset=question_dataset(rollout.env(4)),
         processing_class=tok.to_transformers(),
         rollout_func=rollout,
-        llds=LLDSOptions(**llds),
+        llds=LLDSConfig(**llds),
         tokenizer=tok,
     )
     # Set by transformers' training loop; these tests call compute_loss directly.
@@ -264,12 +265,12 @@ def _rows(inputs: dict[str, Any], i: int) -> dict[str, Any]:
 
 def _llds_share(trainer: Any, inputs: dict[str, Any]) -> float:
     """What LLDS adds to the micro-batch's loss, over lambda: the loss with LLDS minus the loss without."""
-    coef = trainer.llds.coef
+    llds = trainer.llds
     with_llds = trainer._compute_loss(trainer.model, dict(inputs))
-    trainer.llds.coef = 0.0
+    trainer.llds = dataclasses.replace(llds, coef=0.0)
     without = trainer._compute_loss(trainer.model, dict(inputs))
-    trainer.llds.coef = coef
-    return float(with_llds - without) / coef
+    trainer.llds = llds
+    return float(with_llds - without) / llds.coef
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
