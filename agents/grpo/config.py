@@ -16,7 +16,7 @@ from typing import ClassVar, Literal, TypeAlias, get_args
 from searchgym.errors import ConfigError
 from searchgym.options import check_choices, option, section
 
-from ..training.config import CommonConfig
+from ..training.config import CommonConfig, OptimConfig
 from .loss_term import check_loss_term_spec
 
 __all__ = [
@@ -249,8 +249,6 @@ class GRPOConfig(GroupedConfig):
         "uninformative groups, rollout/informative_frac says how many were informative)",
     )
     max_gen_batches: int = option(4, "the most question batches --filter-groups samples per step")
-    adam_betas: str = option("0.9,0.999", "AdamW's beta1,beta2")
-    adam_eps: float = option(1e-8, "AdamW's epsilon")
     log_gns: bool = option(
         False,
         "log train/gns_groups every step: the gradient noise scale in groups, from micro-batch and mini-batch "
@@ -279,12 +277,6 @@ class GRPOConfig(GroupedConfig):
         "directory or the installed packages)",
     )
     loss_term_coef: float = option(1.0, "weight of --loss-term in the loss")
-    weight_decay: float = option(0.01, "AdamW weight decay (reference: 0.01)")
-    warmup_steps: int = option(
-        0,
-        "linear learning-rate warm-up, in rollout steps (the rate changes once per step, as in verl; the "
-        "reference warms up over 28.5%% of training, default off here so a run's rate is the one you set)",
-    )
     probe_size: int = option(
         64, "correct transcripts in the fixed probe set scored every step (lld/probe_logp*; 0: none)"
     )
@@ -324,6 +316,8 @@ class GRPOConfig(GroupedConfig):
     eval_every: int = option(0, "evaluate greedily on eval_questions every N steps (0: only at the end)")
     save_every: int = option(10, "write RUN_DIR/checkpoint.pt every N steps (0: only at the end)")
 
+    optim: OptimConfig = section(OptimConfig(weight_decay=0.01), "optimisation")  # noqa: RUF009 - frozen
+
     FROZEN_CONTROL: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -350,9 +344,9 @@ class GRPOConfig(GroupedConfig):
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.onpolicy_probe_episodes is not None and self.onpolicy_probe_episodes < 1:
             raise ConfigError(f"onpolicy_probe_episodes must be >= 1, got {self.onpolicy_probe_episodes}")
-        if self.onpolicy_probe_size and self.onpolicy_heldout_split == self.split:
+        if self.onpolicy_probe_size and self.onpolicy_heldout_split == self.env.split:
             raise ConfigError(
-                f"onpolicy_heldout_split must differ from the training split {self.split!r} (held-out questions)"
+                f"onpolicy_heldout_split must differ from the training split {self.env.split!r} (held-out questions)"
             )
         if (
             (self.llds.enabled or self.sapo_coef)
@@ -377,11 +371,6 @@ class GRPOConfig(GroupedConfig):
             raise ConfigError("llds_ledger needs a ledger: --ledger-size must be >= 1")
         if self.eval_every < 0 or self.save_every < 0:
             raise ConfigError("eval_every and save_every must be >= 0 (0: only at the end)")
-        b1, b2 = self.betas
-        if not (0 <= b1 < 1 and 0 <= b2 < 1):
-            raise ConfigError(f"adam_betas must both be in [0, 1), got {self.adam_betas!r}")
-        if not self.adam_eps > 0:
-            raise ConfigError(f"adam_eps must be > 0, got {self.adam_eps}")
         if self.log_gns and (
             self.micro_batch_size is None or self.micro_batch_size >= self.minibatch_responses
         ):
@@ -391,20 +380,9 @@ class GRPOConfig(GroupedConfig):
             )
 
     @property
-    def betas(self) -> tuple[float, float]:
-        """``adam_betas`` as two floats."""
-        try:
-            b1, b2 = (float(x) for x in self.adam_betas.split(","))
-        except ValueError:
-            raise ConfigError(
-                f"adam_betas must be two numbers, 'B1,B2' (e.g. 0.9,0.99), got {self.adam_betas!r}"
-            ) from None
-        return b1, b2
-
-    @property
     def frozen(self) -> bool:
         """The frozen control (``lr == 0``): everything a training arm does except the optimizer step."""
-        return self.lr == 0
+        return self.optim.lr == 0
 
     @property
     def ledger_responses(self) -> int:

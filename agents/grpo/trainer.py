@@ -122,7 +122,7 @@ class GRPOTrainer:
         self.policy, self.arch = build_policy(
             cfg,
             temperature=cfg.temperature,
-            max_turn_tokens=cfg.max_turn_tokens,
+            max_turn_tokens=cfg.env.max_turn_tokens,
             seed=cfg.seed,
             scoring=dataclasses.replace(scoring, autocast_bf16=bf16, group_prefixes=cfg.shared_prefix),
         )
@@ -130,13 +130,10 @@ class GRPOTrainer:
         # The reference is the initial policy; skipped entirely (no copy, no forward) when kl_coef == 0.
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         # As in verl, the learning rate changes once per rollout step (all of a step's updates share it).
-        self.optimizer, self.scheduler = make_optimizer(self.model, cfg, total_updates=cfg.steps)
-        self.env = SearchQAVectorEnv(
-            cfg.batch_size,
-            autoreset_mode="Disabled",
-            **{**cfg.env_kwargs(), "tokenizer": self.policy.tokenizer},
-        )
-        self.greedy = GreedyPlayer(self.policy, cfg.env_kwargs(), cfg.group_size, cfg.max_turn_tokens)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg.optim, total_updates=cfg.steps)
+        tokenizer = self.policy.tokenizer
+        self.env = SearchQAVectorEnv(cfg.batch_size, cfg.env, autoreset_mode="Disabled", tokenizer=tokenizer)
+        self.greedy = GreedyPlayer(self.policy, cfg.env, cfg.group_size)
         # The fixed oracle probe set (its action-kind masks in probe_masks), and the on-policy probes.
         self.probe = oracle_probe(cfg, self.policy.tokenizer)
         if self.probe is not None:
@@ -500,7 +497,7 @@ class GRPOTrainer:
             if cfg.frozen:  # no gradient and no optimizer step: the weights and Adam's state never change
                 grad_norm = torch.zeros(())
             else:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or math.inf)
             finite = finite and bool(torch.isfinite(grad_norm))
             zero = finite and float(grad_norm) == 0.0  # no term of the loss moves any weight
             if finite and not cfg.frozen and not (zero and cfg.skip_zero_signal):
@@ -662,10 +659,11 @@ class GRPOTrainer:
         question's outcome is appended to ``RUN_DIR/eval_episodes.jsonl`` (step, question id, EM, F1, the
         reward, searches, answered), so two evaluations can be compared question by question."""
         episodes: list[dict[str, Any]] = []
+        cfg = self.config
         result = evaluate_greedy(
-            self.model, self.policy.tokenizer, self.config, self.config.eval_questions, episodes
+            self.model, self.policy.tokenizer, cfg.eval_env, cfg.eval_batch, cfg.eval_questions, episodes
         )
-        append_eval_episodes(self.run_dir, self.step, episodes, self.config.reward)
+        append_eval_episodes(self.run_dir, self.step, episodes, self.config.env.reward)
         return {f"eval/{k}": v for k, v in result.items()}
 
     # -- checkpoints -------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
 from searchgym.agents.grpo.config import GroupedConfig
+from searchgym.agents.training.config import OptimConfig
 from searchgym.errors import ConfigError
-from searchgym.options import option
+from searchgym.options import option, section
 
 __all__ = ["TRL_LOSS_TYPES", "TRLConfig", "parse_trl_args"]
 
@@ -62,7 +63,6 @@ class TRLConfig(GroupedConfig):
         "dapo", "TRL's loss aggregation (dapo: token mean over the update, as train grpo)"
     )
     entropy_coef: float = option(0.0, "entropy bonus weight (TRL's entropy_coef)")
-    weight_decay: float = option(0.01, "AdamW weight decay (reference: 0.01)")
     warning_window: int = option(
         3, "early-warning rule: lld/warning is 1 after this many consecutive logs with delta_adv_pos <= 0"
     )
@@ -77,12 +77,8 @@ class TRLConfig(GroupedConfig):
     )
     save_total_limit: int | None = option(None, "keep only the newest N checkpoints (default: all)")
     resume: bool = option(False, "continue the run in RUN_DIR from its newest checkpoint-N")
-    max_obs_tokens: int | None = option(
-        None, "cut each tool observation to N tokens (Search-R1's max_obs_length)"
-    )
-    prompt_style: Literal["base", "chat"] = option(
-        "base", "Search-R1's base prompt, or the prompt as a user turn of the tokenizer's chat template"
-    )
+
+    optim: OptimConfig = section(OptimConfig(weight_decay=0.01), "optimisation")  # noqa: RUF009 - frozen
 
     CLI_OMITS: ClassVar[tuple[str, ...]] = ("llds_ledger", "ledger_lambda", "ledger_batch")
     """LLDS's options ``train trl`` has no use for (ledger-LLDS needs ``train grpo``'s ledger)."""
@@ -107,21 +103,11 @@ class TRLConfig(GroupedConfig):
             raise ConfigError(f"save_total_limit must be >= 1, got {self.save_total_limit}")
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues the run in run_dir and --overwrite replaces it: choose one")
-        if self.max_obs_tokens is not None and self.max_obs_tokens < 1:
-            raise ConfigError(f"max_obs_tokens must be >= 1, got {self.max_obs_tokens}")
 
     @property
     def updates_per_rollout(self) -> int:
         """Optimizer updates per rollout batch: ``epochs * batch_size / minibatch_size``."""
         return self.epochs * (self.batch_size // self.minibatch_responses)
-
-    def env_kwargs(self, split: str | None = None) -> dict[str, Any]:
-        """The shared env options (the reward among them) plus the observation cut and the prompt style."""
-        return {
-            **super().env_kwargs(split),
-            "max_obs_tokens": self.max_obs_tokens,
-            "prompt_style": self.prompt_style,
-        }
 
     def process_batches(self, num_processes: int) -> tuple[int, int, int]:
         """TRL's per-process sizes for ``num_processes`` processes.

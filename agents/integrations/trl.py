@@ -385,6 +385,9 @@ _MANAGED: dict[str, str] = {
     "warmup_steps": "--warmup-steps",
     "lr_scheduler_type": "--lr-schedule",
     "max_grad_norm": "--max-grad-norm",
+    "adam_beta1": "--adam-betas",
+    "adam_beta2": "--adam-betas",
+    "adam_epsilon": "--adam-eps",
     "beta": "--kl-coef",
     "epsilon": "--clip-eps",
     "loss_type": "--loss-type",
@@ -441,6 +444,7 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
     """
     processes = num_processes if num_processes is not None else int(os.environ.get("WORLD_SIZE", "1"))
     micro, accumulation, per_generation = config.process_batches(processes)
+    optim = config.optim
     kwargs: dict[str, Any] = {
         "output_dir": config.run_dir,
         "max_steps": config.updates,
@@ -449,11 +453,14 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
         "steps_per_generation": per_generation,
         "num_generations": config.group_size,
         "num_iterations": config.epochs,
-        "learning_rate": config.lr,
-        "weight_decay": config.weight_decay,
-        "warmup_steps": config.warmup_steps,
-        "lr_scheduler_type": "constant_with_warmup" if config.lr_schedule == "constant" else "linear",
-        "max_grad_norm": config.max_grad_norm if config.max_grad_norm > 0 else 1e9,
+        "learning_rate": optim.lr,
+        "weight_decay": optim.weight_decay,
+        "warmup_steps": optim.warmup_steps,
+        "lr_scheduler_type": "constant_with_warmup" if optim.lr_schedule == "constant" else "linear",
+        "max_grad_norm": optim.max_grad_norm if optim.max_grad_norm > 0 else 1e9,
+        "adam_beta1": optim.betas[0],
+        "adam_beta2": optim.betas[1],
+        "adam_epsilon": optim.adam_eps,
         "beta": config.kl_coef,
         "epsilon": config.clip_eps,
         "loss_type": config.loss_type,
@@ -468,7 +475,7 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
         "fp16": config.dtype == "float16",
         "disable_tqdm": not config.progress,
         "mask_truncated_completions": False,  # an episode ends on </answer>, not EOS: not a truncation
-        "max_completion_length": config.max_turn_tokens,  # per vLLM call, i.e. per turn
+        "max_completion_length": config.env.max_turn_tokens,  # per vLLM call, i.e. per turn
         "use_vllm": config.use_vllm,
         "vllm_mode": config.vllm_mode,
         "dataloader_num_workers": 0,

@@ -128,7 +128,9 @@ def _evaluate(trainer: Any, config: TRLConfig, tokenizer: Tokenizer) -> dict[str
     evals: dict[str, float] = {}
     with _generation_model(trainer) as model:
         if state.is_main_process:
-            summary = evaluate_greedy(model, tokenizer, config, config.eval_questions)
+            summary = evaluate_greedy(
+                model, tokenizer, config.eval_env, config.eval_batch, config.eval_questions
+            )
             evals = {f"eval/{k}": summary[k] for k in ("em", "f1", "searches")}
         state.wait_for_everyone()
     return evals
@@ -192,7 +194,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     policy, _ = build_policy(
-        config, temperature=config.temperature, max_turn_tokens=config.max_turn_tokens, seed=config.seed
+        config, temperature=config.temperature, max_turn_tokens=config.env.max_turn_tokens, seed=config.seed
     )
     tokenizer = policy.tokenizer
     if config.kl_coef > 0 and (config.model is None or config.init is not None):
@@ -202,8 +204,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
             policy.model.save_pretrained(str(init_dir))
         state.wait_for_everyone()
         policy.model.config.name_or_path = str(init_dir)
-    env_kwargs = {**config.env_kwargs(), "tokenizer": tokenizer}
-    rollout = SearchQARollout(env_kwargs, seed=config.seed)
+    rollout = SearchQARollout(config.env, tokenizer, seed=config.seed)
     dataset = question_dataset(rollout.env(args.generation_batch_size // args.world_size))
     logger = None
     if state.is_main_process:

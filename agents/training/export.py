@@ -142,9 +142,9 @@ def checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:
     payload = peek_checkpoint(checkpoint)
     if payload is None:
         return {}
-    config = payload.get("config", {})
-    check_config(config, payload.get("kind"), checkpoint)  # types and sizes, before an env is sized by them
-    return {name: int(config[name]) for name in ENV_SIZES if name in config}
+    # checked (types and sizes, before an env is sized by them) and in today's form, whatever the file's
+    env = check_config(payload.get("config", {}), payload.get("kind"), checkpoint)["env"]
+    return {name: int(env[name]) for name in ENV_SIZES}
 
 
 def export_env_sizes(folder: str | Path) -> dict[str, int]:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from searchgym.envs.spec import EnvSpec
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.protocol import Source
 
@@ -225,18 +226,19 @@ def evaluate_policy(
 
 
 def evaluate_greedy(
-    model: Any, tokenizer: Any, config: Any, questions: int, episodes: list[dict[str, Any]] | None = None
+    model: Any,
+    tokenizer: Any,
+    spec: EnvSpec,
+    batch: int,
+    questions: int,
+    episodes: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
-    """The greedy evaluation every trainer runs: ``model`` plays the first ``questions`` questions of
-    ``config.eval_split`` greedily, ``config.eval_batch`` episodes at a time, in the env ``config.env_kwargs``
-    describes (``config.max_turn_tokens`` per turn). ``episodes`` receives the episodes' info dicts
-    (:func:`evaluate_policy`, whose figures it returns)."""
-    greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=config.max_turn_tokens)
-    env = SearchQAVectorEnv(
-        config.eval_batch,
-        autoreset_mode="Disabled",
-        **{**config.env_kwargs(config.eval_split), "tokenizer": tokenizer},
-    )
+    """The greedy evaluation every trainer runs: ``model`` plays the first ``questions`` questions of the
+    env ``spec`` describes (a trainer's ``eval_env``: its env on the eval split) greedily, ``batch`` episodes
+    at a time. ``episodes`` receives the episodes' info dicts (:func:`evaluate_policy`, whose figures it
+    returns)."""
+    greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=spec.max_turn_tokens)
+    env = SearchQAVectorEnv(batch, spec, autoreset_mode="Disabled", tokenizer=tokenizer)
     try:
         return evaluate_policy(greedy, env, questions, episodes)
     finally:

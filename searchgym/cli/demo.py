@@ -200,10 +200,12 @@ def _evaluate_untrained(config: Any) -> dict[str, float]:
     from searchgym.agents.training.policy import build_policy
     from searchgym.agents.training.rollout import evaluate_greedy
 
-    policy, _ = build_policy(config, max_turn_tokens=config.max_turn_tokens, seed=config.seed)
+    policy, _ = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=config.seed)
     return {
         f"eval/{k}": v
-        for k, v in evaluate_greedy(policy.model, policy.tokenizer, config, config.eval_questions).items()
+        for k, v in evaluate_greedy(
+            policy.model, policy.tokenizer, config.eval_env, config.eval_batch, config.eval_questions
+        ).items()
     }
 
 
@@ -213,11 +215,11 @@ def _headroom(config: Any, questions: int, seed: int, samples: int = 4) -> dict[
     from searchgym.agents.training.policy import build_policy
     from searchgym.bench.headroom import HeadroomSettings, LLMHeadroomPolicy, headroom_figures, run_headroom
 
-    policy, _ = build_policy(config, max_turn_tokens=config.max_turn_tokens, seed=seed)
+    policy, _ = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=seed)
     policy.model.eval()
     settings = HeadroomSettings(questions=max(questions, 1), samples=samples, temperatures=(1.0,), seed=seed)
-    env = {**config.env_kwargs(config.eval_split), "tokenizer": policy.tokenizer}
-    play = LLMHeadroomPolicy(policy.model, policy.tokenizer, config.max_turn_tokens)
+    env = config.eval_env
+    play = LLMHeadroomPolicy(policy.model, policy.tokenizer, config.env.max_turn_tokens)
     return headroom_figures(run_headroom(play, env, settings))
 
 

@@ -23,7 +23,7 @@ def test_the_fixtures_load_with_their_kind_step_and_config() -> None:
 
     sft, grpo = load_checkpoint(SFT), load_checkpoint(GRPO)
     assert (sft["kind"], grpo["kind"], grpo["step"]) == ("sft", "grpo", 1)
-    assert grpo["config"]["topk"] == 2 and grpo["config"]["max_context_tokens"] == 256
+    assert grpo["config"]["env"]["topk"] == 2 and grpo["config"]["env"]["max_context_tokens"] == 256
 
 
 def test_the_fixtures_flat_configs_convert_to_sections() -> None:
@@ -38,8 +38,11 @@ def test_the_fixtures_flat_configs_convert_to_sections() -> None:
     assert isinstance(config, GRPOConfig) and config.llds == LLDSConfig(
         gate="action", coef=raw["config"]["llds_coef"]
     )
+    assert config.env.topk == raw["config"]["topk"] == 2  # the env's options become its spec
+    assert config.env.max_obs_tokens is None  # a field the old config lacked: the trainers' default
     stored = config.to_dict()
     assert stored["format"] == CONFIG_FORMAT and stored["llds"]["gate"] == "action"
+    assert stored["env"]["max_context_tokens"] == 256
     assert stored_config(stored, "grpo", GRPO) == config  # the sectioned form reads back the same config
 
 
@@ -57,7 +60,7 @@ def test_a_grpo_run_resumes_from_the_fixture(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="resuming with changed options"):
         train_grpo(config)
     resumed = load_checkpoint(run_dir / "checkpoint.pt")
-    assert resumed["step"] == 2 and resumed["config"]["topk"] == 2
+    assert resumed["step"] == 2 and resumed["config"]["env"]["topk"] == 2
     before, after = load_checkpoint(GRPO)["model"], resumed["model"]
     assert all(torch.equal(before[k], after[k]) for k in before)  # the frozen control (lr 0) kept its weights
 

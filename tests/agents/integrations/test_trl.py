@@ -35,6 +35,7 @@ from searchgym.agents.integrations.trl import (  # noqa: E402
 )
 from searchgym.agents.integrations.trl_train import end_processes  # noqa: E402
 from searchgym.agents.llm import tiny_causal_lm, token_logprobs  # noqa: E402
+from searchgym.envs.spec import EnvSpec  # noqa: E402
 from searchgym.errors import ConfigError, SearchGymError  # noqa: E402
 from searchgym.protocol import Source  # noqa: E402
 from searchgym.tokenization import load_tokenizer  # noqa: E402
@@ -83,7 +84,7 @@ def _trainer(
         progress=False,
         **ENV,
     )
-    rollout = SearchQARollout({**config.env_kwargs(), "tokenizer": tok}, seed=0)
+    rollout = SearchQARollout(config.env, tok, seed=0)
     trainer = LLDSGRPOTrainer(
         model=_model(tok),
         reward_funcs=[episode_reward],
@@ -133,7 +134,7 @@ def _oracle_inputs(tok: Any, trainer: Any) -> tuple[dict[str, Any], Any]:
 
 
 def test_rollout_func_returns_the_env_transcripts(tok: Any) -> None:
-    rollout = SearchQARollout({"tokenizer": tok, **ENV}, seed=3)
+    rollout = SearchQARollout(EnvSpec(**ENV), tok, seed=3)
     trainer = SimpleNamespace(
         model=_model(tok),
         accelerator=SimpleNamespace(unwrap_model=lambda m: m, process_index=0),
@@ -168,7 +169,7 @@ def test_vllm_path_is_cut_by_the_env(tok: Any) -> None:
             ids = [answer + extra for _ in prompts]
             return prompts, ids, [[[-0.5]] * len(i) for i in ids], None
 
-    rollout = SearchQARollout({"tokenizer": tok, **ENV})
+    rollout = SearchQARollout(EnvSpec(**ENV), tok)
     trainer = SimpleNamespace(use_vllm=True, vllm_generation=FakeVLLM())
     qid = rollout.env(1).questions[0].id
     out = rollout([qid, qid], trainer)
@@ -362,7 +363,7 @@ def test_shared_env_options_reach_the_episodes(tok: Any) -> None:
     from searchgym.tokenization import load_tokenizer
 
     config = TRLConfig(max_obs_tokens=6, reward="f1", progress=False, **ENV)
-    rollout = SearchQARollout({**config.env_kwargs(), "tokenizer": tok})
+    rollout = SearchQARollout(config.env, tok)
     qid = rollout.env(1).questions[0].id
     trainer = SimpleNamespace(
         model=_model(tok), accelerator=SimpleNamespace(process_index=0), temperature=1.0
@@ -375,7 +376,7 @@ def test_shared_env_options_reach_the_episodes(tok: Any) -> None:
     hf = tok.to_transformers()
     hf.chat_template = qwen2_5_chat_template
     chat_tok = load_tokenizer(hf)
-    chat = SearchQARollout({**TRLConfig(prompt_style="chat", **ENV).env_kwargs(), "tokenizer": chat_tok})
+    chat = SearchQARollout(TRLConfig(prompt_style="chat", **ENV).env, chat_tok)
     out = chat([qid], trainer)
     question = chat.env(1).questions[0].question
     assert out["prompt_ids"][0] == chat_tok.chat_prompt_ids(format_prompt(question))
