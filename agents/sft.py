@@ -153,14 +153,13 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
         },
         "time/elapsed_s": time.perf_counter() - start,
     }
-    if config.eval_questions:
+    if config.eval.questions:
         episodes: list[dict[str, Any]] = []
         result = evaluate_greedy(
             policy.model,
             policy.tokenizer,
-            config.eval_env,
-            config.eval_batch,
-            config.eval_questions,
+            config.env,
+            config.eval,
             episodes,
         )
         append_eval_episodes(config.run_dir, update, episodes, config.env.reward)

@@ -16,6 +16,7 @@ files alone, through the pre-registered rules of :mod:`searchgym.agents.grpo.dia
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -237,7 +238,9 @@ def cmd_gate(args: argparse.Namespace) -> None:
     )
     policy, _ = build_policy(cfg, max_turn_tokens=48, seed=0)
     policy.model.eval()
-    greedy = evaluate_greedy(policy.model, policy.tokenizer, cfg.eval_env, cfg.eval_batch, args.questions)
+    greedy = evaluate_greedy(
+        policy.model, policy.tokenizer, cfg.env, dataclasses.replace(cfg.eval, questions=args.questions)
+    )
     sampler = LLMPolicy(policy.model, policy.tokenizer, temperature=1.0, max_turn_tokens=48, seed=0)
     env = SearchQAVectorEnv(100, cfg.eval_env, autoreset_mode="Disabled", tokenizer=policy.tokenizer)
     try:

@@ -16,7 +16,7 @@ from typing import ClassVar, Literal, TypeAlias, get_args
 from searchgym.errors import ConfigError
 from searchgym.options import check_choices, option, section
 
-from ..training.config import CommonConfig, OptimConfig
+from ..training.config import CommonConfig, EvalConfig, OptimConfig
 from .loss_term import check_loss_term_spec
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "PRECISIONS",
     "SAPO_THRESHOLD",
     "GRPOConfig",
+    "GRPOEvalConfig",
     "GroupedConfig",
     "LLDSConfig",
 ]
@@ -178,6 +179,25 @@ class GroupedConfig(CommonConfig):
         return self.minibatch_size if self.minibatch_size is not None else self.group_size
 
 
+@dataclass(frozen=True)
+class GRPOEvalConfig(EvalConfig):
+    """GRPO's evaluations: also of the initial policy, and every N steps."""
+
+    at_start: bool = option(
+        True,
+        "evaluate the initial policy as step 0 (the warm-start line in plots; needs eval_questions)",
+        name="eval_at_start",
+    )
+    every: int = option(
+        0, "evaluate greedily on eval_questions every N steps (0: only at the end)", name="eval_every"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.every < 0:
+            raise ConfigError(f"eval_every must be >= 0 (0: only at the end), got {self.every}")
+
+
 @dataclass(init=False)
 class GRPOConfig(GroupedConfig):
     """GRPO (optionally with LLDS) on SearchQA.
@@ -310,13 +330,10 @@ class GRPOConfig(GroupedConfig):
     probe_every: int = option(
         1, "score the probe sets every N steps (and at the first and last); lld/probe_* are absent in between"
     )
-    eval_at_start: bool = option(
-        True, "evaluate the initial policy as step 0 (the warm-start line in plots; needs eval_questions)"
-    )
-    eval_every: int = option(0, "evaluate greedily on eval_questions every N steps (0: only at the end)")
     save_every: int = option(10, "write RUN_DIR/checkpoint.pt every N steps (0: only at the end)")
 
     optim: OptimConfig = section(OptimConfig(weight_decay=0.01), "optimisation")  # noqa: RUF009 - frozen
+    eval: GRPOEvalConfig = section(GRPOEvalConfig(), "evaluation")  # noqa: RUF009 - frozen
 
     FROZEN_CONTROL: ClassVar[bool] = True
 
@@ -369,8 +386,8 @@ class GRPOConfig(GroupedConfig):
             raise ConfigError(f"loss_term_coef must be a finite number, got {self.loss_term_coef}")
         if self.llds.ledger and not self.ledger_size:
             raise ConfigError("llds_ledger needs a ledger: --ledger-size must be >= 1")
-        if self.eval_every < 0 or self.save_every < 0:
-            raise ConfigError("eval_every and save_every must be >= 0 (0: only at the end)")
+        if self.save_every < 0:
+            raise ConfigError(f"save_every must be >= 0 (0: only at the end), got {self.save_every}")
         if self.log_gns and (
             self.micro_batch_size is None or self.micro_batch_size >= self.minibatch_responses
         ):

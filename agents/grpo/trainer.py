@@ -167,7 +167,7 @@ class GRPOTrainer:
         metrics: dict[str, float] = {}
         if self.step == 0:  # the initial policy, as step 0: probes always, evaluation when asked
             start = self.probe_metrics() | {f"warmstart/{k}": v for k, v in self.warmstart.items()}
-            if cfg.eval_questions and (cfg.eval_at_start or cfg.eval_every):
+            if cfg.eval.questions and (cfg.eval.at_start or cfg.eval.every):
                 start |= self.evaluate()
             self._log(0, start)
         try:
@@ -205,8 +205,8 @@ class GRPOTrainer:
         t3 = time.perf_counter()
         metrics |= self.ledger_metrics(batch)  # cross-step displacement, then this step's successes
         t4 = time.perf_counter()
-        if cfg.eval_questions and (
-            self.step == cfg.steps or (cfg.eval_every and self.step % cfg.eval_every == 0)
+        if cfg.eval.questions and (
+            self.step == cfg.steps or (cfg.eval.every and self.step % cfg.eval.every == 0)
         ):
             metrics |= self.evaluate()
             metrics["time/eval_s"] = time.perf_counter() - t4
@@ -660,9 +660,7 @@ class GRPOTrainer:
         reward, searches, answered), so two evaluations can be compared question by question."""
         episodes: list[dict[str, Any]] = []
         cfg = self.config
-        result = evaluate_greedy(
-            self.model, self.policy.tokenizer, cfg.eval_env, cfg.eval_batch, cfg.eval_questions, episodes
-        )
+        result = evaluate_greedy(self.model, self.policy.tokenizer, cfg.env, cfg.eval, episodes)
         append_eval_episodes(self.run_dir, self.step, episodes, self.config.env.reward)
         return {f"eval/{k}": v for k, v in result.items()}
 

@@ -128,9 +128,7 @@ def _evaluate(trainer: Any, config: TRLConfig, tokenizer: Tokenizer) -> dict[str
     evals: dict[str, float] = {}
     with _generation_model(trainer) as model:
         if state.is_main_process:
-            summary = evaluate_greedy(
-                model, tokenizer, config.eval_env, config.eval_batch, config.eval_questions
-            )
+            summary = evaluate_greedy(model, tokenizer, config.env, config.eval)
             evals = {f"eval/{k}": summary[k] for k in ("em", "f1", "searches")}
         state.wait_for_everyone()
     return evals
@@ -163,7 +161,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
 
     Returns:
         The last logged metrics, plus ``eval/em``, ``eval/f1``, ``eval/searches`` when
-        ``config.eval_questions`` > 0 (on the main process).
+        ``config.eval.questions`` > 0 (on the main process).
 
     Raises:
         ConfigError: an override is refused, the batch sizes do not split over the processes, or
@@ -229,7 +227,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     try:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
         results = dict(metrics_cb.last)
-        if config.eval_questions > 0:
+        if config.eval.questions > 0:
             evals = _evaluate(trainer, config, tokenizer)
             if evals and logger is not None:
                 logger.log(int(trainer.state.global_step), evals)

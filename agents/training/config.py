@@ -18,7 +18,7 @@ from searchgym.envs.spec import TRAINING, EnvSpec
 from searchgym.errors import ConfigError
 from searchgym.options import check_choices, gather_options, is_section, option, section
 
-__all__ = ["CONFIG_FORMAT", "CommonConfig", "OptimConfig", "SFTConfig"]
+__all__ = ["CONFIG_FORMAT", "CommonConfig", "EvalConfig", "OptimConfig", "SFTConfig"]
 
 CONFIG_FORMAT = 2
 """The form of a config as checkpoints store it (:meth:`CommonConfig.to_dict`): its sections as mappings,
@@ -84,6 +84,26 @@ class OptimConfig:
         return b1, b2
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """The greedy evaluation a trainer runs (:func:`searchgym.agents.training.rollout.evaluate_greedy`): the
+    first ``questions`` questions of ``split``, ``batch`` episodes at a time, in the run's env."""
+
+    split: str = option("test", "evaluation split", name="eval_split")
+    questions: int = option(
+        200, "questions of the eval split scored greedily at the end (0: none)", name="eval_questions"
+    )
+    batch: int = option(64, "episodes generated together during evaluation", name="eval_batch")
+
+    def __post_init__(self) -> None:
+        if self.questions < 0:
+            raise ConfigError(f"eval_questions must be >= 0, got {self.questions}")
+        if self.batch < 1:
+            raise ConfigError(f"eval_batch must be >= 1, got {self.batch}")
+        if not isinstance(self.split, str) or not self.split:
+            raise ConfigError(f"eval_split must be a non-empty string, got {self.split!r}")
+
+
 @dataclass(init=False)
 class CommonConfig:
     """Fields shared by every training entry point: the run folder, the model, the environment.
@@ -110,9 +130,7 @@ class CommonConfig:
     tiny_hidden: int = option(128, "hidden size of the tiny model (ignored with --model or --init)")
     env: EnvSpec = section(TRAINING, "environment")  # noqa: RUF009 - a frozen dataclass
     optim: OptimConfig = section(OptimConfig(), "optimisation")  # noqa: RUF009 - a frozen dataclass
-    eval_split: str = option("test", "evaluation split")
-    eval_questions: int = option(200, "questions of the eval split scored greedily at the end (0: none)")
-    eval_batch: int = option(64, "episodes generated together during evaluation")
+    eval: EvalConfig = section(EvalConfig(), "evaluation")  # noqa: RUF009 - a frozen dataclass
     seed: int = option(0, "seed of sampling, shuffling and question order")
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
     progress: bool = option(True, "show a tqdm progress bar")
@@ -138,22 +156,20 @@ class CommonConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        for name in ("tiny_layers", "tiny_hidden", "eval_batch"):
+        for name in ("tiny_layers", "tiny_hidden"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         lr = self.optim.lr
         if not (lr > 0 or (lr == 0 and self.FROZEN_CONTROL)):
             hint = " (--lr 0, the frozen control, is a GRPO option)" if lr == 0 else ""
             raise ConfigError(f"lr must be > 0, got {lr}{hint}")
-        if self.eval_questions < 0:
-            raise ConfigError(f"eval_questions must be >= 0, got {self.eval_questions}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
 
     @property
     def eval_env(self) -> EnvSpec:
         """The environment of the greedy evaluations: the training env on ``eval_split``."""
-        return self.env.replace(split=self.eval_split)
+        return self.env.replace(split=self.eval.split)
 
     @property
     def tokenizer_name(self) -> str | None:

@@ -21,6 +21,7 @@ from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.protocol import Source
 
 from ..llm import LLMPolicy
+from .config import EvalConfig
 
 __all__ = [
     "RolloutBatch",
@@ -229,16 +230,18 @@ def evaluate_greedy(
     model: Any,
     tokenizer: Any,
     spec: EnvSpec,
-    batch: int,
-    questions: int,
+    evaluation: EvalConfig,
     episodes: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
-    """The greedy evaluation every trainer runs: ``model`` plays the first ``questions`` questions of the
-    env ``spec`` describes (a trainer's ``eval_env``: its env on the eval split) greedily, ``batch`` episodes
-    at a time. ``episodes`` receives the episodes' info dicts (:func:`evaluate_policy`, whose figures it
-    returns)."""
+    """The greedy evaluation every trainer runs: ``model`` plays the first ``evaluation.questions``
+    questions of ``evaluation.split`` greedily, ``evaluation.batch`` episodes at a time, in the env ``spec``
+    describes (a trainer's ``config.env``). ``episodes`` receives the episodes' info dicts
+    (:func:`evaluate_policy`, whose figures it returns)."""
     greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=spec.max_turn_tokens)
-    env = SearchQAVectorEnv(batch, spec, autoreset_mode="Disabled", tokenizer=tokenizer)
+    env = SearchQAVectorEnv(
+        evaluation.batch, spec.replace(split=evaluation.split), autoreset_mode="Disabled", tokenizer=tokenizer
+    )
+    questions = evaluation.questions
     try:
         return evaluate_policy(greedy, env, questions, episodes)
     finally:

@@ -88,7 +88,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "warning_window",
         "log_gns",
     ),
-    "evaluation": ("eval_split", "eval_questions", "eval_batch", "eval_at_start", "eval_every"),
+    "evaluation": (),
 }
 """The ``--help`` sections of the training commands: each field's section (a field in none goes under
 "other options")."""

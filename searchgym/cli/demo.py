@@ -203,9 +203,7 @@ def _evaluate_untrained(config: Any) -> dict[str, float]:
     policy, _ = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=config.seed)
     return {
         f"eval/{k}": v
-        for k, v in evaluate_greedy(
-            policy.model, policy.tokenizer, config.eval_env, config.eval_batch, config.eval_questions
-        ).items()
+        for k, v in evaluate_greedy(policy.model, policy.tokenizer, config.env, config.eval).items()
     }
 
 

@@ -23,7 +23,7 @@ def test_the_fixtures_load_with_their_kind_step_and_config() -> None:
 
     sft, grpo = load_checkpoint(SFT), load_checkpoint(GRPO)
     assert (sft["kind"], grpo["kind"], grpo["step"]) == ("sft", "grpo", 1)
-    assert grpo["config"]["env"]["topk"] == 2 and grpo["config"]["env"]["max_context_tokens"] == 256
+    assert grpo["config"]["topk"] == 2 and grpo["config"]["max_context_tokens"] == 256  # the flat form
 
 
 def test_the_fixtures_flat_configs_convert_to_sections() -> None:
