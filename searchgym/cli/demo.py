@@ -216,7 +216,7 @@ def _headroom(config: Any, questions: int, seed: int, samples: int = 4) -> dict[
     policy, _ = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=seed)
     policy.model.eval()
     settings = HeadroomSettings(questions=max(questions, 1), samples=samples, temperatures=(1.0,), seed=seed)
-    env = config.eval_env
+    env = {"spec": config.eval_env, "tokenizer": policy.tokenizer}
     play = LLMHeadroomPolicy(policy.model, policy.tokenizer, config.env.max_turn_tokens)
     return headroom_figures(run_headroom(play, env, settings))
 
