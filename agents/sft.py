@@ -55,7 +55,7 @@ def load_sft_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Any]:
 
         import searchgym  # noqa: F401 - registers the env ids
 
-        env = gym.make("SearchQA-v0", **{**config.env_kwargs(), "tokenizer": tokenizer})
+        env = gym.make("SearchQA-v0", spec=config.env, tokenizer=tokenizer)
         n = config.demo_episodes or len(env.unwrapped.questions)  # type: ignore[attr-defined]
         demos = list(generate_demonstrations(env, n, config.seed, config.demonstrator))
         env.close()
@@ -81,7 +81,7 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    policy, arch = build_policy(config, max_turn_tokens=config.max_turn_tokens, seed=config.seed)
+    policy, arch = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=config.seed)
     model = policy.model
     demos = load_sft_demonstrations(config, policy.tokenizer)
     if not demos:
@@ -96,7 +96,7 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
         [d.tokens for d in demos], [d.sources for d in demos], policy.tokenizer.pad_token_id
     )
     per_epoch = math.ceil(len(demos) / config.batch_size)
-    optimizer, scheduler = make_optimizer(model, config, total_updates=config.epochs * per_epoch)
+    optimizer, scheduler = make_optimizer(model, config.optim, total_updates=config.epochs * per_epoch)
     logger = MetricLogger(config.run_dir, config=config)
     generator = torch.Generator().manual_seed(config.seed)
     from tqdm.auto import tqdm
@@ -115,7 +115,9 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
             loss = sft_loss(logp, loss_mask)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), config.optim.max_grad_norm or math.inf
+            )
             optimizer.step()
             scheduler.step()
             update += 1
@@ -135,7 +137,13 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
     model.eval()
     save_checkpoint(
         Path(config.run_dir) / "checkpoint.pt",
-        {"model": model.state_dict(), "arch": arch, "step": update, "kind": "sft", "config": vars(config)},
+        {
+            "model": model.state_dict(),
+            "arch": arch,
+            "step": update,
+            "kind": "sft",
+            "config": config.to_dict(),
+        },
     )
     final: dict[str, float] = {
         "sft/demonstrations": float(len(demos)),
@@ -145,10 +153,16 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
         },
         "time/elapsed_s": time.perf_counter() - start,
     }
-    if config.eval_questions:
+    if config.eval.questions:
         episodes: list[dict[str, Any]] = []
-        result = evaluate_greedy(policy.model, policy.tokenizer, config, config.eval_questions, episodes)
-        append_eval_episodes(config.run_dir, update, episodes, config.reward)
+        result = evaluate_greedy(
+            policy.model,
+            policy.tokenizer,
+            config.env,
+            config.eval,
+            episodes,
+        )
+        append_eval_episodes(config.run_dir, update, episodes, config.env.reward)
         final.update({f"eval/{k}": v for k, v in result.items()})
     logger.log(update, final)
     logger.close()

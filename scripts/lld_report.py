@@ -16,6 +16,7 @@ files alone, through the pre-registered rules of :mod:`searchgym.agents.grpo.dia
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -237,11 +238,11 @@ def cmd_gate(args: argparse.Namespace) -> None:
     )
     policy, _ = build_policy(cfg, max_turn_tokens=48, seed=0)
     policy.model.eval()
-    greedy = evaluate_greedy(policy.model, policy.tokenizer, cfg, args.questions)
-    sampler = LLMPolicy(policy.model, policy.tokenizer, temperature=1.0, max_turn_tokens=48, seed=0)
-    env = SearchQAVectorEnv(
-        100, autoreset_mode="Disabled", **{**cfg.env_kwargs(args.split), "tokenizer": policy.tokenizer}
+    greedy = evaluate_greedy(
+        policy.model, policy.tokenizer, cfg.env, dataclasses.replace(cfg.eval, questions=args.questions)
     )
+    sampler = LLMPolicy(policy.model, policy.tokenizer, temperature=1.0, max_turn_tokens=48, seed=0)
+    env = SearchQAVectorEnv(100, cfg.eval_env, autoreset_mode="Disabled", tokenizer=policy.tokenizer)
     try:
         sampled = evaluate_policy(sampler, env, args.questions)
     finally:
@@ -319,8 +320,11 @@ def lld2_summary(run: Path) -> dict[str, Any]:
     checkpoint = run / "checkpoint.pt"
     if checkpoint.is_file():
         from searchgym.agents.training.checkpoint import load_checkpoint
+        from searchgym.agents.training.checkpoint_checks import stored_config
+        from searchgym.options import flat_values
 
-        config = dict(load_checkpoint(checkpoint).get("config", {}))
+        payload = load_checkpoint(checkpoint)
+        config = flat_values(stored_config(payload["config"], payload.get("kind"), checkpoint))
     wall = run / "wall_s"
     arm, seed = run.parent.name, int(run.name.lstrip("s"))
     return {

@@ -126,7 +126,7 @@ def test_a_training_config_writes_its_manifest(tmp_path: Path) -> None:
     assert manifest["seeds"] == {"seed": 3, "world_seed": 1} and manifest["data"]["world_seed"] == 1
     assert manifest["config"]["run_dir"] == str(tmp_path / "run")
     assert manifest["tokenizer"]["name"] == "builtin"  # a config: model plays with the built-in tokenizer
-    assert manifest["episode"]["max_turn_tokens"] == config.max_turn_tokens
+    assert manifest["episode"]["max_turn_tokens"] == config.env.max_turn_tokens
 
 
 def test_the_mismatch_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

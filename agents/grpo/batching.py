@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from searchgym.errors import ConfigError
 
+from ..training.rollout import RolloutBatch, concat_batches
+
 __all__ = [
     "call_overhead_tokens",
+    "filter_groups",
     "group_rows",
     "informative_groups",
     "length_buckets",
@@ -124,3 +128,29 @@ def informative_groups(rewards: Tensor, group_size: int) -> list[int]:
 def group_rows(groups: list[int], group_size: int) -> list[int]:
     """The response rows of ``groups``, in order."""
     return [g * group_size + j for g in groups for j in range(group_size)]
+
+
+def filter_groups(
+    first: RolloutBatch,
+    draw: Callable[[int], RolloutBatch],
+    group_size: int,
+    questions: int,
+    max_draws: int,
+    pad_id: int,
+) -> tuple[RolloutBatch, int]:
+    """DAPO's dynamic sampling: ``questions`` groups whose rewards are not all equal, from ``first`` and
+    further draws (``draw(n)``, the ``n``-th), at most ``max_draws`` in all; a batch still short is topped
+    up with ``first``'s uninformative groups, so it keeps its shape. Returns the batch and the draws made."""
+    informative = informative_groups(first.rewards, group_size)
+    kept = [(first, informative)]
+    count, draws = len(informative), 1
+    while count < questions and draws < max_draws:
+        more = draw(draws)
+        draws += 1
+        found = informative_groups(more.rewards, group_size)[: questions - count]
+        kept.append((more, found))
+        count += len(found)
+    spare = [g for g in range(questions) if g not in set(informative)]
+    kept.append((first, spare[: max(questions - count, 0)]))
+    batch = concat_batches([b.select(group_rows(groups, group_size)) for b, groups in kept if groups], pad_id)
+    return batch, draws

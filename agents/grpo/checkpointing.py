@@ -3,13 +3,14 @@ how a resumed run takes it back after checking that its options may change."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from searchgym.errors import CheckpointError
+from searchgym.options import flat_values
 
 from ..training.checkpoint import load_checkpoint, save_checkpoint
+from ..training.checkpoint_checks import stored_config
 from ..training.run import check_resume_config
 from ..training.state import get_rng_state, load_training_state, set_rng_state
 from .config import GRPOConfig
@@ -40,7 +41,7 @@ def save_grpo_checkpoint(
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "rng": get_rng_state(),
-            "config": dataclasses.asdict(config),
+            "config": config.to_dict(),
             **({"ledger": ledger.state_dict()} if ledger is not None else {}),
         },
     )
@@ -61,9 +62,10 @@ def restore_grpo_checkpoint(
             f"{path} is a {payload.get('kind')!r} checkpoint, not a GRPO run's; use --init to start from it"
         )
     # The init checkpoint was already checked by hash (resume_init); how its path is spelled may differ.
+    saved = stored_config(payload["config"], "grpo", path)
     check_resume_config(
-        {k: v for k, v in payload.get("config", {}).items() if k != "init"},
-        {k: v for k, v in dataclasses.asdict(config).items() if k != "init"},
+        {k: v for k, v in flat_values(saved).items() if k != "init"},
+        {k: v for k, v in flat_values(config).items() if k != "init"},
     )
     try:
         model.load_state_dict(payload["model"])

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeAlias, get_args
 
 from searchgym.errors import ConfigError
-from searchgym.options import option
+from searchgym.options import check_choices, option, section
 
-from ..training.config import CommonConfig
+from ..training.config import CommonConfig, EvalConfig, OptimConfig
 from .loss_term import check_loss_term_spec
 
 __all__ = [
     "ADVANTAGE_CHOICES",
+    "DIAGNOSTIC_GATE",
     "GATES",
     "LLDS_CHOICES",
     "LLDS_COEF",
@@ -29,14 +30,15 @@ __all__ = [
     "PRECISIONS",
     "SAPO_THRESHOLD",
     "GRPOConfig",
-    "GroupedLLDS",
+    "GRPOEvalConfig",
+    "GroupedConfig",
+    "LLDSConfig",
 ]
 
 Gate: TypeAlias = Literal["action", "response", "token"]
 """Where LLDS decides whether to regularise: per action (default), per response, or per token (no gate)."""
 GATES: tuple[str, ...] = get_args(Gate)
-LLDSChoice: TypeAlias = Literal["none", Gate]
-LLDS_CHOICES: tuple[str, ...] = get_args(LLDSChoice)
+LLDS_CHOICES: tuple[str, ...] = ("none", *GATES)
 """``--llds`` values: no regulariser, or the gate LLDS uses (see :func:`searchgym.agents.grpo.losses.llds_loss`)."""
 LLDS_COEF = 0.2
 """LLDS's default weight lambda, the paper's (every trainer and engine integration starts from it)."""
@@ -51,30 +53,101 @@ Precision: TypeAlias = Literal["fp32", "bf16-autocast"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 """``--precision`` values: the arithmetic of a run's rollouts and updates."""
 
+DIAGNOSTIC_GATE: Gate = "action"
+"""The gate of what LLDS would measure when it is off (``train/llds_*`` of vanilla GRPO), and of ledger-LLDS
+then: the paper's best."""
+
 SAPO_THRESHOLD = 0.8
 """Default ratio threshold of SAPO's conditional KL: the lower edge of the default PPO clip range."""
 
 
-class GroupedLLDS:
-    """What every GRPO-style entry point (``train grpo``, ``train trl``) shares: checks of the groups, the
-    mini-batches and the LLDS options, and the sizes derived from them. Mixed into their config dataclasses,
-    which declare the fields."""
+@dataclass(frozen=True)
+class LLDSConfig:
+    """LLDS's options, the one declaration ``train grpo``, ``train trl`` and verl's loss read
+    (:func:`searchgym.agents.grpo.losses.llds_loss`): the gate (``None``: no LLDS term; the diagnostics are
+    still measured), lambda, LLDS-MA, and ledger-LLDS (``train grpo`` only)."""
 
-    questions_per_step: int
-    group_size: int
-    minibatch_size: int | None
-    temperature: float
-    clip_eps: float
-    llds: str
-    llds_coef: float
-    llds_ma: bool
-    llds_ma_beta: float | None
-    llds_ma_schedule: str
-    kl_coef: float
-    entropy_coef: float
+    gate: Gate | None = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
+        "action",
+        "LLDS gate, or none for vanilla GRPO; LLDS acts from a step's second update (a --minibatch-size "
+        "below the rollout batch, or --epochs > 1)",
+        name="llds",
+    )
+    coef: float = option(LLDS_COEF, "LLDS weight lambda", "--lambda", name="llds_coef")
+    ma: bool = option(False, "LLDS-MA: down-weight the final answer span in LLDS", name="llds_ma")
+    ma_beta: float | None = option(
+        None,
+        "LLDS-MA answer weight (default: adaptive, from the batch's mean valid searches)",
+        name="llds_ma_beta",
+    )
+    ma_schedule: MASchedule = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
+        "code",
+        "LLDS-MA's adaptive beta from the mean valid searches V: code = clip(V-1, 0, 1) (the authors' "
+        "released code), paper = min(V/2, 1)",
+        name="llds_ma_schedule",
+    )
+    ledger: bool = option(
+        False,
+        "ledger-LLDS: each update also penalises likelihood the ledger's responses lost since anchoring",
+        name="llds_ledger",
+    )
+    ledger_lambda: float = option(0.2, "weight of the ledger-LLDS term (lambda_R)", name="ledger_lambda")
+    ledger_batch: int | None = option(
+        None,
+        "ledger responses sampled per update for ledger-LLDS (default: one group, G)",
+        name="ledger_batch",
+    )
 
-    def check_groups_and_llds(self) -> None:
-        """Raises ConfigError, with what to change, on an inconsistent group, mini-batch or LLDS setting."""
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if not (self.coef >= 0 and math.isfinite(self.coef)):
+            raise ConfigError(f"llds_coef must be a finite number >= 0, got {self.coef}")
+        if self.ma and self.gate is None:
+            raise ConfigError("llds_ma needs an LLDS gate: pass --llds action (or token, response)")
+        if self.ma_beta is not None and not 0 <= self.ma_beta <= 1:
+            raise ConfigError(f"llds_ma_beta must be in [0, 1], got {self.ma_beta}")
+        if self.ledger_batch is not None and self.ledger_batch < 1:
+            raise ConfigError(f"ledger_batch must be >= 1, got {self.ledger_batch}")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the LLDS term is in the loss."""
+        return self.gate is not None and self.coef > 0
+
+    @property
+    def measured_gate(self) -> Gate:
+        """The gate LLDS measures with: its own, or :data:`DIAGNOSTIC_GATE` when LLDS is off (what TRL's
+        diagnostics then report, and ledger-LLDS's gate)."""
+        return self.gate if self.gate is not None else DIAGNOSTIC_GATE
+
+
+LLDS_SECTION = "LLDS"
+"""The ``--help`` group of LLDS's options."""
+
+
+@dataclass(init=False)
+class GroupedConfig(CommonConfig):
+    """What every GRPO-style entry point (``train grpo``, ``train trl``) shares on top of
+    :class:`CommonConfig`: groups, mini-batches, the sampling temperature, the loss weights both use, and
+    LLDS (:class:`LLDSConfig`); their checks, and the sizes derived from them. Each subclass declares the
+    fields with its own defaults and help."""
+
+    questions_per_step: int = option(10, "questions per rollout batch (groups per step)")
+    group_size: int = option(5, "responses per question (G)")
+    minibatch_size: int | None = option(
+        None,
+        "responses per optimizer update (default: one group, G; the reference makes ~10 updates per batch)",
+    )
+    temperature: float = option(1.0, "sampling temperature of the rollouts")
+    clip_eps: float = option(0.2, "PPO clip range")
+    kl_coef: float = option(0.001, "weight of the k3 KL to the frozen initial policy (0: no reference model)")
+    entropy_coef: float = option(
+        0.001, "entropy bonus weight (reference: 0.001; 0 while no group is solved, see docs/grpo.md)"
+    )
+    llds: LLDSConfig = section(LLDSConfig(), LLDS_SECTION)  # noqa: RUF009 - a frozen dataclass
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.group_size < 2:
             raise ConfigError(
                 f"group_size must be >= 2 (GRPO's advantages compare responses to one question), got {self.group_size}"
@@ -91,13 +164,9 @@ class GroupedLLDS:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if not self.clip_eps > 0:
             raise ConfigError(f"clip_eps must be > 0, got {self.clip_eps}")
-        for name in ("llds_coef", "kl_coef", "entropy_coef"):
+        for name in ("kl_coef", "entropy_coef"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.llds_ma and self.llds == "none":
-            raise ConfigError("llds_ma needs an LLDS gate: pass --llds action (or token, response)")
-        if self.llds_ma_beta is not None and not 0 <= self.llds_ma_beta <= 1:
-            raise ConfigError(f"llds_ma_beta must be in [0, 1], got {self.llds_ma_beta}")
 
     @property
     def batch_size(self) -> int:
@@ -109,14 +178,28 @@ class GroupedLLDS:
         """Responses per optimizer update (``minibatch_size``, default one group)."""
         return self.minibatch_size if self.minibatch_size is not None else self.group_size
 
-    @property
-    def llds_enabled(self) -> bool:
-        """Whether the LLDS term is in the loss."""
-        return self.llds != "none" and self.llds_coef > 0
+
+@dataclass(frozen=True)
+class GRPOEvalConfig(EvalConfig):
+    """GRPO's evaluations: also of the initial policy, and every N steps."""
+
+    at_start: bool = option(
+        True,
+        "evaluate the initial policy as step 0 (the warm-start line in plots; needs eval_questions)",
+        name="eval_at_start",
+    )
+    every: int = option(
+        0, "evaluate greedily on eval_questions every N steps (0: only at the end)", name="eval_every"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.every < 0:
+            raise ConfigError(f"eval_every must be >= 0 (0: only at the end), got {self.every}")
 
 
-@dataclass
-class GRPOConfig(GroupedLLDS, CommonConfig):
+@dataclass(init=False)
+class GRPOConfig(GroupedConfig):
     """GRPO (optionally with LLDS) on SearchQA.
 
     One *step* is one rollout batch: ``questions_per_step`` questions × ``group_size`` responses, then
@@ -136,14 +219,7 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "from the init checkpoint the run recorded",
     )
     steps: int = option(100, "rollout batches to train on")
-    questions_per_step: int = option(10, "questions per rollout batch (groups per step)")
-    group_size: int = option(5, "responses per question (G)")
-    temperature: float = option(1.0, "sampling temperature of the rollouts")
     epochs: int = option(1, "passes over each rollout batch (reference: 1, each trajectory used once)")
-    minibatch_size: int | None = option(
-        None,
-        "responses per optimizer update (default: one group, G; the reference makes ~10 updates per batch)",
-    )
     minibatch_plan: MinibatchPlan = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "groups",
         "groups: mini-batches of whole groups in a shuffled group order (every trajectory once per epoch); "
@@ -193,34 +269,16 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "uninformative groups, rollout/informative_frac says how many were informative)",
     )
     max_gen_batches: int = option(4, "the most question batches --filter-groups samples per step")
-    adam_betas: str = option("0.9,0.999", "AdamW's beta1,beta2")
-    adam_eps: float = option(1e-8, "AdamW's epsilon")
     log_gns: bool = option(
         False,
         "log train/gns_groups every step: the gradient noise scale in groups, from micro-batch and mini-batch "
         "gradient norms (McCandlish et al. 2018); needs micro-batches smaller than the mini-batch",
     )
-    clip_eps: float = option(0.2, "PPO clip range")
     ratio_cap: float = option(
         100.0, "cap on the importance ratio pi/pi_old, zero gradient beyond (reference: 100; inf: none)"
     )
     kl_value_cap: float = option(
         10.0, "clamp of each token's k3 KL value to [-cap, cap], zero gradient beyond (reference: 10)"
-    )
-    llds: LLDSChoice = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
-        "action",
-        "LLDS gate, or none for vanilla GRPO; LLDS acts from a step's second update (a --minibatch-size "
-        "below the rollout batch, or --epochs > 1)",
-    )
-    llds_coef: float = option(LLDS_COEF, "LLDS weight lambda", "--lambda")
-    llds_ma: bool = option(False, "LLDS-MA: down-weight the final answer span in LLDS")
-    llds_ma_beta: float | None = option(
-        None, "LLDS-MA answer weight (default: adaptive, from the batch's mean valid searches)"
-    )
-    llds_ma_schedule: MASchedule = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
-        "code",
-        "LLDS-MA's adaptive beta from the mean valid searches V: code = clip(V-1, 0, 1) (the authors' "
-        "released code), paper = min(V/2, 1)",
     )
     sapo_coef: float = option(
         0.0,
@@ -239,16 +297,6 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "directory or the installed packages)",
     )
     loss_term_coef: float = option(1.0, "weight of --loss-term in the loss")
-    kl_coef: float = option(0.001, "weight of the k3 KL to the frozen initial policy (0: no reference model)")
-    entropy_coef: float = option(
-        0.001, "entropy bonus weight (reference: 0.001; 0 while no group is solved, see docs/grpo.md)"
-    )
-    weight_decay: float = option(0.01, "AdamW weight decay (reference: 0.01)")
-    warmup_steps: int = option(
-        0,
-        "linear learning-rate warm-up, in rollout steps (the rate changes once per step, as in verl; the "
-        "reference warms up over 28.5%% of training, default off here so a run's rate is the one you set)",
-    )
     probe_size: int = option(
         64, "correct transcripts in the fixed probe set scored every step (lld/probe_logp*; 0: none)"
     )
@@ -271,14 +319,6 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
         "cross-step ledger: the last N positively rewarded responses, with their log-likelihood right after "
         "the step that produced them (the anchor), re-scored every step (lld/ledger_*; 0: none)",
     )
-    llds_ledger: bool = option(
-        False,
-        "ledger-LLDS: each update also penalises likelihood the ledger's responses lost since anchoring",
-    )
-    ledger_lambda: float = option(0.2, "weight of the ledger-LLDS term (lambda_R)")
-    ledger_batch: int | None = option(
-        None, "ledger responses sampled per update for ledger-LLDS (default: one group, G)"
-    )
     skip_zero_signal: bool = option(
         False,
         "no optimizer step (no Adam moment update, no weight decay) on a mini-batch whose loss has exactly "
@@ -290,17 +330,15 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
     probe_every: int = option(
         1, "score the probe sets every N steps (and at the first and last); lld/probe_* are absent in between"
     )
-    eval_at_start: bool = option(
-        True, "evaluate the initial policy as step 0 (the warm-start line in plots; needs eval_questions)"
-    )
-    eval_every: int = option(0, "evaluate greedily on eval_questions every N steps (0: only at the end)")
     save_every: int = option(10, "write RUN_DIR/checkpoint.pt every N steps (0: only at the end)")
+
+    optim: OptimConfig = section(OptimConfig(weight_decay=0.01), "optimisation")  # noqa: RUF009 - frozen
+    eval: GRPOEvalConfig = section(GRPOEvalConfig(), "evaluation")  # noqa: RUF009 - frozen
 
     FROZEN_CONTROL: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.check_groups_and_llds()
         for name in ("steps", "epochs", "warning_window", "max_gen_batches", "probe_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -323,14 +361,12 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.onpolicy_probe_episodes is not None and self.onpolicy_probe_episodes < 1:
             raise ConfigError(f"onpolicy_probe_episodes must be >= 1, got {self.onpolicy_probe_episodes}")
-        if self.onpolicy_probe_size and self.onpolicy_heldout_split == self.split:
+        if self.onpolicy_probe_size and self.onpolicy_heldout_split == self.env.split:
             raise ConfigError(
-                f"onpolicy_heldout_split must differ from the training split {self.split!r} (held-out questions)"
+                f"onpolicy_heldout_split must differ from the training split {self.env.split!r} (held-out questions)"
             )
-        if self.ledger_lambda < 0:
-            raise ConfigError(f"ledger_lambda must be >= 0, got {self.ledger_lambda}")
         if (
-            (self.llds_enabled or self.sapo_coef)
+            (self.llds.enabled or self.sapo_coef)
             and self.minibatch_responses == self.batch_size
             and self.epochs == 1
         ):
@@ -348,17 +384,10 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
             check_loss_term_spec(self.loss_term)
         if not math.isfinite(self.loss_term_coef):
             raise ConfigError(f"loss_term_coef must be a finite number, got {self.loss_term_coef}")
-        if self.ledger_batch is not None and self.ledger_batch < 1:
-            raise ConfigError(f"ledger_batch must be >= 1, got {self.ledger_batch}")
-        if self.llds_ledger and not self.ledger_size:
+        if self.llds.ledger and not self.ledger_size:
             raise ConfigError("llds_ledger needs a ledger: --ledger-size must be >= 1")
-        if self.eval_every < 0 or self.save_every < 0:
-            raise ConfigError("eval_every and save_every must be >= 0 (0: only at the end)")
-        b1, b2 = self.betas
-        if not (0 <= b1 < 1 and 0 <= b2 < 1):
-            raise ConfigError(f"adam_betas must both be in [0, 1), got {self.adam_betas!r}")
-        if not self.adam_eps > 0:
-            raise ConfigError(f"adam_eps must be > 0, got {self.adam_eps}")
+        if self.save_every < 0:
+            raise ConfigError(f"save_every must be >= 0 (0: only at the end), got {self.save_every}")
         if self.log_gns and (
             self.micro_batch_size is None or self.micro_batch_size >= self.minibatch_responses
         ):
@@ -368,25 +397,14 @@ class GRPOConfig(GroupedLLDS, CommonConfig):
             )
 
     @property
-    def betas(self) -> tuple[float, float]:
-        """``adam_betas`` as two floats."""
-        try:
-            b1, b2 = (float(x) for x in self.adam_betas.split(","))
-        except ValueError:
-            raise ConfigError(
-                f"adam_betas must be two numbers, 'B1,B2' (e.g. 0.9,0.99), got {self.adam_betas!r}"
-            ) from None
-        return b1, b2
-
-    @property
     def frozen(self) -> bool:
         """The frozen control (``lr == 0``): everything a training arm does except the optimizer step."""
-        return self.lr == 0
+        return self.optim.lr == 0
 
     @property
     def ledger_responses(self) -> int:
         """Ledger responses per update for ledger-LLDS (``ledger_batch``, default one group)."""
-        return self.ledger_batch if self.ledger_batch is not None else self.group_size
+        return self.llds.ledger_batch if self.llds.ledger_batch is not None else self.group_size
 
     @property
     def updates_per_step(self) -> int:

@@ -3,8 +3,7 @@ question once by argmax decoding, apart from the sampled rollouts' env and gener
 
 from __future__ import annotations
 
-from typing import Any
-
+from searchgym.envs.spec import EnvSpec
 from searchgym.envs.vector import SearchQAVectorEnv
 
 from ..llm import LLMPolicy
@@ -21,18 +20,15 @@ class GreedyPlayer:
 
     Args:
         policy: The trainer's sampling policy (its model, tokenizer and scoring options are shared).
-        env_kwargs: ``SearchQAVectorEnv`` keyword arguments of the training env (the tokenizer is added).
+        spec: The training env (the policy's tokenizer is its tokenizer).
         group_size: Responses per question in the batches it is given.
-        max_turn_tokens: Policy tokens per turn.
     """
 
-    def __init__(
-        self, policy: LLMPolicy, env_kwargs: dict[str, Any], group_size: int, max_turn_tokens: int
-    ) -> None:
+    def __init__(self, policy: LLMPolicy, spec: EnvSpec, group_size: int) -> None:
         self.policy = policy
-        self.env_kwargs = {**env_kwargs, "tokenizer": policy.tokenizer}
+        self.spec = spec
         self.group_size = group_size
-        self.max_turn_tokens = max_turn_tokens
+        self.max_turn_tokens = spec.max_turn_tokens
         self.env: SearchQAVectorEnv | None = None
         self.greedy: LLMPolicy | None = None
 
@@ -53,7 +49,9 @@ class GreedyPlayer:
             raise RuntimeError(f"a group's responses answer different questions: {groups}")
         if self.env is None or self.env.num_envs != len(groups):
             self.close()
-            self.env = SearchQAVectorEnv(len(groups), autoreset_mode="Disabled", **self.env_kwargs)
+            self.env = SearchQAVectorEnv(
+                len(groups), self.spec, autoreset_mode="Disabled", tokenizer=self.policy.tokenizer
+            )
         if self.greedy is None:
             p = self.policy
             self.greedy = LLMPolicy(

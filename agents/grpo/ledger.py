@@ -9,7 +9,7 @@ penalise it (:func:`searchgym.agents.grpo.losses.ledger_llds_loss`).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +17,10 @@ import torch
 from torch import Tensor
 
 from ..training.rollout import RolloutBatch, pad_transcripts
+from .config import LLDSConfig
+from .losses import ledger_llds_loss
 
-__all__ = ["Ledger", "LedgerEntry"]
+__all__ = ["Ledger", "LedgerEntry", "ledger_llds_backward"]
 
 
 @dataclass(frozen=True)
@@ -130,3 +132,36 @@ class Ledger:
                 raise ValueError("ledger state: a non-finite anchor")
             self.entries.append(LedgerEntry(t.long(), s.long(), a.float(), int(k)))
         self._padded = None
+
+
+def ledger_llds_backward(
+    policy: Any,
+    ledger: RolloutBatch,
+    anchor: Tensor,
+    micro_batches: list[Tensor],
+    llds: LLDSConfig,
+    device: Any,
+) -> tuple[Tensor, dict[str, float]]:
+    """Backpropagates ``ledger_lambda`` × ledger-LLDS (:func:`~searchgym.agents.grpo.losses.ledger_llds_loss`,
+    with LLDS's gate) over the ledger responses of ``micro_batches`` (``ledger`` and ``anchor`` from
+    :meth:`Ledger.batch`), one token mean over them all; returns the scaled loss and its metrics, stopping
+    at the first micro-batch whose loss is not finite (before its backward)."""
+    rows = torch.cat(micro_batches)
+    num_tokens = float(ledger.loss_mask[rows].sum().clamp(min=1))
+    total = torch.zeros(())
+    sums: dict[str, float] = defaultdict(float)
+    for idx in micro_batches:
+        mb = ledger.select(idx).to(device)
+        logp, _ = policy.token_logprobs(mb.tokens, mb.attention_mask, score_mask=mb.loss_mask)
+        width = mb.tokens.shape[1]
+        anchored = anchor[idx, :width].to(device)
+        loss, m = ledger_llds_loss(logp, anchored, mb.loss_mask, llds.measured_gate, None, num_tokens)
+        loss = llds.ledger_lambda * loss
+        if not bool(torch.isfinite(loss)):
+            return loss.detach().cpu(), dict(sums)
+        loss.backward()
+        total = total + loss.detach().cpu()
+        share = float(mb.loss_mask.sum()) / num_tokens
+        sums["ledger_llds_loss"] += m["ledger_llds_loss"]
+        sums["ledger_gate_open"] += m["ledger_gate_open"] * share
+    return total, dict(sums)

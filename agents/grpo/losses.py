@@ -512,7 +512,7 @@ def grpo_llds_loss(
     *,
     clip_eps: float = 0.2,
     llds_coef: float = LLDS_COEF,
-    gate: Gate = "action",
+    gate: Gate | None = "action",
     llds_weights: Tensor | None = None,
     ref_logp: Tensor | None = None,
     kl_coef: float = 0.001,
@@ -538,7 +538,7 @@ def grpo_llds_loss(
         loss_mask: ``(B, T)`` 1 on policy tokens.
         clip_eps: PPO clip range.
         llds_coef: lambda.
-        gate: LLDS gate (see :func:`llds_loss`).
+        gate: LLDS gate (see :func:`llds_loss`); ``None``: no LLDS term.
         llds_weights: ``(B, T)`` LLDS per-token weights (LLDS-MA), default 1.
         ref_logp: ``(B, T)`` log-probabilities under the frozen reference, or ``None``.
         kl_coef: Weight of the k3 KL to the reference.
@@ -558,7 +558,7 @@ def grpo_llds_loss(
     loss, metrics = policy_loss(
         logp, logp_old, advantages, loss_mask, clip_eps, num_tokens=num_tokens, ratio_cap=ratio_cap
     )
-    if llds_coef:
+    if llds_coef and gate is not None:
         llds, m = llds_loss(logp, logp_old, advantages, loss_mask, gate, llds_weights, num_tokens)
         loss = loss + llds_coef * llds
         metrics.update(m)

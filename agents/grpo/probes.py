@@ -47,7 +47,7 @@ def oracle_probe(cfg: GRPOConfig, tokenizer: Any) -> RolloutBatch | None:
 
         import searchgym  # noqa: F401 - registers the env ids
 
-        env = gym.make("SearchQA-v0", **{**cfg.env_kwargs(), "tokenizer": tokenizer})
+        env = gym.make("SearchQA-v0", spec=cfg.env, tokenizer=tokenizer)
         demos = []
         # Oracle episodes of the first training questions (the oracle fails when retrieval misses).
         for demo in generate_demonstrations(env, 4 * cfg.probe_size, seed=0):
@@ -89,11 +89,12 @@ def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatc
     budget = cfg.onpolicy_probe_episodes or 4 * cfg.onpolicy_probe_size
     probes: dict[str, RolloutBatch] = {}
     summary: dict[str, float] = {}
-    for k, (name, split) in enumerate((("train", cfg.split), ("heldout", cfg.onpolicy_heldout_split))):
+    for k, (name, split) in enumerate((("train", cfg.env.split), ("heldout", cfg.onpolicy_heldout_split))):
         env = SearchQAVectorEnv(
             min(cfg.onpolicy_probe_size, budget),
+            cfg.env.replace(split=split),
             autoreset_mode="Disabled",
-            **{**cfg.env_kwargs(split), "tokenizer": policy.tokenizer},
+            tokenizer=policy.tokenizer,
         )
         ids = [q.id for q in env.questions]
         kept: list[RolloutBatch] = []

@@ -22,10 +22,8 @@ import dataclasses
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -42,9 +40,7 @@ from ..training.policy import build_policy
 from ..training.rollout import (
     RolloutBatch,
     collect_rollouts,
-    concat_batches,
     evaluate_greedy,
-    summarize_episodes,
 )
 from ..training.run import (
     CHECKPOINT,
@@ -57,36 +53,41 @@ from ..training.run import (
 from .advantages import compute_advantages
 from .batching import (
     call_overhead_tokens,
-    group_rows,
+    filter_groups,
     informative_groups,
     length_buckets,
     minibatch_plan,
     step_seed,
 )
 from .checkpointing import restore_grpo_checkpoint, save_grpo_checkpoint
-from .config import GRPOConfig
+from .config import DIAGNOSTIC_GATE, GRPOConfig
 from .diagnostics import lld_warning
-from .displacement import displacement_by_advantage, ledger_displacement, likelihood_metrics, probe_metrics
+from .displacement import displacement_by_advantage, ledger_displacement, probe_metrics
 from .greedy import GreedyPlayer
-from .ledger import Ledger
+from .ledger import Ledger, ledger_llds_backward
 from .loss_term import LossTermInputs, apply_loss_term, load_loss_term
 from .losses import (
     grpo_llds_loss,
-    ledger_llds_loss,
     llds_loss,
     masked_mean,
 )
-from .noise import MicroGradients, noise_scale_two_batch
-from .pi_old import PI_OLD_TOLERANCE, PiOld, pi_old_gap
+from .noise import MicroGradients
+from .pi_old import PI_OLD_TOLERANCE
 from .probes import onpolicy_probes, oracle_probe
 from .spans import llds_ma_weights, probe_masks
+from .step_metrics import add_micro_metrics, rollout_metrics, update_summary
 
 __all__ = ["GRPOTrainer", "length_buckets", "minibatch_plan", "train_grpo"]
 
 
-def _mean(values: list[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return float(np.mean(finite)) if finite else float("nan")
+class _Fixed(NamedTuple):
+    """What a step's updates read and none changes (:meth:`GRPOTrainer._before_updates`)."""
+
+    logp_old: Tensor  # pi_old's log-probs, (B, T)
+    gap: Tensor  # |pi_old - sampler| on the policy tokens pi_old was scored on
+    ref_logp: Tensor | None  # the reference's log-probs (None without KL)
+    weights: Tensor | None  # LLDS-MA's per-token weights (None without --llds-ma)
+    beta: float | None  # LLDS-MA's answer weight
 
 
 class GRPOTrainer:
@@ -121,7 +122,7 @@ class GRPOTrainer:
         self.policy, self.arch = build_policy(
             cfg,
             temperature=cfg.temperature,
-            max_turn_tokens=cfg.max_turn_tokens,
+            max_turn_tokens=cfg.env.max_turn_tokens,
             seed=cfg.seed,
             scoring=dataclasses.replace(scoring, autocast_bf16=bf16, group_prefixes=cfg.shared_prefix),
         )
@@ -129,13 +130,10 @@ class GRPOTrainer:
         # The reference is the initial policy; skipped entirely (no copy, no forward) when kl_coef == 0.
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         # As in verl, the learning rate changes once per rollout step (all of a step's updates share it).
-        self.optimizer, self.scheduler = make_optimizer(self.model, cfg, total_updates=cfg.steps)
-        self.env = SearchQAVectorEnv(
-            cfg.batch_size,
-            autoreset_mode="Disabled",
-            **{**cfg.env_kwargs(), "tokenizer": self.policy.tokenizer},
-        )
-        self.greedy = GreedyPlayer(self.policy, cfg.env_kwargs(), cfg.group_size, cfg.max_turn_tokens)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg.optim, total_updates=cfg.steps)
+        tokenizer = self.policy.tokenizer
+        self.env = SearchQAVectorEnv(cfg.batch_size, cfg.env, autoreset_mode="Disabled", tokenizer=tokenizer)
+        self.greedy = GreedyPlayer(self.policy, cfg.env, cfg.group_size)
         # The fixed oracle probe set (its action-kind masks in probe_masks), and the on-policy probes.
         self.probe = oracle_probe(cfg, self.policy.tokenizer)
         if self.probe is not None:
@@ -167,7 +165,7 @@ class GRPOTrainer:
         metrics: dict[str, float] = {}
         if self.step == 0:  # the initial policy, as step 0: probes always, evaluation when asked
             start = self.probe_metrics() | {f"warmstart/{k}": v for k, v in self.warmstart.items()}
-            if cfg.eval_questions and (cfg.eval_at_start or cfg.eval_every):
+            if cfg.eval.questions and (cfg.eval.at_start or cfg.eval.every):
                 start |= self.evaluate()
             self._log(0, start)
         try:
@@ -197,7 +195,7 @@ class GRPOTrainer:
         greedy = self.greedy_play(batch).rewards if cfg.advantage == "greedy" else None
         t_greedy = time.perf_counter()
         advantages = compute_advantages(batch.rewards, cfg.group_size, cfg.advantage, greedy_rewards=greedy)
-        metrics = self.rollout_metrics(batch, advantages, greedy) | sampling
+        metrics = rollout_metrics(batch, advantages, cfg.group_size, greedy) | sampling
         metrics |= self.update(batch, advantages)  # loss, optimizer updates, displacement
         t2 = time.perf_counter()
         if self.step in (1, cfg.steps) or self.step % cfg.probe_every == 0:
@@ -205,8 +203,8 @@ class GRPOTrainer:
         t3 = time.perf_counter()
         metrics |= self.ledger_metrics(batch)  # cross-step displacement, then this step's successes
         t4 = time.perf_counter()
-        if cfg.eval_questions and (
-            self.step == cfg.steps or (cfg.eval_every and self.step % cfg.eval_every == 0)
+        if cfg.eval.questions and (
+            self.step == cfg.steps or (cfg.eval.every and self.step % cfg.eval.every == 0)
         ):
             metrics |= self.evaluate()
             metrics["time/eval_s"] = time.perf_counter() - t4
@@ -258,67 +256,30 @@ class GRPOTrainer:
         """
         cfg = self.config
         first = self._draw()
-        metrics = {"rollout/sampled_reward": float(first.rewards.mean())}
-        informative = informative_groups(first.rewards, cfg.group_size)
         batch, draws = first, 1
         if cfg.filter_groups:
-            kept = [(first, informative)]
-            count = len(informative)
-            while count < cfg.questions_per_step and draws < cfg.max_gen_batches:
-                more = self._draw(draws)
-                draws += 1
-                found = informative_groups(more.rewards, cfg.group_size)[: cfg.questions_per_step - count]
-                kept.append((more, found))
-                count += len(found)
-            taken = set(informative)
-            spare = [g for g in range(cfg.questions_per_step) if g not in taken]
-            kept.append((first, spare[: max(cfg.questions_per_step - count, 0)]))
-            batch = concat_batches(
-                [b.select(group_rows(groups, cfg.group_size)) for b, groups in kept if groups],
-                self.policy.tokenizer.pad_token_id,
+            pad = self.policy.tokenizer.pad_token_id
+            batch, draws = filter_groups(
+                first, self._draw, cfg.group_size, cfg.questions_per_step, cfg.max_gen_batches, pad
             )
-            informative = informative_groups(batch.rewards, cfg.group_size)
-        metrics["rollout/informative_frac"] = len(informative) / cfg.questions_per_step
-        metrics["rollout/gen_batches"] = float(draws)
-        return batch, metrics
+        return batch, {
+            "rollout/sampled_reward": float(first.rewards.mean()),
+            "rollout/informative_frac": len(informative_groups(batch.rewards, cfg.group_size))
+            / cfg.questions_per_step,
+            "rollout/gen_batches": float(draws),
+        }
 
     def greedy_play(self, batch: RolloutBatch) -> RolloutBatch:
         """The current policy's greedy episodes on ``batch``'s questions, one per group, in group order
         (:class:`.greedy.GreedyPlayer`): their rewards are the self-critical baseline of ``--advantage greedy``."""
         return self.greedy.play(batch, step_seed(self.config.seed, self.step))
 
-    def rollout_metrics(
-        self, batch: RolloutBatch, advantages: Tensor, greedy_rewards: Tensor | None = None
-    ) -> dict[str, float]:
-        """Reward, EM, searches, lengths, and the rollout policy's likelihood of correct/incorrect responses;
-        with ``greedy_rewards`` (``(Q,)``, ``--advantage greedy``), the greedy reward of the step's questions
-        and the share of responses that beat their question's."""
-        summary = summarize_episodes(batch.infos)
-        groups = batch.rewards.view(-1, self.config.group_size)
-        metrics = {
-            "rollout/reward": float(batch.rewards.mean()),
-            "rollout/em": summary["em"],
-            "rollout/f1": summary["f1"],
-            "rollout/searches": summary["searches"],
-            "rollout/answered": summary["answered"],
-            "rollout/response_length": summary["response_length"],
-            "rollout/solved_groups": float((groups.max(dim=1).values > 0).float().mean()),
-            "rollout/zero_adv_groups": float((groups.std(dim=1) == 0).float().mean()),
-            "rollout/adv_abs": float(advantages.abs().mean()),
-        }
-        if greedy_rewards is not None:
-            metrics["rollout/greedy_reward"] = float(greedy_rewards.mean())
-            metrics["rollout/beats_greedy_frac"] = float((groups > greedy_rewards[:, None]).float().mean())
-        # The sampler's likelihood of fresh responses: context, not LLD (see update() and probe_metrics()).
-        lik = likelihood_metrics(batch.logp_old, batch.loss_mask, batch.rewards > 0)
-        return metrics | {f"rollout/{k}": v for k, v in lik.items()}
-
     # -- updates ---------------------------------------------------------------------------------------
 
     def _llds_weights(self, batch: RolloutBatch) -> tuple[Tensor | None, float | None]:
         """LLDS-MA's per-token weights (``None`` without ``--llds-ma``) and the answer weight beta."""
         cfg = self.config
-        if not cfg.llds_ma:
+        if not cfg.llds.ma:
             return None, None
         searches = float(np.mean([i["searches"] for i in batch.infos]))
         return llds_ma_weights(
@@ -326,8 +287,8 @@ class GRPOTrainer:
             batch.sources,
             self.policy.tokenizer.token_bytes,
             searches,
-            cfg.llds_ma_beta,
-            cfg.llds_ma_schedule,
+            cfg.llds.ma_beta,
+            cfg.llds.ma_schedule,
         )
 
     def _micro(self, minibatches: list[Tensor], lengths: Tensor | None = None) -> list[list[Tensor]]:
@@ -370,51 +331,48 @@ class GRPOTrainer:
 
     def update(self, batch: RolloutBatch, advantages: Tensor) -> dict[str, float]:
         """``epochs`` × mini-batch optimizer updates on one rollout batch, all against the same ``pi_old``;
-        then the displacement they caused on the batch's own responses.
+        then the step's measurements, the displacement the updates caused on the batch's own responses
+        among them.
 
-        ``pi_old`` is the policy that generated the batch (``rescore_pi_old`` says where its log-probs come
-        from). By default (``None``) the first update computes them itself: before the first optimizer step
-        the weights *are* ``pi_old``, so that update's own forward pass is ``pi_old`` for its responses, bit
-        for bit (ratio 1, LLDS exactly 0). The other responses take the sampler's log-probs (cached,
-        last-position forwards: equal to a full forward up to float noise, ``rollout/logp_mismatch``
-        measures it on the first update's tokens), unless that noise exceeds :data:`PI_OLD_TOLERANCE`; they
-        are then re-scored before the first optimizer step. ``True`` re-scores every response in a separate
-        pass with the first epoch's shapes (one forward pass more; an update-free step then measures exactly
-        zero displacement); ``False`` uses the sampler's log-probs throughout (the first update then sees
-        float noise, which LLDS's ``max(d, 0)`` turns into a gradient). The reference is scored in
-        length-sorted micro-batches over the whole batch.
+        ``pi_old`` is the policy that generated the batch; its log-probs are a plain tensor, fixed before the
+        first update by :meth:`_pi_old`'s rule. The reference is scored in length-sorted micro-batches over
+        the whole batch.
         """
-        cfg = self.config
         plan, first_epoch = self._plan(batch)
         model_mode = self.model.training
         self.model.eval()  # dropout off: pi_old and pi_theta must be the same function of the parameters
+        fixed = self._before_updates(batch, plan, first_epoch)
+        self.update_metrics = []
+        for n, micro_batches in enumerate(plan):  # one optimizer update per mini-batch
+            self.update_metrics.append(
+                self._update_minibatch(batch, micro_batches, advantages, fixed, self._ledger_rows(n))
+            )
+        metrics = self._after_updates(batch, advantages, fixed, first_epoch)
+        self.model.train(model_mode)
+        return metrics
+
+    def _before_updates(
+        self, batch: RolloutBatch, plan: list[list[Tensor]], first_epoch: list[Tensor]
+    ) -> _Fixed:
+        """What every update of the step reads and none changes: ``pi_old``, the reference's log-probs,
+        LLDS-MA's weights."""
         with self.clock("pi_old"):
-            pi_old = self._pi_old(batch, plan, first_epoch)
+            logp_old, gap = self._pi_old(batch, plan, first_epoch)
         with self.clock("reference"):
             ref_logp = self._reference_logprobs(batch, first_epoch)
         weights, beta = self._llds_weights(batch)
-        self.update_metrics = []
-        for n, micro_batches in enumerate(plan):  # one optimizer update per mini-batch
-            hook = pi_old.check if n == 0 and pi_old.own_first else None
-            self.update_metrics.append(
-                self._update_minibatch(
-                    batch,
-                    micro_batches,
-                    advantages,
-                    pi_old.logp,
-                    ref_logp,
-                    weights,
-                    hook,
-                    self._ledger_rows(n),
-                )
-            )
+        return _Fixed(logp_old, gap, ref_logp, weights, beta)
+
+    def _after_updates(
+        self, batch: RolloutBatch, advantages: Tensor, fixed: _Fixed, first_epoch: list[Tensor]
+    ) -> dict[str, float]:
+        """The step's ``train/`` metrics, the schedule's step, and the LLD its updates caused."""
         rate = float(self.scheduler.get_last_lr()[0])  # the rate this step's updates ran at
-        if not cfg.frozen:  # the frozen control's rate is 0 throughout, and it never steps the optimizer
+        if not self.config.frozen:  # the frozen control's rate is 0 throughout, it never steps the optimizer
             self.scheduler.step()
-        metrics = self._update_summary(len(plan), rate, pi_old.gap(), beta)
+        metrics = update_summary(self.update_metrics, rate, fixed.gap, fixed.beta, self.config.log_gns)
         with self.clock("displacement"):
-            metrics |= self.displacement(batch, advantages, pi_old.logp, first_epoch)
-        self.model.train(model_mode)
+            metrics |= self.displacement(batch, advantages, fixed.logp_old, first_epoch)
         return metrics
 
     def _plan(self, batch: RolloutBatch) -> tuple[list[list[Tensor]], list[Tensor]]:
@@ -431,20 +389,36 @@ class GRPOTrainer:
         )
         return plan, [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
 
-    def _pi_old(self, batch: RolloutBatch, plan: list[list[Tensor]], first_epoch: list[Tensor]) -> PiOld:
-        """``pi_old``'s log-probs for this step, by ``rescore_pi_old``'s rule (see :meth:`update`)."""
-        cfg = self.config
-        first = torch.cat(plan[0])
-        rest = first_epoch[len(plan[0]) :]  # the first epoch's micro-batches after the first mini-batch's
-        if cfg.rescore_pi_old:
-            logp = self._score(self.model, batch, first_epoch)
-            return PiOld(
-                batch, logp, first, own_first=False, mismatch=(logp - batch.logp_old).abs()[batch.loss_mask]
-            )
-        own_first = cfg.rescore_pi_old is None
+    def _pi_old(
+        self, batch: RolloutBatch, plan: list[list[Tensor]], first_epoch: list[Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """``pi_old``'s log-probs for this step, and ``|pi_old - sampler|`` on the policy tokens it was scored
+        on (NaN where none was), by ``rescore_pi_old``'s rule.
+
+        The weights now *are* ``pi_old``. ``None`` (default) scores the first mini-batch in the shapes its
+        update will use, so that update starts exactly on-policy (ratio 1, LLDS 0, bit for bit); the other
+        responses keep the sampler's log-probs (cached, last-position forwards: equal up to float noise,
+        ``rollout/logp_mismatch`` measures it) unless that noise exceeds :data:`PI_OLD_TOLERANCE` (a bf16
+        model), when they are scored too. ``True`` scores every response with the first epoch's shapes (an
+        update-free step then measures exactly zero displacement); ``False`` keeps the sampler's throughout
+        (the first update then sees float noise, which LLDS's ``max(d, 0)`` turns into a gradient).
+        """
+        rule = self.config.rescore_pi_old
         logp = batch.logp_old.clone()
-        check = partial(self._check_pi_old, batch, logp, first, rest) if own_first else None
-        return PiOld(batch, logp, first, own_first=own_first, check=check)
+        if rule is False:
+            return logp, torch.full((1,), float("nan"))
+        scored = first_epoch if rule else plan[0]
+        fresh = self._score(self.model, batch, scored)
+        for idx in scored:
+            logp[idx] = fresh[idx]
+        rows = torch.cat(scored)
+        gap = (logp[rows] - batch.logp_old[rows]).abs()[batch.loss_mask[rows]]
+        rest = first_epoch[len(plan[0]) :]  # the first epoch's micro-batches after the first mini-batch's
+        if rule is None and rest and gap.numel() and float(gap.max()) > PI_OLD_TOLERANCE:
+            fresh = self._score(self.model, batch, rest)
+            for idx in rest:
+                logp[idx] = fresh[idx]
+        return logp, gap
 
     def _reference_logprobs(self, batch: RolloutBatch, first_epoch: list[Tensor]) -> Tensor | None:
         """The reference model's log-probs of the batch (``None`` without a KL term)."""
@@ -456,60 +430,21 @@ class GRPOTrainer:
             layout = first_epoch
         return self._score(self.ref_model, batch, layout)
 
-    def _update_summary(
-        self, updates: int, rate: float, mismatch: Tensor, beta: float | None
-    ) -> dict[str, float]:
-        """The step's ``train/`` metrics from its updates' own (means, and the maxima that matter)."""
-        cfg = self.config
-        per_update: dict[str, list[float]] = defaultdict(list)
-        for m in self.update_metrics:
-            for k, v in m.items():
-                per_update[k].append(v)
-        metrics = {f"train/{k}": _mean(v) for k, v in per_update.items()}
-        metrics["train/grad_norm_max"] = max(per_update["grad_norm"], default=float("nan"))
-        metrics["train/max_abs_log_ratio"] = max(per_update["max_abs_log_ratio"], default=float("nan"))
-        metrics["train/lr"] = rate
-        if cfg.log_gns and "train/gns_small_sq" in metrics:
-            sizes = [metrics[f"train/gns_{k}"] for k in ("small_sq", "big_sq", "small_groups", "big_groups")]
-            gns = noise_scale_two_batch(*sizes)
-            metrics |= {"train/gns_groups": gns["noise_scale"], "train/gns_grad_sq": gns["grad_sq"]}
-            metrics["train/gns_trace_cov"] = gns["trace_cov"]
-        metrics["train/updates"] = float(updates)
-        metrics["train/skipped_updates"] = float(sum(per_update["skipped"]))
-        metrics["train/zero_signal_frac"] = _mean(per_update["zero_signal"])
-        metrics["rollout/logp_mismatch"] = float(mismatch.max()) if mismatch.numel() else 0.0
-        if beta is not None:
-            metrics["train/llds_ma_beta"] = beta
-        return metrics
-
     def _ledger_rows(self, update: int) -> Tensor | None:
         """The ledger responses ledger-LLDS regularises in this step's ``update``-th update (seeded by
         ``(seed, step, update)``); ``None`` when ledger-LLDS is off or the ledger is empty."""
         cfg = self.config
-        if not (cfg.llds_ledger and cfg.ledger_lambda and self.ledger is not None and len(self.ledger)):
+        if not (cfg.llds.ledger and cfg.llds.ledger_lambda and self.ledger is not None and len(self.ledger)):
             return None
         generator = torch.Generator().manual_seed(step_seed(cfg.seed, self.step, update))
         return torch.randperm(len(self.ledger), generator=generator)[: cfg.ledger_responses]
-
-    def _check_pi_old(self, batch: RolloutBatch, logp_old: Tensor, first: Tensor, rest: list[Tensor]) -> None:
-        """Before the first optimizer step: the sampler's log-probs stand as ``pi_old`` for the ``rest``
-        micro-batches only if they match the first update's own forward within :data:`PI_OLD_TOLERANCE`;
-        otherwise ``rest`` is re-scored now, while the weights are still ``pi_old``."""
-        gap = pi_old_gap(batch, logp_old, first)
-        if gap.numel() and float(gap.max()) > PI_OLD_TOLERANCE and rest:
-            rescored = self._score(self.model, batch, rest)
-            for idx in rest:
-                logp_old[idx] = rescored[idx]
 
     def _update_minibatch(
         self,
         batch: RolloutBatch,
         micro_batches: list[Tensor],
         advantages: Tensor,
-        logp_old: Tensor,
-        ref_logp: Tensor | None,
-        weights: Tensor | None,
-        before_step: Callable[[], None] | None = None,
+        fixed: _Fixed,
         ledger_rows: Tensor | None = None,
     ) -> dict[str, float]:
         """One optimizer update (gradients accumulated over micro-batches); skipped if anything is not finite.
@@ -517,10 +452,6 @@ class GRPOTrainer:
         With ``ledger_rows``, the ledger-LLDS term of those ledger responses joins the gradient. With
         ``skip_zero_signal``, an update whose gradient is exactly zero makes no optimizer step (Adam's
         moments and the weight decay stay as they were); ``zero_signal`` says whether it was zero.
-
-        With ``before_step`` (the first update when ``rescore_pi_old`` is ``None``), each micro-batch's own
-        forward is its ``pi_old``: it is written into ``logp_old``, and ``before_step()`` runs after the
-        last backward, while the weights are still ``pi_old``.
         """
         cfg = self.config
         rows = torch.cat(micro_batches)
@@ -536,48 +467,35 @@ class GRPOTrainer:
         for idx in micro_batches:
             mb = batch.select(idx).to(cfg.device)
             width = mb.tokens.shape[1]
-            own = torch.empty(mb.tokens.shape, dtype=torch.float32, device=cfg.device)
+            ref_logp, weights = fixed.ref_logp, fixed.weights
             # The frozen control computes the loss (its metrics) but no gradient.
             with torch.set_grad_enabled(not cfg.frozen), self.clock("forward"):
                 loss, m = self.loss(
                     mb,
                     advantages[idx].to(cfg.device),
-                    None if before_step is not None else logp_old[idx, :width].to(cfg.device),
+                    fixed.logp_old[idx, :width].to(cfg.device),
                     None if ref_logp is None else ref_logp[idx, :width].to(cfg.device),
                     None if weights is None else weights[idx, :width].to(cfg.device),
                     num_tokens,
                     sapo_tokens=sapo_tokens,
-                    **({"pi_old_out": own} if before_step is not None else {}),
                 )
-            if before_step is not None:
-                logp_old[idx, :width] = own.cpu()
             finite = finite and bool(torch.isfinite(loss))
             if finite and not cfg.frozen:
                 with self.clock("backward"):
                     loss.backward()
                 if noise is not None:
                     noise.add(len(idx), float(mb.loss_mask.sum()) / num_tokens)
-            share = float(mb.loss_mask.sum()) / num_tokens  # token-weighted, like the loss itself
-            for k, v in m.items():
-                # Terms already divided by num_tokens add up; ratios (fractions, means) are token-weighted.
-                if k == "max_abs_log_ratio":
-                    sums[k] = max(sums[k], v)
-                else:
-                    direct = ("loss", "pg_loss", "llds_loss", "sapo_loss", "sapo_frac", "kl", "entropy")
-                    sums[k] += v if k in direct else v * share
+            add_micro_metrics(sums, m, float(mb.loss_mask.sum()) / num_tokens)
         if ledger_rows is not None and finite and not cfg.frozen:
             with self.clock("ledger_llds"):
                 ledger_loss, m = self._ledger_term(ledger_rows)
             finite = bool(torch.isfinite(ledger_loss))
             sums.update(m)
-        if before_step is not None:
-            with self.clock("pi_old"):
-                before_step()
         with self.clock("optimizer"):
             if cfg.frozen:  # no gradient and no optimizer step: the weights and Adam's state never change
                 grad_norm = torch.zeros(())
             else:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or math.inf)
             finite = finite and bool(torch.isfinite(grad_norm))
             zero = finite and float(grad_norm) == 0.0  # no term of the loss moves any weight
             if finite and not cfg.frozen and not (zero and cfg.skip_zero_signal):
@@ -594,31 +512,12 @@ class GRPOTrainer:
         }
 
     def _ledger_term(self, rows: Tensor) -> tuple[Tensor, dict[str, float]]:
-        """Backpropagates ``ledger_lambda`` × ledger-LLDS over the ledger responses ``rows``, micro-batch by
-        micro-batch (one token mean over them all); returns the scaled loss and its metrics."""
-        cfg = self.config
+        """Backpropagates ledger-LLDS over the ledger responses ``rows`` (:func:`.ledger.ledger_llds_backward`),
+        in length-bucketed micro-batches."""
         assert self.ledger is not None
         ledger, anchor = self.ledger.batch()
-        num_tokens = float(ledger.loss_mask[rows].sum().clamp(min=1))
-        gate = "action" if cfg.llds == "none" else cfg.llds
-        total = torch.zeros(())
-        sums: dict[str, float] = defaultdict(float)
-        for idx in self._micro([rows], ledger.attention_mask.sum(dim=1))[0]:
-            mb = ledger.select(idx).to(cfg.device)
-            logp, _ = self.policy.token_logprobs(mb.tokens, mb.attention_mask, score_mask=mb.loss_mask)
-            width = mb.tokens.shape[1]
-            loss, m = ledger_llds_loss(
-                logp, anchor[idx, :width].to(cfg.device), mb.loss_mask, gate, None, num_tokens
-            )
-            loss = cfg.ledger_lambda * loss
-            if not bool(torch.isfinite(loss)):
-                return loss.detach().cpu(), dict(sums)
-            loss.backward()
-            total = total + loss.detach().cpu()
-            share = float(mb.loss_mask.sum()) / num_tokens
-            sums["ledger_llds_loss"] += m["ledger_llds_loss"]
-            sums["ledger_gate_open"] += m["ledger_gate_open"] * share
-        return total, dict(sums)
+        micro = self._micro([rows], ledger.attention_mask.sum(dim=1))[0]
+        return ledger_llds_backward(self.policy, ledger, anchor, micro, self.config.llds, self.config.device)
 
     def loss(
         self,
@@ -630,13 +529,12 @@ class GRPOTrainer:
         num_tokens: float | None = None,
         *,
         sapo_tokens: float | None = None,
-        pi_old_out: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         """The GRPO(+LLDS) loss of one micro-batch; the policy's output layer runs on policy tokens only, so
         prompt and tool positions get no gradient at all.
 
-        ``logp_old=None`` takes this forward's own log-probs as ``pi_old`` (valid while the weights are
-        still those that sampled the batch), copied into ``pi_old_out`` when given. ``num_tokens`` and
+        ``logp_old=None`` takes this forward's own log-probs as ``pi_old`` (an on-policy loss: the gradient
+        noise measurement's). ``num_tokens`` and
         ``sapo_tokens`` are the whole mini-batch's token counts (all policy tokens; those of ``A >= 0``
         responses) when a mini-batch is split into micro-batches.
         """
@@ -648,16 +546,14 @@ class GRPOTrainer:
         assert entropy is not None
         if logp_old is None:
             logp_old = logp.detach()
-            if pi_old_out is not None:
-                pi_old_out.copy_(logp_old)
         loss, metrics = grpo_llds_loss(
             logp,
             logp_old,
             advantages,
             mask,
             clip_eps=cfg.clip_eps,
-            llds_coef=cfg.llds_coef if cfg.llds_enabled else 0.0,
-            gate="action" if cfg.llds == "none" else cfg.llds,
+            llds_coef=cfg.llds.coef,
+            gate=cfg.llds.gate,
             llds_weights=weights,
             ref_logp=ref_logp,
             kl_coef=cfg.kl_coef,
@@ -680,8 +576,8 @@ class GRPOTrainer:
             metrics["loss"] += float(term.detach())
             metrics |= term_metrics
         with torch.no_grad():
-            if not cfg.llds_enabled:  # vanilla GRPO still reports what LLDS (action gate) would measure
-                metrics |= llds_loss(logp, logp_old, advantages, mask, "action", None, num_tokens)[1]
+            if not cfg.llds.enabled:  # vanilla GRPO still reports what LLDS would measure
+                metrics |= llds_loss(logp, logp_old, advantages, mask, DIAGNOSTIC_GATE, None, num_tokens)[1]
             preserved = (advantages >= 0)[:, None] & mask
             d = torch.where(preserved, logp_old - logp, 0.0)
             metrics["llds_lost_frac"] = float((d > 0).sum()) / max(int(preserved.sum()), 1)
@@ -761,10 +657,9 @@ class GRPOTrainer:
         question's outcome is appended to ``RUN_DIR/eval_episodes.jsonl`` (step, question id, EM, F1, the
         reward, searches, answered), so two evaluations can be compared question by question."""
         episodes: list[dict[str, Any]] = []
-        result = evaluate_greedy(
-            self.model, self.policy.tokenizer, self.config, self.config.eval_questions, episodes
-        )
-        append_eval_episodes(self.run_dir, self.step, episodes, self.config.reward)
+        cfg = self.config
+        result = evaluate_greedy(self.model, self.policy.tokenizer, cfg.env, cfg.eval, episodes)
+        append_eval_episodes(self.run_dir, self.step, episodes, self.config.env.reward)
         return {f"eval/{k}": v for k, v in result.items()}
 
     # -- checkpoints -------------------------------------------------------------------------------------

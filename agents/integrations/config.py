@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, get_args
+from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
-from searchgym.agents.grpo.config import LLDS_COEF, GroupedLLDS, LLDSChoice, MASchedule
-from searchgym.agents.training.config import CommonConfig
+from searchgym.agents.grpo.config import GroupedConfig
+from searchgym.agents.training.config import OptimConfig
 from searchgym.errors import ConfigError
-from searchgym.options import option
+from searchgym.options import option, section
 
 __all__ = ["TRL_LOSS_TYPES", "TRLConfig", "parse_trl_args"]
 
@@ -23,8 +23,8 @@ TRL_LOSS_TYPES: tuple[str, ...] = get_args(TRLLossType)
 """TRL loss aggregations offered (PPO-clipped ones); ``dapo`` is the token mean over the whole update."""
 
 
-@dataclass
-class TRLConfig(GroupedLLDS, CommonConfig):
+@dataclass(init=False)
+class TRLConfig(GroupedConfig):
     """GRPO (optionally with LLDS) on SearchQA, trained by TRL's ``GRPOTrainer``.
 
     The run lasts ``updates`` optimizer updates, as TRL counts them (``max_steps``; ``train grpo``'s
@@ -59,25 +59,10 @@ class TRLConfig(GroupedLLDS, CommonConfig):
     epochs: int = option(
         1, "passes over each rollout batch (TRL's num_iterations, mu)", deprecated=("--num-iterations",)
     )
-    temperature: float = option(1.0, "sampling temperature of the rollouts")
     loss_type: TRLLossType = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "dapo", "TRL's loss aggregation (dapo: token mean over the update, as train grpo)"
     )
-    clip_eps: float = option(0.2, "PPO clip range (TRL's epsilon)")
-    kl_coef: float = option(0.001, "weight of the k3 KL to the initial model (TRL's beta; 0: no reference)")
     entropy_coef: float = option(0.0, "entropy bonus weight (TRL's entropy_coef)")
-    weight_decay: float = option(0.01, "AdamW weight decay (reference: 0.01)")
-    llds: LLDSChoice = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
-        "action", "LLDS gate, or none for TRL's plain GRPO loss"
-    )
-    llds_coef: float = option(LLDS_COEF, "LLDS weight lambda", "--lambda")
-    llds_ma: bool = option(False, "LLDS-MA: down-weight the final answer span in LLDS")
-    llds_ma_beta: float | None = option(
-        None, "LLDS-MA answer weight (default: adaptive, from the rollout batch's mean valid searches)"
-    )
-    llds_ma_schedule: MASchedule = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
-        "code", "LLDS-MA's adaptive beta: code = clip(V-1, 0, 1), paper = min(V/2, 1)"
-    )
     warning_window: int = option(
         3, "early-warning rule: lld/warning is 1 after this many consecutive logs with delta_adv_pos <= 0"
     )
@@ -92,16 +77,16 @@ class TRLConfig(GroupedLLDS, CommonConfig):
     )
     save_total_limit: int | None = option(None, "keep only the newest N checkpoints (default: all)")
     resume: bool = option(False, "continue the run in RUN_DIR from its newest checkpoint-N")
-    max_obs_tokens: int | None = option(
-        None, "cut each tool observation to N tokens (Search-R1's max_obs_length)"
-    )
-    prompt_style: Literal["base", "chat"] = option(
-        "base", "Search-R1's base prompt, or the prompt as a user turn of the tokenizer's chat template"
-    )
+
+    optim: OptimConfig = section(OptimConfig(weight_decay=0.01), "optimisation")  # noqa: RUF009 - frozen
+
+    CLI_OMITS: ClassVar[tuple[str, ...]] = ("llds_ledger", "ledger_lambda", "ledger_batch")
+    """LLDS's options ``train trl`` has no use for (ledger-LLDS needs ``train grpo``'s ledger)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.check_groups_and_llds()
+        if self.llds.ledger:
+            raise ConfigError("ledger-LLDS (--llds-ledger) is a train grpo option")
         for name in ("updates", "epochs", "warning_window"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -118,21 +103,11 @@ class TRLConfig(GroupedLLDS, CommonConfig):
             raise ConfigError(f"save_total_limit must be >= 1, got {self.save_total_limit}")
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues the run in run_dir and --overwrite replaces it: choose one")
-        if self.max_obs_tokens is not None and self.max_obs_tokens < 1:
-            raise ConfigError(f"max_obs_tokens must be >= 1, got {self.max_obs_tokens}")
 
     @property
     def updates_per_rollout(self) -> int:
         """Optimizer updates per rollout batch: ``epochs * batch_size / minibatch_size``."""
         return self.epochs * (self.batch_size // self.minibatch_responses)
-
-    def env_kwargs(self, split: str | None = None) -> dict[str, Any]:
-        """The shared env options (the reward among them) plus the observation cut and the prompt style."""
-        return {
-            **super().env_kwargs(split),
-            "max_obs_tokens": self.max_obs_tokens,
-            "prompt_style": self.prompt_style,
-        }
 
     def process_batches(self, num_processes: int) -> tuple[int, int, int]:
         """TRL's per-process sizes for ``num_processes`` processes.

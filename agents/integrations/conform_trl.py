@@ -16,10 +16,13 @@ from typing import Any, cast
 
 import torch
 
+from searchgym.agents.grpo.config import LLDSConfig
+from searchgym.envs.spec import EnvSpec
+
 from .config import TRLConfig
 from .conform import LossOutput, Setup, TrainBatch
 from .conform_episodes import ConformError, Episode, ScriptedTurns
-from .trl import LLDSGRPOTrainer, LLDSOptions, SearchQARollout, episode_reward, question_dataset, trl_args
+from .trl import LLDSGRPOTrainer, SearchQARollout, episode_reward, question_dataset, trl_args
 
 __all__ = ["trl_adapter"]
 
@@ -37,8 +40,8 @@ AGGREGATION = {
 class _ScriptedRollout(SearchQARollout):
     """``SearchQARollout`` whose turns come from the scripted episodes (prompt ``i`` plays episode ``i``)."""
 
-    def __init__(self, env_kwargs: dict[str, Any], episodes: Sequence[Episode]) -> None:
-        super().__init__(env_kwargs)
+    def __init__(self, spec: EnvSpec, tokenizer: Any, episodes: Sequence[Episode]) -> None:
+        super().__init__(spec, tokenizer)
         self.turns = ScriptedTurns(episodes)
 
     def _policy_for(self, trainer: Any, env: Any, model: Any) -> Any:
@@ -64,7 +67,7 @@ def trl_adapter(episodes: Sequence[Episode], setup: Setup, loss_type: str = "dap
         device="cpu",
         **setup.env_kwargs,
     )
-    rollout = _ScriptedRollout({**setup.env_kwargs, "tokenizer": setup.tokenizer}, episodes)
+    rollout = _ScriptedRollout(config.env, setup.tokenizer, episodes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # transformers' renamings, inside TRL
         trainer = LLDSGRPOTrainer(
@@ -74,7 +77,7 @@ def trl_adapter(episodes: Sequence[Episode], setup: Setup, loss_type: str = "dap
             train_dataset=question_dataset(rollout.env(n)),
             processing_class=setup.tokenizer.to_transformers(),
             rollout_func=rollout,
-            llds=LLDSOptions(gate=None),
+            llds=LLDSConfig(gate=None),
             tokenizer=setup.tokenizer,
             warning_window=None,
         )

@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 try:
@@ -51,7 +51,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError(getattr(e, "name", None) or "trl", "trl", "The TRL integration") from e
 
-from searchgym.agents.grpo.config import GATES, LLDS_COEF, Gate
+from searchgym.agents.grpo.config import LLDSConfig
 from searchgym.agents.grpo.diagnostics import lld_warning
 from searchgym.agents.grpo.displacement import displacement_by_advantage
 from searchgym.agents.grpo.losses import llds_loss
@@ -73,7 +73,6 @@ from .trl_rollout import (
 __all__ = [
     "LLDSGRPOTrainer",
     "LLDSInactiveWarning",
-    "LLDSOptions",
     "LLDWarningCallback",
     "SearchQARollout",
     "SearchQAToolEnv",
@@ -94,30 +93,6 @@ _POLICY, _TOOL = int(Source.POLICY), int(Source.TOOL)
 
 class LLDSInactiveWarning(UserWarning):
     """LLDS is configured but identically zero: each rollout batch makes a single optimizer update."""
-
-
-@dataclass
-class LLDSOptions:
-    """The LLDS term added to TRL's loss.
-
-    Attributes:
-        gate: ``"action"``, ``"response"``, ``"token"``, or ``None`` for no LLDS (diagnostics still logged).
-        coef: lambda.
-        ma: LLDS-MA: weight the final answer span by ``beta``.
-        ma_beta: Constant ``beta``; ``None``: adaptive from the rollout batch's mean valid searches.
-        ma_schedule: The adaptive schedule (``"code"`` or ``"paper"``, :func:`~searchgym.agents.grpo.losses.adaptive_answer_weight`).
-    """
-
-    gate: Gate | None = "action"
-    coef: float = LLDS_COEF
-    ma: bool = False
-    ma_beta: float | None = None
-    ma_schedule: str = "code"
-
-    @property
-    def enabled(self) -> bool:
-        """Whether the term is in the loss."""
-        return self.gate is not None and self.coef > 0
 
 
 class LLDWarningCallback(transformers.TrainerCallback):
@@ -198,15 +173,13 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
     def __init__(
         self,
         *args: Any,
-        llds: LLDSOptions | None = None,
+        llds: LLDSConfig | None = None,
         tokenizer: Tokenizer | None = None,
         warning_window: int | None = 3,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.llds = llds if llds is not None else LLDSOptions()
-        if self.llds.gate is not None and self.llds.gate not in GATES:
-            raise ConfigError(f"unknown LLDS gate {self.llds.gate!r}; valid gates: {', '.join(GATES)}")
+        self.llds = llds if llds is not None else LLDSConfig()
         if self.llds.ma and tokenizer is None:
             raise ConfigError("LLDS-MA needs the env's searchgym tokenizer: pass tokenizer=")
         self.sg_tokenizer = tokenizer
@@ -357,7 +330,7 @@ class LLDSGRPOTrainer(trl.GRPOTrainer):
             logp_old,
             advantages,
             mask,
-            self.llds.gate or "action",
+            self.llds.measured_gate,
             inputs.get("llds_weights"),
             num_tokens=tokens,
         )
@@ -412,6 +385,9 @@ _MANAGED: dict[str, str] = {
     "warmup_steps": "--warmup-steps",
     "lr_scheduler_type": "--lr-schedule",
     "max_grad_norm": "--max-grad-norm",
+    "adam_beta1": "--adam-betas",
+    "adam_beta2": "--adam-betas",
+    "adam_epsilon": "--adam-eps",
     "beta": "--kl-coef",
     "epsilon": "--clip-eps",
     "loss_type": "--loss-type",
@@ -468,6 +444,7 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
     """
     processes = num_processes if num_processes is not None else int(os.environ.get("WORLD_SIZE", "1"))
     micro, accumulation, per_generation = config.process_batches(processes)
+    optim = config.optim
     kwargs: dict[str, Any] = {
         "output_dir": config.run_dir,
         "max_steps": config.updates,
@@ -476,11 +453,14 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
         "steps_per_generation": per_generation,
         "num_generations": config.group_size,
         "num_iterations": config.epochs,
-        "learning_rate": config.lr,
-        "weight_decay": config.weight_decay,
-        "warmup_steps": config.warmup_steps,
-        "lr_scheduler_type": "constant_with_warmup" if config.lr_schedule == "constant" else "linear",
-        "max_grad_norm": config.max_grad_norm if config.max_grad_norm > 0 else 1e9,
+        "learning_rate": optim.lr,
+        "weight_decay": optim.weight_decay,
+        "warmup_steps": optim.warmup_steps,
+        "lr_scheduler_type": "constant_with_warmup" if optim.lr_schedule == "constant" else "linear",
+        "max_grad_norm": optim.max_grad_norm if optim.max_grad_norm > 0 else 1e9,
+        "adam_beta1": optim.betas[0],
+        "adam_beta2": optim.betas[1],
+        "adam_epsilon": optim.adam_eps,
         "beta": config.kl_coef,
         "epsilon": config.clip_eps,
         "loss_type": config.loss_type,
@@ -495,7 +475,7 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
         "fp16": config.dtype == "float16",
         "disable_tqdm": not config.progress,
         "mask_truncated_completions": False,  # an episode ends on </answer>, not EOS: not a truncation
-        "max_completion_length": config.max_turn_tokens,  # per vLLM call, i.e. per turn
+        "max_completion_length": config.env.max_turn_tokens,  # per vLLM call, i.e. per turn
         "use_vllm": config.use_vllm,
         "vllm_mode": config.vllm_mode,
         "dataloader_num_workers": 0,

@@ -21,6 +21,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
 from searchgym.agents.llm import LLMPolicy, Segment
 from searchgym.agents.training.rollout import RolloutBatch, collect_rollouts
+from searchgym.envs.spec import EnvSpec
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import ConfigError
 
@@ -150,16 +151,17 @@ class SearchQARollout:
     ``searchgym_em``, ``searchgym_f1``, ``searchgym_searches``.
 
     Args:
-        env_kwargs: Keyword arguments of :class:`~searchgym.envs.vector.SearchQAVectorEnv` (dataset, split,
-            tokenizer, retriever, topk, turn and context budgets), e.g. ``CommonConfig.env_kwargs()``.
+        spec: The environment (a trainer's ``config.env``).
+        tokenizer: The policy's tokenizer (an object or a name).
         seed: Seed of the rollout policy's sampling generator.
 
     Attributes:
         last_batch: The last call's episodes (a :class:`~searchgym.agents.training.rollout.RolloutBatch`).
     """
 
-    def __init__(self, env_kwargs: dict[str, Any], *, seed: int = 0) -> None:
-        self.env_kwargs = dict(env_kwargs)
+    def __init__(self, spec: EnvSpec, tokenizer: Any, *, seed: int = 0) -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer
         self.seed = seed
         self.calls = 0
         self.last_batch: RolloutBatch | None = None
@@ -169,7 +171,9 @@ class SearchQARollout:
     def env(self, num_envs: int) -> SearchQAVectorEnv:
         """The vector env for ``num_envs`` episodes at a time (built once per size)."""
         if num_envs not in self._envs:
-            self._envs[num_envs] = SearchQAVectorEnv(num_envs, autoreset_mode="Disabled", **self.env_kwargs)
+            self._envs[num_envs] = SearchQAVectorEnv(
+                num_envs, self.spec, autoreset_mode="Disabled", tokenizer=self.tokenizer
+            )
         return self._envs[num_envs]
 
     def _policy_for(self, trainer: Any, env: SearchQAVectorEnv, model: Any) -> LLMPolicy:

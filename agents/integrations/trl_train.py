@@ -34,7 +34,6 @@ from searchgym.tokenization import Tokenizer
 from .config import TRLConfig
 from .trl import (
     LLDSGRPOTrainer,
-    LLDSOptions,
     LLDWarningCallback,
     SearchQARollout,
     check_trl_overrides,
@@ -129,7 +128,7 @@ def _evaluate(trainer: Any, config: TRLConfig, tokenizer: Tokenizer) -> dict[str
     evals: dict[str, float] = {}
     with _generation_model(trainer) as model:
         if state.is_main_process:
-            summary = evaluate_greedy(model, tokenizer, config, config.eval_questions)
+            summary = evaluate_greedy(model, tokenizer, config.env, config.eval)
             evals = {f"eval/{k}": summary[k] for k in ("em", "f1", "searches")}
         state.wait_for_everyone()
     return evals
@@ -162,7 +161,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
 
     Returns:
         The last logged metrics, plus ``eval/em``, ``eval/f1``, ``eval/searches`` when
-        ``config.eval_questions`` > 0 (on the main process).
+        ``config.eval.questions`` > 0 (on the main process).
 
     Raises:
         ConfigError: an override is refused, the batch sizes do not split over the processes, or
@@ -193,7 +192,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     policy, _ = build_policy(
-        config, temperature=config.temperature, max_turn_tokens=config.max_turn_tokens, seed=config.seed
+        config, temperature=config.temperature, max_turn_tokens=config.env.max_turn_tokens, seed=config.seed
     )
     tokenizer = policy.tokenizer
     if config.kl_coef > 0 and (config.model is None or config.init is not None):
@@ -203,20 +202,12 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
             policy.model.save_pretrained(str(init_dir))
         state.wait_for_everyone()
         policy.model.config.name_or_path = str(init_dir)
-    env_kwargs = {**config.env_kwargs(), "tokenizer": tokenizer}
-    rollout = SearchQARollout(env_kwargs, seed=config.seed)
+    rollout = SearchQARollout(config.env, tokenizer, seed=config.seed)
     dataset = question_dataset(rollout.env(args.generation_batch_size // args.world_size))
     logger = None
     if state.is_main_process:
         logger = MetricLogger(run_dir, resume_step=resume_step, config=config)
     metrics_cb = _MetricsCallback(logger)
-    llds = LLDSOptions(
-        gate=None if config.llds == "none" else config.llds,
-        coef=config.llds_coef,
-        ma=config.llds_ma,
-        ma_beta=config.llds_ma_beta,
-        ma_schedule=config.llds_ma_schedule,
-    )
     trainer = LLDSGRPOTrainer(
         model=policy.model,
         reward_funcs=[episode_reward],
@@ -225,7 +216,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
         processing_class=tokenizer.to_transformers(),
         rollout_func=rollout,
         callbacks=[metrics_cb],
-        llds=llds,
+        llds=config.llds,
         tokenizer=tokenizer,
         warning_window=config.warning_window,
     )
@@ -236,7 +227,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     try:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
         results = dict(metrics_cb.last)
-        if config.eval_questions > 0:
+        if config.eval.questions > 0:
             evals = _evaluate(trainer, config, tokenizer)
             if evals and logger is not None:
                 logger.log(int(trainer.state.global_step), evals)

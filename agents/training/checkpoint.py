@@ -254,7 +254,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     _check_fields(payload, path)
     _check_tensors(payload, path)
     if "config" in payload:
-        check_config(payload["config"], payload.get("kind"), path)
+        check_config(payload["config"], payload.get("kind"), path)  # read it with stored_config
     if "arch" in payload:
         check_arch(payload["arch"], payload.get("model", {}), path)
     check_token_ids(payload, path)

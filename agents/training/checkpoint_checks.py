@@ -20,6 +20,7 @@ import torch
 
 from searchgym.envs.spec import MAX_CONTEXT_TOKENS as ENV_MAX_CONTEXT_TOKENS
 from searchgym.errors import CheckpointError
+from searchgym.options import flat_options, from_flat_value, is_section, option_name, section_type
 
 __all__ = [
     "MAX_CONTEXT_TOKENS",
@@ -29,6 +30,7 @@ __all__ = [
     "check_token_ids",
     "iter_tensors",
     "storage_elements",
+    "stored_config",
 ]
 
 MAX_CONTEXT_TOKENS = ENV_MAX_CONTEXT_TOKENS
@@ -101,37 +103,65 @@ def _describe(hint: Any) -> str:
     return text[len("<class '") : -2] if text.startswith("<class '") else text
 
 
-def check_config(config: Any, kind: Any, path: str | Path) -> None:
-    """Checks a checkpoint's saved config before anything reads it.
+def _flat(config: Mapping[str, Any], cls: type[Any], path: str | Path) -> dict[str, Any]:
+    """A stored config as one value per option name, keys ``cls`` does not declare (an option of another
+    version) left out: the one place the two stored forms meet. A config with ``"format"``
+    (:data:`~searchgym.agents.training.config.CONFIG_FORMAT`) holds its sections as mappings; one without is
+    the flat form of older checkpoints, whose keys already are option names (``"none"`` for no LLDS gate)."""
+    from .config import CONFIG_FORMAT
 
-    Each field of the config dataclass of ``kind`` (``GRPOConfig`` for ``"grpo"``, ``SFTConfig`` for
-    ``"sft"``, else ``CommonConfig``) must have the type the dataclass declares (found from its type hints,
-    so fields added later are covered), floats must be finite and integers fit in 64 bits; then the
-    dataclass is built from them, so its own range checks run. Context and turn sizes may not exceed
-    :data:`MAX_CONTEXT_TOKENS`. Keys the dataclass does not declare (a field of another version) are ignored.
+    options = flat_options(cls)
+    if "format" not in config:
+        return {k: from_flat_value(options[k][2], v) for k, v in config.items() if k in options}
+    if config["format"] != CONFIG_FORMAT:
+        raise CheckpointError(
+            f"{path}: config format {config['format']!r:.20} is not {CONFIG_FORMAT} (a newer searchgym?)"
+        )
+    flat: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in config:
+            continue
+        if not is_section(f):
+            flat[f.name] = config[f.name]
+            continue
+        values = config[f.name]
+        if not isinstance(values, Mapping):
+            raise CheckpointError(
+                f"{path}: config section {f.name!r} is a {type(values).__name__}, not a mapping"
+            )
+        for g in dataclasses.fields(section_type(f)):
+            if g.name in values:
+                flat[option_name(g)] = values[g.name]
+    return flat
+
+
+def stored_config(config: Any, kind: Any, path: str | Path) -> Any:
+    """A checkpoint's saved config, checked, as its dataclass (``GRPOConfig`` for ``"grpo"``, ``SFTConfig``
+    for ``"sft"``, else ``CommonConfig``), from either stored form (:func:`_flat`).
+
+    Each option must have the type its field declares (found from the type hints, so fields added later are
+    covered), floats must be finite and integers fit in 64 bits; then the dataclass is built from them, so
+    its own range checks run. Context and turn sizes may not exceed :data:`MAX_CONTEXT_TOKENS`.
 
     Raises:
-        CheckpointError: naming the first bad field, its value and what was expected.
+        CheckpointError: naming the first bad option, its value and what was expected.
     """
     if not isinstance(config, Mapping):
         raise CheckpointError(f"{path}: field 'config' is a {type(config).__name__}, not a mapping")
     cls = _config_class(kind)
-    hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
-    for field in dataclasses.fields(cls):
-        if not field.init or field.name not in config:
-            continue
-        value, hint = config[field.name], hints.get(field.name, Any)
+    options = flat_options(cls)
+    values = _flat(config, cls, path)
+    for name, value in values.items():
+        hint = options[name][2]
         if not _fits(value, hint):
             raise CheckpointError(
-                f"{path}: config field {field.name!r} is {value!r:.80} ({type(value).__name__}), "
+                f"{path}: config field {name!r} is {value!r:.80} ({type(value).__name__}), "
                 f"expected {_describe(hint)}"
             )
         if isinstance(value, float) and not math.isfinite(value):
-            raise CheckpointError(f"{path}: config field {field.name!r} is {value!r}, not a finite number")
+            raise CheckpointError(f"{path}: config field {name!r} is {value!r}, not a finite number")
         if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
-            raise CheckpointError(f"{path}: config field {field.name!r} does not fit in 64 bits")
-        values[field.name] = value
+            raise CheckpointError(f"{path}: config field {name!r} does not fit in 64 bits")
     for name in ("max_context_tokens", "max_turn_tokens"):
         value = values.get(name)
         if isinstance(value, int) and value > MAX_CONTEXT_TOKENS:
@@ -140,9 +170,19 @@ def check_config(config: Any, kind: Any, path: str | Path) -> None:
                 "allows"
             )
     try:
-        cls(**values)
+        return cls(**values)
     except (ValueError, TypeError, ArithmeticError) as e:  # ConfigError is a ValueError
         raise CheckpointError(f"{path}: the saved config is not valid: {e}") from None
+
+
+def check_config(config: Any, kind: Any, path: str | Path) -> dict[str, Any]:
+    """Checks a checkpoint's saved config (:func:`stored_config`) before anything reads it; returns it in
+    today's stored form (sections as mappings, :meth:`CommonConfig.to_dict`), whichever form it had.
+
+    Raises:
+        CheckpointError: naming the first bad field, its value and what was expected.
+    """
+    return dict(stored_config(config, kind, path).to_dict())
 
 
 def _stored_elements(state: Any) -> int:

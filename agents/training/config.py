@@ -9,25 +9,110 @@ module is torch-free so that ``searchgym --help`` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeAlias, get_args
+from typing import Any, ClassVar, Literal
 
+from searchgym.envs.spec import TRAINING, EnvSpec
 from searchgym.errors import ConfigError
-from searchgym.options import check_choices, option
+from searchgym.options import check_choices, gather_options, is_section, option, section
 
 from .reporting import REPORT_TO_HELP, ReportTo, check_report_to
 
-__all__ = ["REWARDS", "CommonConfig", "SFTConfig"]
+__all__ = ["CONFIG_FORMAT", "CommonConfig", "EvalConfig", "OptimConfig", "SFTConfig"]
 
-Reward: TypeAlias = Literal["em", "subem", "f1"]
-REWARDS: tuple[str, ...] = get_args(Reward)
-"""``--reward`` values: the env's answer metrics (exact match, substring EM, token F1)."""
+CONFIG_FORMAT = 2
+"""The form of a config as checkpoints store it (:meth:`CommonConfig.to_dict`): its sections as mappings,
+under ``"format"``. A mapping without it is the flat form of older checkpoints, one key per option
+(:func:`searchgym.agents.training.checkpoint_checks.stored_config` reads both)."""
 
 
-@dataclass
+@dataclass(frozen=True)
+class OptimConfig:
+    """The optimizer and its learning-rate schedule (:func:`searchgym.agents.training.run.make_optimizer`):
+    AdamW, a linear warm-up, then a constant or linearly decaying rate."""
+
+    lr: float = option(3e-4, "learning rate (use ~1e-6 for a 3B model; GRPO's frozen control: 0)")
+    warmup_steps: int = option(
+        0,
+        "linear learning-rate warm-up, in schedule steps: optimizer updates for train sft and train trl, "
+        "rollout steps for train grpo (its rate changes once per step, as in verl; the reference warms up "
+        "over 28.5%% of training)",
+    )
+    warmup_start_lr: float | None = option(
+        None,
+        "the rate of the warm-up's first step (a straight ramp from it to --lr over --warmup-steps); "
+        "default: the usual ramp from lr/warmup_steps",
+    )
+    lr_schedule: Literal["constant", "linear"] = option(
+        "constant", "after the warm-up: constant, or linear decay to zero at the last step"
+    )
+    weight_decay: float = option(0.0, "AdamW weight decay (reference: 0.01)")
+    max_grad_norm: float = option(1.0, "gradient-norm clipping threshold (0 disables clipping)")
+    adam_betas: str = option("0.9,0.999", "AdamW's beta1,beta2")
+    adam_eps: float = option(1e-8, "AdamW's epsilon")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if not (self.lr >= 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"lr must be > 0 (0: GRPO's frozen control), got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.weight_decay < 0 or self.max_grad_norm < 0:
+            raise ConfigError(
+                "weight_decay and max_grad_norm must be >= 0 (max_grad_norm 0 disables clipping)"
+            )
+        if self.warmup_start_lr is not None:
+            if not 0 < self.warmup_start_lr <= self.lr:
+                raise ConfigError(f"warmup_start_lr must be in (0, lr={self.lr}], got {self.warmup_start_lr}")
+            if self.warmup_steps < 2:
+                raise ConfigError("warmup_start_lr needs a warm-up of at least 2 steps (--warmup-steps)")
+        b1, b2 = self.betas
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ConfigError(f"adam_betas must both be in [0, 1), got {self.adam_betas!r}")
+        if not self.adam_eps > 0:
+            raise ConfigError(f"adam_eps must be > 0, got {self.adam_eps}")
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        """``adam_betas`` as two floats."""
+        try:
+            b1, b2 = (float(x) for x in self.adam_betas.split(","))
+        except ValueError:
+            raise ConfigError(
+                f"adam_betas must be two numbers, 'B1,B2' (e.g. 0.9,0.99), got {self.adam_betas!r}"
+            ) from None
+        return b1, b2
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The greedy evaluation a trainer runs (:func:`searchgym.agents.training.rollout.evaluate_greedy`): the
+    first ``questions`` questions of ``split``, ``batch`` episodes at a time, in the run's env."""
+
+    split: str = option("test", "evaluation split", name="eval_split")
+    questions: int = option(
+        200, "questions of the eval split scored greedily at the end (0: none)", name="eval_questions"
+    )
+    batch: int = option(64, "episodes generated together during evaluation", name="eval_batch")
+
+    def __post_init__(self) -> None:
+        if self.questions < 0:
+            raise ConfigError(f"eval_questions must be >= 0, got {self.questions}")
+        if self.batch < 1:
+            raise ConfigError(f"eval_batch must be >= 1, got {self.batch}")
+        if not isinstance(self.split, str) or not self.split:
+            raise ConfigError(f"eval_split must be a non-empty string, got {self.split!r}")
+
+
+@dataclass(init=False)
 class CommonConfig:
-    """Fields shared by every training entry point: the run folder, the model, the environment."""
+    """Fields shared by every training entry point: the run folder, the model, the environment.
+
+    A config is built from its options by name (``GRPOConfig(lr=1e-3, llds="token")``, the names of the
+    CLI's flags), or with whole sections (``llds=LLDSConfig(...)``): :func:`searchgym.options.gather_options`.
+    """
 
     run_dir: str = option("runs/run", "folder for metrics.jsonl, checkpoints and TensorBoard events")
     overwrite: bool = option(
@@ -45,39 +130,9 @@ class CommonConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "model parameter dtype")
     tiny_layers: int = option(2, "layers of the tiny model (ignored with --model or --init)")
     tiny_hidden: int = option(128, "hidden size of the tiny model (ignored with --model or --init)")
-    dataset: str | None = option(None, "FlashRAG folder (default: the generated world)")
-    world_seed: int = option(0, "seed of the generated world (ignored with --dataset)")
-    split: str = option("train", "training split")
-    eval_split: str = option("test", "evaluation split")
-    retriever: str = option("bm25", "retriever backend name or URL")
-    retriever_patience: float = option(
-        300.0,
-        "seconds to wait for a URL retriever that stops answering (a restart) before failing; the run then "
-        "goes on as if nothing happened (0: fail once the client's retries are spent)",
-    )
-    topk: int = option(3, "passages per search")
-    max_turns: int = option(4, "turn budget per episode")
-    max_turn_tokens: int = option(
-        48, "token cap per turn (the tiny model's turns are < 20 tokens; Search-R1 uses 500 for a real LM)"
-    )
-    max_context_tokens: int = option(1024, "context size (transcript cap; ~4096 for a real LM)")
-    reward: Reward = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
-        "em", "episode reward, in training and in evaluations: exact match, substring EM or token F1"
-    )
-    lr: float = option(3e-4, "learning rate (use ~1e-6 for a 3B model)")
-    warmup_steps: int = option(0, "linear learning-rate warm-up, in optimizer updates")
-    warmup_start_lr: float | None = option(
-        None,
-        "the rate of the warm-up's first update (a straight ramp from it to --lr over --warmup-steps); "
-        "default: the usual ramp from lr/warmup_steps",
-    )
-    lr_schedule: Literal["constant", "linear"] = option(
-        "constant", "after the warm-up: constant, or linear decay to zero at the last update"
-    )
-    weight_decay: float = option(0.0, "AdamW weight decay")
-    max_grad_norm: float = option(1.0, "gradient-norm clipping threshold (0 disables clipping)")
-    eval_questions: int = option(200, "questions of the eval split scored greedily at the end (0: none)")
-    eval_batch: int = option(64, "episodes generated together during evaluation")
+    env: EnvSpec = section(TRAINING, "environment")  # noqa: RUF009 - a frozen dataclass
+    optim: OptimConfig = section(OptimConfig(), "optimisation")  # noqa: RUF009 - a frozen dataclass
+    eval: EvalConfig = section(EvalConfig(), "evaluation")  # noqa: RUF009 - a frozen dataclass
     seed: int = option(0, "seed of sampling, shuffling and question order")
     threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
     progress: bool = option(True, "show a tqdm progress bar")
@@ -90,52 +145,46 @@ class CommonConfig:
     FROZEN_CONTROL: ClassVar[bool] = False
     """Whether ``lr == 0`` is allowed (GRPO's frozen control); every other entry point needs a rate."""
 
+    def __init__(self, **options: Any) -> None:
+        for name, value in gather_options(type(self), options).items():
+            setattr(self, name, value)
+        self.__post_init__()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data, its sections as mappings: what a checkpoint stores."""
+        out: dict[str, Any] = {"format": CONFIG_FORMAT}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if is_section(f):
+                value = value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
+            out[f.name] = value
+        return out
+
     def __post_init__(self) -> None:
         check_choices(self)
         check_report_to(self.report_to)
-        for name in ("tiny_layers", "tiny_hidden", "topk", "max_turns", "max_turn_tokens", "eval_batch"):
+        for name in ("tiny_layers", "tiny_hidden"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not (self.retriever_patience >= 0 and math.isfinite(self.retriever_patience)):
-            raise ConfigError(f"retriever_patience must be >= 0 seconds, got {self.retriever_patience}")
-        if self.max_context_tokens < 16:
-            raise ConfigError(f"max_context_tokens must be >= 16, got {self.max_context_tokens}")
-        if not (self.lr > 0 or (self.lr == 0 and self.FROZEN_CONTROL)):
-            hint = " (--lr 0, the frozen control, is a GRPO option)" if self.lr == 0 else ""
-            raise ConfigError(f"lr must be > 0, got {self.lr}{hint}")
-        for name in ("warmup_steps", "eval_questions"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.weight_decay < 0 or self.max_grad_norm < 0:
-            raise ConfigError(
-                "weight_decay and max_grad_norm must be >= 0 (max_grad_norm 0 disables clipping)"
-            )
-        if self.warmup_start_lr is not None:
-            if not 0 < self.warmup_start_lr <= self.lr:
-                raise ConfigError(f"warmup_start_lr must be in (0, lr={self.lr}], got {self.warmup_start_lr}")
-            if self.warmup_steps < 2:
-                raise ConfigError("warmup_start_lr needs a warm-up of at least 2 steps (--warmup-steps)")
+        lr = self.optim.lr
+        if not (lr > 0 or (lr == 0 and self.FROZEN_CONTROL)):
+            hint = " (--lr 0, the frozen control, is a GRPO option)" if lr == 0 else ""
+            raise ConfigError(f"lr must be > 0, got {lr}{hint}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
 
-    def env_kwargs(self, split: str | None = None) -> dict[str, Any]:
-        """Keyword arguments of ``SearchQAEnv`` / ``SearchQAVectorEnv`` for ``split`` (default: training)."""
-        return {
-            "dataset": self.dataset,
-            "world_seed": self.world_seed,
-            "split": split or self.split,
-            "tokenizer": self.tokenizer if self.tokenizer is not None else self.model,
-            "retriever": self.retriever,
-            "retriever_patience": self.retriever_patience,
-            "topk": self.topk,
-            "max_turns": self.max_turns,
-            "max_turn_tokens": self.max_turn_tokens,
-            "max_context_tokens": self.max_context_tokens,
-            "reward": self.reward,
-        }
+    @property
+    def eval_env(self) -> EnvSpec:
+        """The environment of the greedy evaluations: the training env on ``eval_split``."""
+        return self.env.replace(split=self.eval.split)
+
+    @property
+    def tokenizer_name(self) -> str | None:
+        """The tokenizer the run's envs use, by name: ``tokenizer``, else the model's (``None``: built-in)."""
+        return self.tokenizer if self.tokenizer is not None else self.model
 
 
-@dataclass
+@dataclass(init=False)
 class SFTConfig(CommonConfig):
     """Supervised warm-start on oracle demonstrations: cross-entropy on the policy's tokens only."""
 
@@ -154,13 +203,11 @@ class SFTConfig(CommonConfig):
         "learn from every demonstration, rewarded or not (a shortcut teacher's are wrong by design); "
         "default: only rewarded ones",
     )
+    optim: OptimConfig = section(  # noqa: RUF009 - a frozen dataclass
+        OptimConfig(lr=2e-3, warmup_steps=20, lr_schedule="linear"), "optimisation"
+    )
     epochs: int = option(4, "passes over the demonstrations")
     batch_size: int = option(16, "demonstrations per optimizer update")
-    lr: float = option(2e-3, "learning rate")
-    warmup_steps: int = option(20, "linear learning-rate warm-up, in optimizer updates")
-    lr_schedule: Literal["constant", "linear"] = option(
-        "linear", "after the warm-up: constant, or linear decay to zero at the last update"
-    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

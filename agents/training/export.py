@@ -24,6 +24,7 @@ from .policy import build_policy
 __all__ = [
     "ENV_SIZES",
     "checkpoint_env_sizes",
+    "checkpoint_env_spec",
     "export_env_sizes",
     "export_pretrained",
     "load_policy",
@@ -127,7 +128,7 @@ def export_pretrained(checkpoint: str | Path, out_dir: str | Path, *, overwrite:
         "exported_from": str(Path(checkpoint).resolve()),
         "sha256": digest,
         "tokenizer": policy.tokenizer.name,
-        "env": checkpoint_env_sizes(checkpoint),
+        "env": checkpoint_env_spec(checkpoint),
     }
     (out / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
     _usual_modes(out)
@@ -146,9 +147,10 @@ def _usual_modes(folder: Path) -> None:
             path.chmod(mode)
 
 
-def checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:
-    """The :data:`ENV_SIZES` a checkpoint file's config records, read without loading its weights (``{}``
-    when torch cannot read the file: loading it says why).
+def checkpoint_env_spec(checkpoint: str | Path) -> dict[str, Any]:
+    """The env spec a checkpoint file's config records (:meth:`~searchgym.envs.EnvSpec.to_dict`; for an
+    older checkpoint's flat config, the spec its env options make), read without loading its weights
+    (``{}`` when torch cannot read the file: loading it says why). An export's note stores it too.
 
     Raises:
         CheckpointError: the config has a field of the wrong type or out of range.
@@ -159,9 +161,14 @@ def checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:
     payload = peek_checkpoint(checkpoint)
     if payload is None:
         return {}
-    config = payload.get("config", {})
-    check_config(config, payload.get("kind"), checkpoint)  # types and sizes, before an env is sized by them
-    return {name: int(config[name]) for name in ENV_SIZES if name in config}
+    # checked (types and sizes, before an env is sized by them) and in today's form, whatever the file's
+    return dict(check_config(payload.get("config", {}), payload.get("kind"), checkpoint)["env"])
+
+
+def checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:
+    """The :data:`ENV_SIZES` of a checkpoint file's stored env spec (:func:`checkpoint_env_spec`)."""
+    env = checkpoint_env_spec(checkpoint)
+    return {name: int(env[name]) for name in ENV_SIZES if name in env}
 
 
 def export_env_sizes(folder: str | Path) -> dict[str, int]:

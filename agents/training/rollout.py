@@ -16,10 +16,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from searchgym.envs.spec import EnvSpec
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.protocol import Source
 
 from ..llm import LLMPolicy
+from .config import EvalConfig
 
 __all__ = [
     "RolloutBatch",
@@ -225,18 +227,21 @@ def evaluate_policy(
 
 
 def evaluate_greedy(
-    model: Any, tokenizer: Any, config: Any, questions: int, episodes: list[dict[str, Any]] | None = None
+    model: Any,
+    tokenizer: Any,
+    spec: EnvSpec,
+    evaluation: EvalConfig,
+    episodes: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
-    """The greedy evaluation every trainer runs: ``model`` plays the first ``questions`` questions of
-    ``config.eval_split`` greedily, ``config.eval_batch`` episodes at a time, in the env ``config.env_kwargs``
-    describes (``config.max_turn_tokens`` per turn). ``episodes`` receives the episodes' info dicts
+    """The greedy evaluation every trainer runs: ``model`` plays the first ``evaluation.questions``
+    questions of ``evaluation.split`` greedily, ``evaluation.batch`` episodes at a time, in the env ``spec``
+    describes (a trainer's ``config.env``). ``episodes`` receives the episodes' info dicts
     (:func:`evaluate_policy`, whose figures it returns)."""
-    greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=config.max_turn_tokens)
+    greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=spec.max_turn_tokens)
     env = SearchQAVectorEnv(
-        config.eval_batch,
-        autoreset_mode="Disabled",
-        **{**config.env_kwargs(config.eval_split), "tokenizer": tokenizer},
+        evaluation.batch, spec.replace(split=evaluation.split), autoreset_mode="Disabled", tokenizer=tokenizer
     )
+    questions = evaluation.questions
     try:
         return evaluate_policy(greedy, env, questions, episodes)
     finally:

@@ -16,7 +16,7 @@ import torch
 from searchgym.errors import CheckpointError, ConfigError
 from searchgym.integrity import file_sha256, remove_stale_temp_files
 
-from .config import CommonConfig
+from .config import CommonConfig, OptimConfig
 
 __all__ = [
     "CHECKPOINT",
@@ -84,24 +84,21 @@ what the run is (model, data, optimisation, algorithm) and must stay as saved.""
 
 
 def make_optimizer(
-    model: Any, config: CommonConfig, total_updates: int | None = None
+    model: Any, config: OptimConfig, total_updates: int | None = None
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (``betas`` and ``adam_eps`` from the config when it has them) over the trainable parameters with a linear warm-up to ``config.lr`` (from
+    """AdamW over the trainable parameters with a linear warm-up to ``config.lr`` (from
     ``config.warmup_start_lr`` when set, else from ``lr / warmup_steps``).
 
     After the warm-up the rate stays constant (``config.lr_schedule == "constant"``) or decays linearly to
     zero at ``total_updates`` (``"linear"``; needs ``total_updates``).
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    betas = getattr(config, "betas", (0.9, 0.999))  # GRPO's --adam-betas; torch's defaults elsewhere
-    eps = getattr(config, "adam_eps", 1e-8)
     optimizer = torch.optim.AdamW(
-        params, lr=config.lr, betas=betas, eps=eps, weight_decay=config.weight_decay
+        params, lr=config.lr, betas=config.betas, eps=config.adam_eps, weight_decay=config.weight_decay
     )
     warmup = config.warmup_steps
     decay = config.lr_schedule == "linear" and total_updates is not None
-
-    start = getattr(config, "warmup_start_lr", None)
+    start = config.warmup_start_lr
 
     def factor(update: int) -> float:
         if warmup and update < warmup:

@@ -62,7 +62,8 @@ def run_gns_benchmark(
             tensorboard=False,
             progress=False,
             save_every=0,
-            lr=config.lr or 1e-4,  # the gradient does not depend on the rate; the frozen control has none
+            lr=config.optim.lr
+            or 1e-4,  # the gradient does not depend on the rate; the frozen control has none
         )
         trainer = GRPOTrainer(cfg)
         trainer.step = 1
@@ -96,7 +97,7 @@ def run_gns_benchmark(
         "group_size": cfg.group_size,
         "rollouts": groups * cfg.group_size,
         "advantage": cfg.advantage,
-        "reward": cfg.reward,
+        "reward": cfg.env.reward,
         "mean_reward": float(batch.rewards.mean()),
         "informative_frac": informative,
         "grad_sq": est["grad_sq"],

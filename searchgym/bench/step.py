@@ -212,7 +212,7 @@ class _Arm:
                 resume=False,
                 steps=10**9,  # never the last step: no checkpoint, no forced evaluation
                 probe_every=1,
-                eval_every=1 if config.eval_questions else 0,
+                eval_every=1 if config.eval.questions else 0,
                 save_every=0,
                 progress=False,
                 tensorboard=False,
@@ -272,7 +272,7 @@ def _per_step(config: Any, phases: Mapping[str, float]) -> dict[str, float]:
         **phases,
         "rollout": sum(phases[p] for p in ROLLOUT),
         "update": sum(phases[p] for p in (*UPDATE, "update_other")),
-        "step": seconds_per_step(phases, config.probe_every, config.eval_every, config.steps),
+        "step": seconds_per_step(phases, config.probe_every, config.eval.every, config.steps),
     }
 
 

@@ -170,11 +170,11 @@ def run_rollout_benchmark(
             group_size=group_size,
             **(overrides or {}),
         )
-    policy, _ = build_policy(cfg, temperature=cfg.temperature, max_turn_tokens=cfg.max_turn_tokens, seed=0)
+    policy, _ = build_policy(
+        cfg, temperature=cfg.temperature, max_turn_tokens=cfg.env.max_turn_tokens, seed=0
+    )
     env = SearchQAVectorEnv(
-        questions * group_size,
-        autoreset_mode="Disabled",
-        **{**cfg.env_kwargs(), "tokenizer": policy.tokenizer},
+        questions * group_size, cfg.env, autoreset_mode="Disabled", tokenizer=policy.tokenizer
     )
     fast_sampler, slow_sampler = policy._sample, _multinomial_sampler(policy)
     rates: dict[str, list[float]] = {"after": [], "before": [], "unshared": [], "generate": []}

@@ -46,14 +46,16 @@ def write_run_manifest(
 
 def write_config_manifest(config: Any, command: str) -> Path:
     """Writes ``run_dir/manifest.json`` for a training entry point's config (``CommonConfig`` and kin: a
-    ``run_dir``, ``env_kwargs()``, ``seed`` and ``world_seed``). Called when the run has finished, so a run
-    that was refused (its folder holds another run) leaves that run's manifest alone."""
-    seeds = {"seed": config.seed, "world_seed": config.world_seed}
-    env = config.env_kwargs()
+    ``run_dir``, an ``env`` spec, ``seed``, and its tokenizer's name). Called when the run has finished, so a
+    run that was refused (its folder holds another run) leaves that run's manifest alone."""
+    seeds = {"seed": config.seed, "world_seed": config.env.world_seed}
+    tokenizer = config.tokenizer_name
     # A config:FILE model (random weights of an architecture) uses the built-in tokenizer unless told.
-    if str(env.get("tokenizer")).startswith("config:"):
-        env["tokenizer"] = None
-    return write_run_manifest(config.run_dir, command, env, folder=True, seeds=seeds, config=config)
+    env = {**config.env.to_dict(), "tokenizer": None if str(tokenizer).startswith("config:") else tokenizer}
+    from searchgym.options import flat_values
+
+    options = flat_values(config)  # one value per option, by the CLI's names
+    return write_run_manifest(config.run_dir, command, env, folder=True, seeds=seeds, config=options)
 
 
 def write_index_manifest(args: Any, kind: str) -> Path:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from searchgym.agents.training.config import CommonConfig
+from searchgym.options import flat_options, is_section, option_name, section_type
 
 __all__ = ["SECTIONS", "add_config_arguments", "add_field_arguments", "config_from_args"]
 
@@ -38,31 +39,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "save_model",
     ),
     "model": ("model", "tokenizer", "init", "dtype", "precision", "tiny_layers", "tiny_hidden"),
-    "environment": (
-        "dataset",
-        "world_seed",
-        "split",
-        "retriever",
-        "retriever_patience",
-        "topk",
-        "max_turns",
-        "max_turn_tokens",
-        "max_context_tokens",
-        "max_obs_tokens",
-        "reward",
-        "prompt_style",
-    ),
-    "optimisation": (
-        "lr",
-        "warmup_steps",
-        "warmup_start_lr",
-        "lr_schedule",
-        "weight_decay",
-        "max_grad_norm",
-        "adam_betas",
-        "adam_eps",
-        "skip_zero_signal",
-    ),
+    "environment": (),
+    "optimisation": ("skip_zero_signal",),
     "batches": (
         "steps",
         "updates",
@@ -99,16 +77,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "loss_term_coef",
         "rescore_pi_old",
     ),
-    "LLDS": (
-        "llds",
-        "llds_coef",
-        "llds_ma",
-        "llds_ma_beta",
-        "llds_ma_schedule",
-        "llds_ledger",
-        "ledger_lambda",
-        "ledger_batch",
-    ),
+    "LLDS": (),
     "diagnostics": (
         "probe_size",
         "probe_demos",
@@ -120,7 +89,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "warning_window",
         "log_gns",
     ),
-    "evaluation": ("eval_split", "eval_questions", "eval_batch", "eval_at_start", "eval_every"),
+    "evaluation": (),
 }
 """The ``--help`` sections of the training commands: each field's section (a field in none goes under
 "other options")."""
@@ -179,41 +148,62 @@ def add_field_arguments(
     hints = typing.get_type_hints(cls)
     wanted = set(names) if names is not None else None
     for f in dataclasses.fields(cls):
-        if wanted is not None and f.name not in wanted:
+        name = option_name(f)
+        if wanted is not None and name not in wanted:
             continue
         default = getattr(defaults, f.name) if defaults is not None else f.default
         kwargs: dict[str, Any] = {
             "help": f.metadata.get("help", ""),
-            "dest": f.name,
+            "dest": name,
             **_option_kind(hints[f.name]),
         }
-        if f.name in unset:
+        if "choices" in kwargs and type(None) in get_args(hints[f.name]):
+            # an optional choice: "none" stands for None (gather_options reads it so)
+            kwargs["choices"] = ["none", *kwargs["choices"]]
+            default = "none" if default is None else default
+        if name in unset:
             shown = "none" if default is None else default
             kwargs["help"] += f" (default: {shown})" if "default:" not in kwargs["help"] else ""
             kwargs["default"] = None
         else:
             kwargs["default"] = default
-        flags = [_flag(f.name), *f.metadata.get("flags", ())]
+        flags = [_flag(name), *f.metadata.get("flags", ())]
         group.add_argument(*flags, **kwargs)
         for old in f.metadata.get("deprecated", ()):
             extra = {"type": kwargs["type"]} if "type" in kwargs else {}
             group.add_argument(
-                old, dest=f.name, action=_Deprecated, help=argparse.SUPPRESS, new=flags[0], **extra
+                old, dest=name, action=_Deprecated, help=argparse.SUPPRESS, new=flags[0], **extra
             )
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig]) -> None:
-    """Adds one option per field of ``cls`` (:func:`add_field_arguments`), in the :data:`SECTIONS` of
-    ``--help``. Defaults are the field defaults, so ``--help`` shows them."""
+    """Adds one option per option of ``cls`` (:func:`add_field_arguments`), one ``--help`` group per
+    section (a section field's title; the fields of ``cls`` itself by :data:`SECTIONS`), minus those
+    ``cls.CLI_OMITS`` leaves out. Defaults are the field defaults, so ``--help`` shows them."""
     section_of = {name: title for title, names in SECTIONS.items() for name in names}
-    used = {section_of.get(f.name, "other options") for f in dataclasses.fields(cls)}
-    groups = {t: parser.add_argument_group(t) for t in (*SECTIONS, "other options") if t in used}
-    for title, group in groups.items():
-        names = [f.name for f in dataclasses.fields(cls) if section_of.get(f.name, "other options") == title]
-        add_field_arguments(group, cls, names=names)
+    omit = set(getattr(cls, "CLI_OMITS", ()))
+    parts: dict[str, list[tuple[type[Any], Any, list[str]]]] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if is_section(f):
+            names = [
+                option_name(g) for g in dataclasses.fields(section_type(f)) if option_name(g) not in omit
+            ]
+            parts.setdefault(f.metadata["section"], []).append((section_type(f), f.default, names))
+        elif f.name not in omit:
+            title = section_of.get(f.name, "other options")
+            parts.setdefault(title, []).append((cls, None, [f.name]))
+    order = [*SECTIONS, *(t for t in parts if t not in SECTIONS and t != "other options"), "other options"]
+    for title in order:
+        if title not in parts:
+            continue
+        group = parser.add_argument_group(title)
+        for owner, defaults, names in parts[title]:
+            add_field_arguments(group, owner, defaults, names=names)
 
 
 def config_from_args(cls: type[C], args: argparse.Namespace, **overrides: Any) -> C:
     """Builds (and so validates) ``cls`` from parsed options; ``overrides`` win."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    values = {name: getattr(args, name) for name in flat_options(cls) if hasattr(args, name)}
     return cls(**{**values, **overrides})

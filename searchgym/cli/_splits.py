@@ -28,9 +28,15 @@ def check_splits(config: Any) -> None:
         ConfigError: a split the dataset does not have, a malformed slice, one that selects nothing, or a
             held-out split that overlaps the training split.
     """
+    import dataclasses
+    from types import SimpleNamespace
+
     from searchgym.data import load_dataset, parse_split
     from searchgym.errors import ConfigError
+    from searchgym.options import flat_values
 
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        config = SimpleNamespace(**flat_values(config))  # a sectioned config: its options by name
     dataset = load_dataset(getattr(config, "dataset", None), world_seed=getattr(config, "world_seed", 0))
     used = {
         name: getattr(config, name)

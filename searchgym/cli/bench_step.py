@@ -157,8 +157,8 @@ def format_report(figures: dict[str, Any], config: Any, compare: str | None) -> 
     other = figures.get("other")
     lines = [
         f"{config.questions_per_step} questions x {config.group_size}, {config.updates_per_step} updates a step, "
-        f"probes every {config.probe_every}, {config.eval_questions} evaluation questions every "
-        f"{config.eval_every or config.steps} steps; median of {len(base['repeats'])} repetitions (s)",
+        f"probes every {config.probe_every}, {config.eval.questions} evaluation questions every "
+        f"{config.eval.every or config.steps} steps; median of {len(base['repeats'])} repetitions (s)",
     ]
     header = f"{'phase':22s}{'base':>9s}"
     if other is not None:
@@ -170,7 +170,7 @@ def format_report(figures: dict[str, Any], config: Any, compare: str | None) -> 
         ):
             continue
         if phase in ("probes", "evaluation"):
-            every = config.probe_every if phase == "probes" else config.eval_every or config.steps
+            every = config.probe_every if phase == "probes" else config.eval.every or config.steps
             label = f"{label} (1/{every})"
         lines.append(_row(label, base, other, figures, phase))
     hours = f"{'steps per hour':22s}{base['steps_per_hour']:9.0f}"

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = GRPOConfig(
             run_dir=str(root / ("grpo" if llds == "none" else "grpo_llds")),
             init=str(root / "sft" / "checkpoint.pt"),
-            llds=llds,  # type: ignore[arg-type]
+            llds=llds,
             steps=args.grpo_steps,
             questions_per_step=args.questions_per_step,
             lr=args.lr,
@@ -200,10 +200,10 @@ def _evaluate_untrained(config: Any) -> dict[str, float]:
     from searchgym.agents.training.policy import build_policy
     from searchgym.agents.training.rollout import evaluate_greedy
 
-    policy, _ = build_policy(config, max_turn_tokens=config.max_turn_tokens, seed=config.seed)
+    policy, _ = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=config.seed)
     return {
         f"eval/{k}": v
-        for k, v in evaluate_greedy(policy.model, policy.tokenizer, config, config.eval_questions).items()
+        for k, v in evaluate_greedy(policy.model, policy.tokenizer, config.env, config.eval).items()
     }
 
 
@@ -213,11 +213,11 @@ def _headroom(config: Any, questions: int, seed: int, samples: int = 4) -> dict[
     from searchgym.agents.training.policy import build_policy
     from searchgym.bench.headroom import HeadroomSettings, LLMHeadroomPolicy, headroom_figures, run_headroom
 
-    policy, _ = build_policy(config, max_turn_tokens=config.max_turn_tokens, seed=seed)
+    policy, _ = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=seed)
     policy.model.eval()
     settings = HeadroomSettings(questions=max(questions, 1), samples=samples, temperatures=(1.0,), seed=seed)
-    env = {**config.env_kwargs(config.eval_split), "tokenizer": policy.tokenizer}
-    play = LLMHeadroomPolicy(policy.model, policy.tokenizer, config.max_turn_tokens)
+    env = {"spec": config.eval_env, "tokenizer": policy.tokenizer}
+    play = LLMHeadroomPolicy(policy.model, policy.tokenizer, config.env.max_turn_tokens)
     return headroom_figures(run_headroom(play, env, settings))
 
 

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     check_splits(config)
     if config.demos is None:
         print(
-            f"note: training on {config.demonstrator} demonstrations generated from split {config.split!r} "
+            f"note: training on {config.demonstrator} demonstrations generated from split {config.env.split!r} "
             "(--demos FILE trains on a file written by `searchgym demos`)",
             file=sys.stderr,
         )

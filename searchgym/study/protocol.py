@@ -23,7 +23,6 @@ Every problem is one :class:`~searchgym.errors.ConfigError` line naming the file
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
 import sys
@@ -201,7 +200,9 @@ class Protocol:
 
 
 def _field_default(cls: type, name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+    from searchgym.options import flat_options
+
+    return flat_options(cls)[name][1].default
 
 
 def _table(doc: Mapping[str, Any], key: str, where: str, required: bool = False) -> dict[str, Any]:
@@ -330,11 +331,14 @@ def _warmstart(doc: Mapping[str, Any], where: str, here: Path) -> tuple[Path, st
 
 
 def _options(table: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """``train grpo`` options by GRPOConfig field name, each checked against the field's type."""
+    """``train grpo`` options by option name (the flag without ``--``), each checked against its field's
+    type."""
     from searchgym.agents.grpo.config import GRPOConfig
+    from searchgym.options import flat_options
 
-    hints = typing.get_type_hints(GRPOConfig)
-    fields = [f.name for f in dataclasses.fields(GRPOConfig)]
+    options = flat_options(GRPOConfig)
+    hints = {name: hint for name, (_, _, hint) in options.items()}
+    fields = list(options)
     out = {}
     for key, value in table.items():
         if key in STUDY_OPTIONS:
@@ -350,13 +354,15 @@ def _options(table: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def _typed(value: Any, hint: Any, where: str) -> Any:
-    """``value`` checked against a field's type hint (``X | None`` takes an ``X``; TOML has no null)."""
+    """``value`` checked against a field's type hint (``X | None`` takes an ``X``, and an optional choice
+    ``"none"``, as on the command line; TOML has no null)."""
     origin = typing.get_origin(hint)
+    optional = False
     if origin in (typing.Union, types.UnionType):
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
-        origin = typing.get_origin(hint)
+        origin, optional = typing.get_origin(hint), True
     if origin is typing.Literal:
-        choices = typing.get_args(hint)
+        choices = (*(("none",) if optional else ()), *typing.get_args(hint))
         if value not in choices:
             raise ConfigError(f"{where}: expected one of {list(choices)}, got {value!r}")
         return value

@@ -107,7 +107,10 @@ def test_an_exported_folder_plays_exactly_as_its_checkpoint(tmp_path: Path) -> N
     assert main([*args, "--eval-questions", "0", "--threads", "1", "--no-progress", "--no-tensorboard"]) == 0
     assert main(["export", str(sft / "checkpoint.pt"), str(tmp_path / "hf")]) == 0
     note = json.loads((tmp_path / "hf" / "searchgym_export.json").read_text())
-    assert note["env"] == {"max_turn_tokens": 8, "max_context_tokens": 768}
+    from searchgym.envs.spec import TRAINING
+
+    # the note stores the run's whole env spec, as its checkpoint does
+    assert note["env"] == TRAINING.replace(max_turns=2, max_turn_tokens=8, max_context_tokens=768).to_dict()
     transcripts = {}
     for name, agent in (("ckpt", sft / "checkpoint.pt"), ("hf", tmp_path / "hf")):
         out = tmp_path / f"{name}.jsonl"

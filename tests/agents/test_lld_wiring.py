@@ -66,7 +66,7 @@ def oracle_batch(
     n = len(rewards)
     if n not in _DEMOS:
         cfg = trainer.config
-        env = gym.make("SearchQA-v0", **{**cfg.env_kwargs(), "tokenizer": trainer.policy.tokenizer})
+        env = gym.make("SearchQA-v0", spec=cfg.env, tokenizer=trainer.policy.tokenizer)
         _DEMOS[n] = list(generate_demonstrations(env, n, seed=0))
         env.close()
     demos = _DEMOS[n]
@@ -385,7 +385,7 @@ def test_warmup_from_a_start_rate_is_a_straight_ramp() -> None:
 
     model = torch.nn.Linear(2, 2)
     cfg = GRPOConfig(lr=1.2e-3, warmup_steps=80, warmup_start_lr=1e-4, steps=80)
-    optimizer, scheduler = make_optimizer(model, cfg, total_updates=80)
+    optimizer, scheduler = make_optimizer(model, cfg.optim, total_updates=80)
     rates = []
     for _ in range(80):
         rates.append(optimizer.param_groups[0]["lr"])

@@ -3,7 +3,6 @@ set is what docs/security.md lists; every other option of ``train grpo`` is refu
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import warnings
 from pathlib import Path
@@ -14,9 +13,10 @@ import pytest
 from searchgym.agents.grpo.config import GRPOConfig
 from searchgym.agents.training.run import RESUMABLE_OPTIONS, check_resume_config
 from searchgym.errors import ConfigError
+from searchgym.options import flat_values
 
 ROOT = Path(__file__).resolve().parents[2]
-SAVED = dataclasses.asdict(GRPOConfig())
+SAVED = flat_values(GRPOConfig())  # one value per option, as a resume compares them
 
 
 def changed(value: Any) -> Any:

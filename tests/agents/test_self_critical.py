@@ -145,12 +145,10 @@ def test_greedy_play_plays_the_assembled_batch_argmax_without_touching_the_sampl
 
     # Argmax decoding: a fresh greedy policy in a fresh env plays the same transcripts.
     cfg = trainer.config
-    env = SearchQAVectorEnv(
-        2, autoreset_mode="Disabled", **{**cfg.env_kwargs(), "tokenizer": trainer.policy.tokenizer}
-    )
+    env = SearchQAVectorEnv(2, cfg.env, autoreset_mode="Disabled", tokenizer=trainer.policy.tokenizer)
     try:
         policy = LLMPolicy(
-            trainer.model, trainer.policy.tokenizer, greedy=True, max_turn_tokens=cfg.max_turn_tokens
+            trainer.model, trainer.policy.tokenizer, greedy=True, max_turn_tokens=cfg.env.max_turn_tokens
         )
         again = collect_rollouts(env, policy, seed=0, group_size=1, question_ids=wanted)
     finally:

@@ -222,12 +222,12 @@ def test_config_errors_are_actionable(
 
 def test_sft_config_and_derived_values(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     cfg = tiny(tmp_path, questions_per_step=4, group_size=5, minibatch_size=10, epochs=3)
-    assert cfg.batch_size == 20 and cfg.updates_per_step == 6 and cfg.llds_enabled
+    assert cfg.batch_size == 20 and cfg.updates_per_step == 6 and cfg.llds.enabled
     # The reference recipe by default: one pass, one whole group per update (10 updates for 10 questions).
     default = GRPOConfig()
     assert default.epochs == 1 and default.minibatch_plan == "groups"
     assert default.minibatch_responses == default.group_size and default.updates_per_step == 10
-    assert (default.ratio_cap, default.kl_value_cap, default.entropy_coef, default.weight_decay) == (
+    assert (default.ratio_cap, default.kl_value_cap, default.entropy_coef, default.optim.weight_decay) == (
         100.0,
         10.0,
         0.001,
@@ -243,7 +243,7 @@ def test_linear_lr_schedule_warms_up_then_decays_to_zero() -> None:
 
     model = torch.nn.Linear(2, 2)
     config = SFTConfig(lr=1.0, warmup_steps=2, lr_schedule="linear")
-    optimizer, scheduler = make_optimizer(model, config, total_updates=6)
+    optimizer, scheduler = make_optimizer(model, config.optim, total_updates=6)
     rates = []
     for _ in range(6):
         rates.append(optimizer.param_groups[0]["lr"])
@@ -251,11 +251,11 @@ def test_linear_lr_schedule_warms_up_then_decays_to_zero() -> None:
         scheduler.step()
     assert rates == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
     constant, _ = make_optimizer(
-        model, SFTConfig(lr=1.0, warmup_steps=0, lr_schedule="constant"), total_updates=6
+        model, SFTConfig(lr=1.0, warmup_steps=0, lr_schedule="constant").optim, total_updates=6
     )
     assert constant.param_groups[0]["lr"] == 1.0
     with pytest.raises(ConfigError, match="lr_schedule"):
-        SFTConfig(lr_schedule="cosine")  # type: ignore[arg-type]
+        SFTConfig(lr_schedule="cosine")
 
 
 @pytest.mark.parametrize(("n", "group", "size", "epochs"), [(20, 5, 5, 1), (20, 5, 10, 2), (12, 4, 12, 3)])

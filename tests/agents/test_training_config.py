@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import typing
 from typing import Any
 
 import pytest
@@ -13,14 +12,14 @@ from searchgym.agents.grpo.config import GRPOConfig
 from searchgym.agents.integrations.config import TRLConfig
 from searchgym.agents.training.config import CommonConfig, SFTConfig
 from searchgym.errors import ConfigError, MissingDependencyError
-from searchgym.options import literal_choices
+from searchgym.options import flat_options, literal_choices, option, section
 
 CONFIGS = (CommonConfig, SFTConfig, GRPOConfig, TRLConfig)
 CASES = [
-    (cls, f.name, literal_choices(typing.get_type_hints(cls)[f.name]))
+    (cls, name, literal_choices(hint))
     for cls in CONFIGS
-    for f in dataclasses.fields(cls)
-    if literal_choices(typing.get_type_hints(cls)[f.name])
+    for name, (_, _, hint) in flat_options(cls).items()
+    if literal_choices(hint)
 ]
 
 
@@ -44,3 +43,34 @@ def test_a_value_outside_a_literal_field_is_refused_naming_the_choices(
             assert name not in str(e).split(";")[0], e
         except MissingDependencyError as e:  # a choice that needs an optional package names its extra
             assert (name, value) == ("report_to", "wandb") and "searchgym[wandb]" in str(e)
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_no_two_fields_share_a_flag(cls: type[Any]) -> None:
+    options = flat_options(cls)  # refuses two fields with one option name
+    flags = [
+        flag
+        for name, (_, f, _) in options.items()
+        for flag in (
+            f"--{name.replace('_', '-')}",
+            *f.metadata.get("flags", ()),
+            *f.metadata.get("deprecated", ()),
+        )
+    ]
+    assert len(flags) == len(set(flags)), sorted(f for f in flags if flags.count(f) > 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    lr: float = option(1.0, "a second learning rate")
+
+
+@dataclasses.dataclass
+class _Clash:
+    lr: float = option(1.0, "learning rate")
+    part: _Part = section(_Part(), "part")  # noqa: RUF009 - a frozen dataclass
+
+
+def test_a_section_field_named_like_another_option_is_refused() -> None:
+    with pytest.raises(ConfigError, match="two fields share the option 'lr'"):
+        flat_options(_Clash)

@@ -445,7 +445,6 @@ def test_bad_input_is_one_error_line(
 def test_command_takes_the_checkpoints_turn_and_context_sizes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import dataclasses
 
     from searchgym.agents.llm import tiny_causal_lm
     from searchgym.agents.training.checkpoint import save_checkpoint
@@ -461,7 +460,7 @@ def test_command_takes_the_checkpoints_turn_and_context_sizes(
         "step": 1,
         "model": model.state_dict(),
         "arch": arch,
-        "config": dataclasses.asdict(config),
+        "config": config.to_dict(),
     }
     init = str(save_checkpoint(tmp_path / "checkpoint.pt", payload))
     argv = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -18,12 +19,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl", reason="the trl extra is part of `all`: `make test` installs it")
 
+from searchgym.agents.grpo.config import LLDSConfig  # noqa: E402
 from searchgym.agents.grpo.losses import llds_loss  # noqa: E402
 from searchgym.agents.integrations.config import TRLConfig, parse_trl_args  # noqa: E402
 from searchgym.agents.integrations.trl import (  # noqa: E402
     LLDSGRPOTrainer,
     LLDSInactiveWarning,
-    LLDSOptions,
     LLDWarningCallback,
     SearchQARollout,
     SearchQAToolEnv,
@@ -34,6 +35,7 @@ from searchgym.agents.integrations.trl import (  # noqa: E402
 )
 from searchgym.agents.integrations.trl_train import end_processes  # noqa: E402
 from searchgym.agents.llm import tiny_causal_lm, token_logprobs  # noqa: E402
+from searchgym.envs.spec import EnvSpec  # noqa: E402
 from searchgym.errors import ConfigError, SearchGymError  # noqa: E402
 from searchgym.protocol import Source  # noqa: E402
 from searchgym.tokenization import load_tokenizer  # noqa: E402
@@ -82,7 +84,7 @@ def _trainer(
         progress=False,
         **ENV,
     )
-    rollout = SearchQARollout({**config.env_kwargs(), "tokenizer": tok}, seed=0)
+    rollout = SearchQARollout(config.env, tok, seed=0)
     trainer = LLDSGRPOTrainer(
         model=_model(tok),
         reward_funcs=[episode_reward],
@@ -90,7 +92,7 @@ def _trainer(
         train_dataset=question_dataset(rollout.env(4)),
         processing_class=tok.to_transformers(),
         rollout_func=rollout,
-        llds=LLDSOptions(**llds),
+        llds=LLDSConfig(**llds),
         tokenizer=tok,
     )
     # Set by transformers' training loop; these tests call compute_loss directly.
@@ -132,7 +134,7 @@ def _oracle_inputs(tok: Any, trainer: Any) -> tuple[dict[str, Any], Any]:
 
 
 def test_rollout_func_returns_the_env_transcripts(tok: Any) -> None:
-    rollout = SearchQARollout({"tokenizer": tok, **ENV}, seed=3)
+    rollout = SearchQARollout(EnvSpec(**ENV), tok, seed=3)
     trainer = SimpleNamespace(
         model=_model(tok),
         accelerator=SimpleNamespace(unwrap_model=lambda m: m, process_index=0),
@@ -167,7 +169,7 @@ def test_vllm_path_is_cut_by_the_env(tok: Any) -> None:
             ids = [answer + extra for _ in prompts]
             return prompts, ids, [[[-0.5]] * len(i) for i in ids], None
 
-    rollout = SearchQARollout({"tokenizer": tok, **ENV})
+    rollout = SearchQARollout(EnvSpec(**ENV), tok)
     trainer = SimpleNamespace(use_vllm=True, vllm_generation=FakeVLLM())
     qid = rollout.env(1).questions[0].id
     out = rollout([qid, qid], trainer)
@@ -264,12 +266,12 @@ def _rows(inputs: dict[str, Any], i: int) -> dict[str, Any]:
 
 def _llds_share(trainer: Any, inputs: dict[str, Any]) -> float:
     """What LLDS adds to the micro-batch's loss, over lambda: the loss with LLDS minus the loss without."""
-    coef = trainer.llds.coef
+    llds = trainer.llds
     with_llds = trainer._compute_loss(trainer.model, dict(inputs))
-    trainer.llds.coef = 0.0
+    trainer.llds = dataclasses.replace(llds, coef=0.0)
     without = trainer._compute_loss(trainer.model, dict(inputs))
-    trainer.llds.coef = coef
-    return float(with_llds - without) / coef
+    trainer.llds = llds
+    return float(with_llds - without) / llds.coef
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
@@ -361,7 +363,7 @@ def test_shared_env_options_reach_the_episodes(tok: Any) -> None:
     from searchgym.tokenization import load_tokenizer
 
     config = TRLConfig(max_obs_tokens=6, reward="f1", progress=False, **ENV)
-    rollout = SearchQARollout({**config.env_kwargs(), "tokenizer": tok})
+    rollout = SearchQARollout(config.env, tok)
     qid = rollout.env(1).questions[0].id
     trainer = SimpleNamespace(
         model=_model(tok), accelerator=SimpleNamespace(process_index=0), temperature=1.0
@@ -374,7 +376,7 @@ def test_shared_env_options_reach_the_episodes(tok: Any) -> None:
     hf = tok.to_transformers()
     hf.chat_template = qwen2_5_chat_template
     chat_tok = load_tokenizer(hf)
-    chat = SearchQARollout({**TRLConfig(prompt_style="chat", **ENV).env_kwargs(), "tokenizer": chat_tok})
+    chat = SearchQARollout(TRLConfig(prompt_style="chat", **ENV).env, chat_tok)
     out = chat([qid], trainer)
     question = chat.env(1).questions[0].question
     assert out["prompt_ids"][0] == chat_tok.chat_prompt_ids(format_prompt(question))

@@ -21,6 +21,7 @@ from trl.generation.vllm_generation import VLLMGeneration
 
 from searchgym.agents.integrations.trl import SearchQARollout
 from searchgym.agents.integrations.trl_train import end_processes
+from searchgym.envs.spec import EnvSpec
 from searchgym.tokenization import load_tokenizer
 
 ENV = {"max_turn_tokens": 16, "max_context_tokens": 320, "topk": 1, "max_turns": 3}
@@ -54,7 +55,7 @@ def main(out_dir: str) -> None:
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
     tok = load_tokenizer(None)
-    rollout = SearchQARollout({"tokenizer": tok, **ENV}, seed=rank)
+    rollout = SearchQARollout(EnvSpec(**ENV), tok, seed=rank)
     questions = rollout.env(1).questions
     direct = questions[0]
 
