@@ -103,9 +103,12 @@ class _Wandb:
 
 
 def _plain_config(config: Any) -> dict[str, Any]:
-    """A run config as JSON data for W&B's run table (a value JSON cannot hold becomes its text)."""
+    """A run config as JSON data for W&B's run table, one value per option name as the CLI spells it (a
+    value JSON cannot hold becomes its text)."""
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        config = dataclasses.asdict(config)
+        from searchgym.options import flat_values
+
+        config = flat_values(config)
     return dict(json.loads(json.dumps(dict(config or {}), default=str)))
 
 

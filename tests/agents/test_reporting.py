@@ -133,7 +133,7 @@ def test_wandb_receives_every_logged_step_and_a_resumed_run_continues_it(
     [run] = fake_wandb
     assert run.finished and run.logged == [(1, {"train/loss": 2.0}), (2, {"train/loss": 1.5})]
     assert run.settings["project"] == "searchgym" and run.settings["name"] == "run"
-    assert run.settings["dir"] == config.run_dir and run.settings["config"]["lr"] == config.lr
+    assert run.settings["dir"] == config.run_dir and run.settings["config"]["lr"] == config.optim.lr
     assert (Path(config.run_dir) / "wandb" / f"offline-run-{run.settings['id']}").is_dir()
     assert (Path(config.run_dir) / WANDB_RUN_ID).read_text().strip() == run.settings["id"]
     assert not (Path(config.run_dir) / "tb").exists()  # wandb replaces the TensorBoard default
