@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.data import load_dataset, parse_split
+from searchgym.envs.spec import EnvSpec
 from searchgym.errors import ConfigError, MissingDependencyError
 from searchgym.protocol import format_prompt
 
@@ -38,23 +39,7 @@ PLUGIN_MODULE = "searchgym.agents.integrations.verl"
 AGENT_NAME = "searchgym"
 """The name the SearchQA agent loop is registered under in verl (the rows' ``agent_name``)."""
 
-ENV_KEYS: tuple[str, ...] = (
-    "dataset",
-    "world_seed",
-    "split",
-    "retriever",
-    "retriever_patience",
-    "topk",
-    "max_turns",
-    "max_turn_tokens",
-    "max_context_tokens",
-    "max_obs_tokens",
-    "max_passage_words",
-    "reward",
-    "prompt_style",
-    "append_question_mark",
-    "on_retrieval_error",
-)
+ENV_KEYS: tuple[str, ...] = EnvSpec.field_names()
 """The :class:`~searchgym.envs.search_qa.SearchQAEnv` settings a row may carry (``extra_info.searchgym_env``)."""
 
 

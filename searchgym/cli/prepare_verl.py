@@ -12,44 +12,24 @@ COMMAND = ("prepare", "verl")
 HELP = "write OUT/{split}.parquet for verl's RLHFDataset: one row per question, played by the searchgym agent loop"
 
 
+VERL_CONTEXT_TOKENS = 4096
+"""The transcript size prepare verl writes unless told: room for a real model's turns (keep it <= verl's
+``data.max_prompt_length + data.max_response_length``)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder to write (one SPLIT.parquet per split)")
-    parser.add_argument("--dataset", default=None, help="FlashRAG folder (default: the generated world)")
-    parser.add_argument("--world-seed", type=int, default=0, help="seed of the generated world")
     parser.add_argument(
         "--split", action="append", default=None, help="split to write; repeat for several (default: train)"
     )
     parser.add_argument("--limit", type=int, default=None, help="keep the first N questions of each split")
-    parser.add_argument(
-        "--retriever",
-        default="bm25",
-        help="retriever the workers use: a backend name (built in each worker) or a /retrieve server URL",
-    )
     add_env_arguments(
         parser,
-        run_env_defaults(),
+        run_env_defaults(max_context_tokens=VERL_CONTEXT_TOKENS),
         env_id=False,
         tokenizer=False,
-        title="retrieval",
-        only=("retriever_patience",),
-    )
-    parser.add_argument("--topk", type=int, default=3, help="passages per search")
-    parser.add_argument(
-        "--max-turns", type=int, default=4, help="turn budget per episode (answer turn included)"
-    )
-    parser.add_argument("--max-turn-tokens", type=int, default=512, help="token cap per turn")
-    parser.add_argument(
-        "--max-context-tokens",
-        type=int,
-        default=4096,
-        help="transcript size; keep it <= verl's data.max_prompt_length + data.max_response_length",
-    )
-    add_env_arguments(
-        parser,
-        env_id=False,
-        tokenizer=False,
-        title="transcript",
-        only=("max_obs_tokens", "reward", "prompt_style"),
+        title="environment (every row carries it; verl's workers build the env from it)",
+        skip=("split",),
     )
     parser.add_argument(
         "--no-plugin-check",
@@ -61,20 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from searchgym.agents.integrations.verl_data import write_verl_parquet
+    from searchgym.envs import EnvSpec
 
-    env_kwargs = {
-        "dataset": args.dataset,
-        "world_seed": args.world_seed,
-        "retriever": args.retriever,
-        "retriever_patience": args.retriever_patience,
-        "topk": args.topk,
-        "max_turns": args.max_turns,
-        "max_turn_tokens": args.max_turn_tokens,
-        "max_context_tokens": args.max_context_tokens,
-        "max_obs_tokens": args.max_obs_tokens,
-        "reward": args.reward,
-        "prompt_style": args.prompt_style,
-    }
+    env_kwargs = {name: getattr(args, name) for name in EnvSpec.field_names() if name != "split"}
+    EnvSpec(**env_kwargs)  # every setting checked here, not first in verl's workers
     written = write_verl_parquet(args.out, env_kwargs, args.split or ["train"], limit=args.limit)
     print(json.dumps({split: str(path) for split, path in written.items()}))
     if args.plugin_check:

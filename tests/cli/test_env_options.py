@@ -20,6 +20,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("demos",): (),
     ("export-trajectories",): (),
     ("bench", "headroom"): (),
+    # verl's rows: one parquet file per split, each split named by a repeatable --split
+    ("prepare", "verl"): ("split",),
     # a benchmark plays several dataset folders, each with its own retriever (--retriever DATASET=SPEC)
     ("benchmark",): ("dataset", "world_seed", "retriever"),
 }
@@ -32,6 +34,8 @@ FILES = (
     "searchgym/cli/export_trajectories.py",
     "searchgym/cli/bench_headroom.py",
     "searchgym/cli/benchmark.py",
+    "searchgym/cli/prepare_verl.py",
+    "agents/integrations/verl_data.py",
 )
 
 
@@ -89,8 +93,11 @@ def test_env_defaults_are_declared_in_the_spec_alone() -> None:
         text = _without_searchr1_options(path.read_text(encoding="utf-8"))
         found += [f"{path.relative_to(ROOT)}: {m.group(0).strip()}" for m in DECLARED.finditer(text)]
         found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in FLAG.finditer(text)]
-    # benchmark declares its own --retriever (one per dataset), see COMMANDS
-    found = [f for f in found if f != 'searchgym/cli/benchmark.py: add_argument(\n        "--retriever"']
+    # benchmark's own --retriever (one per dataset) and prepare verl's --split (repeated), see COMMANDS
+    own = {("benchmark.py", "retriever"), ("prepare_verl.py", "split")}
+    found = [
+        f for f in found if not any(f.startswith(f"searchgym/cli/{m}: ") and f'"--{n}"' in f for m, n in own)
+    ]
     assert not found, "env options declared outside envs/spec.py:\n" + "\n".join(found)
 
 

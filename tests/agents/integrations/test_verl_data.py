@@ -18,6 +18,7 @@ pq = pytest.importorskip("pyarrow.parquet", reason="the parquet extra is part of
 
 from searchgym.agents.integrations.verl_data import (  # noqa: E402
     AGENT_NAME,
+    ENV_KEYS,
     question_rows,
     write_verl_parquet,
 )
@@ -117,3 +118,23 @@ def test_prepare_verl_shows_the_error_verl_would_hide(tmp_path: Path) -> None:
         env=env,
     )
     assert skipped.returncode == 0, skipped.stderr
+
+
+def test_a_row_may_carry_every_spec_field() -> None:
+    from searchgym.envs import EnvSpec
+
+    assert EnvSpec.field_names() == ENV_KEYS
+
+
+def test_prepare_verl_writes_every_env_option_into_the_rows(tmp_path: Path, capsys) -> None:
+    argv = ["prepare", "verl", "--out", str(tmp_path), "--limit", "2", "--no-plugin-check"]
+    options = ["--retriever-faults", "empty=0.5,seed=1", "--on-retrieval-error", "observe"]
+    assert main([*argv, *options, "--max-passage-words", "40", "--no-append-question-mark"]) == 0
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    env = json.loads(rows[0]["extra_info"]["searchgym_env"])
+    assert env["retriever_faults"] == "empty=0.5,seed=1" and env["on_retrieval_error"] == "observe"
+    assert env["max_passage_words"] == 40 and env["append_question_mark"] is False
+    assert env["max_context_tokens"] == 4096  # prepare verl's own default: room for a real model's turns
+    capsys.readouterr()
+    assert main([*argv, "--topk", "0"]) == 2
+    assert "topk" in capsys.readouterr().err
