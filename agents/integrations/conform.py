@@ -397,6 +397,7 @@ def run_conformance(
         workdir: Where the temporary folder the stacks may write to is made (default: the system's).
     """
     from . import conform_checks as checks
+    from . import conform_loss_checks as loss_checks
 
     sc = scenario if scenario is not None else prepare()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
@@ -426,8 +427,8 @@ def run_conformance(
         ("stops", lambda: checks.check_stops(plain, sc.main, tok, sc.junk)),
         ("transcript", lambda: checks.check_transcript(plain, sc.main, tok, sc.junk)),
         ("vocabulary", lambda: checks.check_vocabulary(oov, sc.out_of_vocabulary, tok)),
-        ("advantages", lambda: checks.check_advantages(plain, sc.main)),
-        ("aggregation", lambda: checks.check_aggregation(plain, CLIP_EPS)),
+        ("advantages", lambda: loss_checks.check_advantages(plain, sc.main)),
+        ("aggregation", lambda: loss_checks.check_aggregation(plain, CLIP_EPS)),
     ]
     results = []
     for name, check in runs:
