@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +30,16 @@ ADVANTAGE_FIX = "compute each group's advantages from its own rewards, as the de
 AGGREGATION_FIX = "declare the aggregation the loss uses, or aggregate the per-token loss as declared"
 
 
+def _undeclared(name: str, field: str, value: str, valid: Iterable[str]) -> Result:
+    """The check's failure for a ``TrainBatch`` declaring a ``field`` value that is not one of ``valid``."""
+    return Result(
+        name,
+        "fail",
+        f"unknown {field} {value!r}; valid: {', '.join(valid)}",
+        f"declare one of them in TrainBatch.{field}",
+    )
+
+
 def check_advantages(built: Built, episodes: Sequence[Episode]) -> Result:
     """Each row's advantage equals the declared estimator's on its episode's group rewards."""
     name = "advantages"
@@ -39,12 +49,7 @@ def check_advantages(built: Built, episodes: Sequence[Episode]) -> Result:
     batch = built.batch
     assert batch is not None
     if batch.estimator not in ESTIMATORS:
-        return Result(
-            name,
-            "fail",
-            f"unknown estimator {batch.estimator!r}; valid: {', '.join(ESTIMATORS)}",
-            "declare one of them in TrainBatch.estimator",
-        )
+        return _undeclared(name, "estimator", batch.estimator, ESTIMATORS)
     ordered = sorted(episodes, key=lambda ep: ep.index)
     group_size = Counter(ep.group for ep in ordered).most_common(1)[0][1]
     rewards = torch.tensor([ep.reward for ep in ordered], dtype=torch.float32)
@@ -96,12 +101,7 @@ def check_aggregation(built: Built, clip_eps: float) -> Result:
     batch = built.batch
     assert batch is not None
     if batch.aggregation not in AGGREGATIONS:
-        return Result(
-            name,
-            "fail",
-            f"unknown aggregation {batch.aggregation!r}; valid: {', '.join(AGGREGATIONS)}",
-            "declare one of them in TrainBatch.aggregation",
-        )
+        return _undeclared(name, "aggregation", batch.aggregation, AGGREGATIONS)
     failed = _failed_loss(name, built)
     if failed:
         return failed

@@ -255,7 +255,7 @@ RECORDS_DIGEST = "records_sha256"
 
 CARD = "card"
 """The field of a finished pair's record holding the result card it was played under
-(:mod:`searchgym.result_card`): what the report pairs agents on, kept as it was when the pair was played."""
+(:mod:`searchgym.result_card`): what the report pairs agents on, the one recorded with the pair when it was played."""
 
 
 def _cached_records(
