@@ -32,6 +32,7 @@ __all__ = [
 EXPORT_NOTE = "searchgym_export.json"
 """The provenance note :func:`export_pretrained` writes beside the model files."""
 
+
 def loadable_in_run(folder: str | Path) -> list[Path]:
     """What :func:`load_policy` loads inside a run folder: its ``checkpoint.pt`` (``train sft`` / ``grpo``),
     its ``model/`` (``train trl``'s final model); ``[]`` for a folder holding neither."""

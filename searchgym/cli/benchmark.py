@@ -189,7 +189,9 @@ def _play_pair(
     )
     # None: not given (the env's default); a checkpoint: agent's training sizes where none were given
     from_trained = TRAINED_SIZES if trained is not None else ()
-    sizes = {k: settings[k] if getattr(pair, k, None) is not None or k in from_trained else None for k in ENV_SIZES}
+    sizes = {
+        k: settings[k] if getattr(pair, k, None) is not None or k in from_trained else None for k in ENV_SIZES
+    }
     identity = {**run_identity(pair, settings), "episodes": episodes, "data": _data_stamp(pair)}
     record_path = path.with_name(path.name + ".run.json")
     if path.is_file() and record_path.is_file():

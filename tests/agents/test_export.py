@@ -124,7 +124,8 @@ def test_an_exported_folder_plays_exactly_as_its_checkpoint(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    "env", [{"max_turn_tokens": "abc"}, {"max_context_tokens": 10**12}, [], {"max_turn_tokens": 0}, {"topk": 0}]
+    "env",
+    [{"max_turn_tokens": "abc"}, {"max_context_tokens": 10**12}, [], {"max_turn_tokens": 0}, {"topk": 0}],
 )
 def test_a_bad_export_note_is_a_checkpoint_error(tmp_path: Path, env: Any) -> None:
     from searchgym.agents.training.export import checkpoint_env_spec
