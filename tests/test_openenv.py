@@ -25,7 +25,7 @@ pytest.importorskip("openenv", reason="OpenEnv is in the dev extra (`make test` 
 from searchgym.data import Question, load_dataset
 from searchgym.errors import ConfigError, UnknownQuestionError
 from searchgym.openenv import SearchQAAction, SearchQAEnvClient
-from searchgym.openenv.environment import SearchQAEnvironment, SearchQAEnvOptions
+from searchgym.openenv.environment import SearchQAEnvironment
 
 from .conftest import SERVER_WAIT
 
@@ -269,7 +269,7 @@ def test_dockerfile_commands_run_here(tmp_path: Path) -> None:
 
 
 def test_environment_options_and_errors() -> None:
-    f1 = SearchQAEnvironment(SearchQAEnvOptions(reward="f1", split="test", max_turns=1))
+    f1 = SearchQAEnvironment(reward="f1", split="test", max_turns=1)
     obs = f1.reset(question_id=load_dataset(None).questions("test")[0].id)
     assert obs.turns_left == 1
     golden = load_dataset(None).questions("test")[0].golden_answers[0]
@@ -278,9 +278,9 @@ def test_environment_options_and_errors() -> None:
         f1.reset(question_id="train-0")  # another split's question
     for bad in ({"max_turns": 0}, {"topk": 0}, {"reward": "bleu"}, {"max_passage_words": 0}):
         with pytest.raises(ConfigError):
-            SearchQAEnvOptions(**bad)
+            SearchQAEnvironment(**bad)
     with pytest.raises(ConfigError, match="no split 'dev'"):
-        SearchQAEnvironment(SearchQAEnvOptions(split="dev"))
+        SearchQAEnvironment(split="dev")
 
 
 def test_app_module_reads_its_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -335,7 +335,7 @@ def test_idle_sessions_are_closed_and_free_their_slots() -> None:
     from searchgym.openenv.server import create_searchqa_app
     from searchgym.server import ServerThread
 
-    app = create_searchqa_app(SearchQAEnvOptions(topk=2), max_sessions=2, session_timeout=1.0)
+    app = create_searchqa_app(topk=2, max_sessions=2, session_timeout=1.0)
 
     async def play(url: str) -> str:
         idle = [SearchQAEnvClient(base_url=url) for _ in range(2)]
@@ -360,7 +360,7 @@ def test_bad_input_and_large_bodies_over_http_are_one_4xx_line() -> None:
 
     from .conftest import server_client
 
-    app = create_searchqa_app(SearchQAEnvOptions(topk=2))
+    app = create_searchqa_app(topk=2)
     with ServerThread(app) as srv, server_client(srv.url) as http:
         r = http.post("/reset", json={"question_id": "nope"})
         assert r.status_code == 404 and "question 'nope' is not in this split" in r.json()["detail"]
