@@ -27,7 +27,7 @@ from searchgym.errors import ConfigError, UnknownQuestionError
 from searchgym.openenv import SearchQAAction, SearchQAEnvClient
 from searchgym.openenv.environment import SearchQAEnvironment
 
-from .conftest import SERVER_WAIT
+from .conftest import NON_DEFAULT_ENV, SERVER_WAIT
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -281,6 +281,43 @@ def test_environment_options_and_errors() -> None:
             SearchQAEnvironment(**bad)
     with pytest.raises(ConfigError, match="no split 'dev'"):
         SearchQAEnvironment(split="dev")
+
+
+def test_every_env_field_arrives_in_the_sessions_episodes() -> None:
+    from searchgym.envs import EnvSpec
+
+    env = SearchQAEnvironment(**NON_DEFAULT_ENV, seed=3)
+    assert env.spec == EnvSpec(**NON_DEFAULT_ENV) == env._tool.spec  # the tool env plays it whole
+    assert SearchQAEnvironment(EnvSpec(**NON_DEFAULT_ENV)).spec == env.spec
+    obs = env.reset()
+    assert obs.question_id.startswith("test-") and obs.turns_left == 3
+    assert obs.question_id in {q.id for q in load_dataset(None, world_seed=1).questions("test")}
+    assert len(env.step(SearchQAAction.search(obs.question)).passage_ids) == 2
+    with pytest.raises(ConfigError, match=r"unknown environment options \['top_k'\]"):
+        SearchQAEnvironment(top_k=2)
+
+
+def test_openenv_serve_takes_every_env_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every field given on the command line reaches the app's spec; the others keep the command's defaults
+    (a patient retriever, as every command's)."""
+    import searchgym.openenv.server as server_module
+    from searchgym.cli import build_parser
+    from searchgym.cli.openenv_serve import build_app
+    from searchgym.envs import EnvSpec
+    from searchgym.envs.spec import RUN_PATIENCE
+
+    built: dict[str, Any] = {}
+    monkeypatch.setattr(
+        server_module, "create_searchqa_app", lambda spec, **kw: built.update(spec=spec, **kw)
+    )
+    args = []
+    for name, value in NON_DEFAULT_ENV.items():
+        flag = "--" + name.replace("_", "-")
+        args += [flag.replace("--", "--no-", 1)] if value is False else [flag, str(value)]
+    build_app(build_parser().parse_args(["openenv", "serve", *args, "--seed", "4"]))
+    assert built["spec"] == EnvSpec(**NON_DEFAULT_ENV) and built["seed"] == 4
+    build_app(build_parser().parse_args(["openenv", "serve"]))
+    assert built["spec"] == EnvSpec(retriever_patience=RUN_PATIENCE)
 
 
 def test_app_module_reads_its_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
