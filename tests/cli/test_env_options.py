@@ -40,6 +40,7 @@ FILES = (
     "searchgym/openenv/environment.py",
     "searchgym/openenv/server.py",
     "agents/integrations/verl_data.py",
+    "agents/integrations/export.py",
     "agents/integrations/trl_env.py",
     "agents/integrations/verl_tool.py",
 )
