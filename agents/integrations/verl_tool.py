@@ -140,18 +140,18 @@ class SearchTool(BaseTool):
                 "search tool config is missing the key 'retriever' (bm25, rank_bm25, dense:INDEX_DIR, "
                 "hybrid:INDEX_DIR, cassette:PATH, or the http(s):// URL of a /retrieve endpoint)"
             )
-        spec = config["retriever"]
-        if not isinstance(spec, str):
-            raise ConfigError(f"search tool config key 'retriever' must be a string, got {spec!r}")
-        if _is_url(spec) and "dataset" in config:
+        backend = config["retriever"]
+        if not isinstance(backend, str):
+            raise ConfigError(f"search tool config key 'retriever' must be a string, got {backend!r}")
+        if _is_url(backend) and "dataset" in config:
             raise ConfigError(
-                f"search tool config key 'dataset' is not used with the retriever URL {spec!r} (the server "
+                f"search tool config key 'dataset' is not used with the retriever URL {backend!r} (the server "
                 "holds its own corpus): remove it"
             )
-        if not _is_url(spec) and "dataset" not in config:
+        if not _is_url(backend) and "dataset" not in config:
             raise ConfigError(
                 f"search tool config is missing the key 'dataset' (world, a FlashRAG folder or a Search-R1 "
-                f"parquet folder), the corpus the retriever {spec!r} searches"
+                f"parquet folder), the corpus the retriever {backend!r} searches"
             )
         try:
             self.spec = make_spec(None, {k: v for k, v in config.items() if k != "type"})
@@ -162,13 +162,13 @@ class SearchTool(BaseTool):
         self.retriever: Retriever
         patience = self.spec.retriever_patience
         passages: Any = ()
-        if _is_url(spec):
-            self.retriever = make_retriever(spec, (), patience=patience)  # the server holds the corpus
+        if _is_url(backend):
+            self.retriever = make_retriever(backend, (), patience=patience)  # the server holds the corpus
         else:
-            # Shared with every SearchQA-v0 env of this worker on the same dataset and spec, and held for
+            # Shared with every SearchQA-v0 env of this worker on the same dataset and retriever, and held for
             # the life of the process: verl builds the tool once per worker and never closes it.
             dataset = load_dataset(self.spec.dataset, world_seed=self.spec.world_seed)
-            self.retriever = acquire_retriever(dataset, spec, patience)[0]
+            self.retriever = acquire_retriever(dataset, backend, patience)[0]
             passages = dataset.passages
         if self.spec.retriever_faults is not None:
             self.retriever = FaultyRetriever(self.retriever, self.spec.retriever_faults, passages)
