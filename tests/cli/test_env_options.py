@@ -30,6 +30,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
 
 FILES = (
     "searchgym/cli/_common.py",
+    "searchgym/cli/_manifest.py",
     "searchgym/cli/eval.py",
     "searchgym/cli/demos.py",
     "searchgym/cli/export_trajectories.py",
