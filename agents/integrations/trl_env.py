@@ -68,9 +68,9 @@ def _shared(spec: EnvSpec) -> tuple[Dataset, Retriever]:
     """The dataset and its retriever of ``spec``, shared by every instance of the process."""
     from searchgym.retrieval.leases import acquire_retriever
 
-    if not isinstance(spec.retriever, str):
+    if not isinstance(spec.retriever, str | None):
         raise ConfigError("SearchQAToolEnv takes a retriever name or URL (instances are built by TRL)")
-    key = (str(spec.dataset), spec.world_seed, spec.retriever, spec.retriever_patience)
+    key = (str(spec.dataset), spec.world_seed, str(spec.retriever), spec.retriever_patience)
     with _LOCK:
         if key not in _SHARED:
             data = load_dataset(spec.dataset, world_seed=spec.world_seed)

@@ -130,7 +130,7 @@ def _index_backend(spec: EnvSpec, index: Path) -> tuple[EnvSpec, Callable[[], No
     from searchgym.server import ServerThread
     from searchgym.server import create_app as create_retrieval_app
 
-    if spec.retriever != "bm25":
+    if spec.retriever not in (None, "bm25"):
         raise ConfigError(f"--index applies to the bm25 retriever only, not {spec.retriever!r}")
     passages = load_dataset(spec.dataset, world_seed=spec.world_seed).passages
     retriever = BM25Retriever.load(index, passages, mmap=True)  # a stale index is a ConfigError
