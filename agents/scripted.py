@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 
 from searchgym.data import Dataset, Passage
+from searchgym.envs.spec import EnvSpec
 from searchgym.errors import ConfigError
 from searchgym.retrieval import Retriever
 from searchgym.rewards import normalize_answer
@@ -69,7 +70,7 @@ def oracle_turns(
     split: str,
     max_turns: int,
     retriever: Retriever | None = None,
-    topk: int = 3,
+    topk: int = EnvSpec.topk,
 ) -> list[str]:
     """The oracle's turns for a question: searches that retrieve every supporting passage, then an answer.
 
@@ -110,7 +111,7 @@ def shortcut_turns(
     question_id: str,
     split: str,
     retriever: Retriever | None = None,
-    topk: int = 3,
+    topk: int = EnvSpec.topk,
 ) -> list[str] | None:
     """The shortcut teacher's turns for a bridge question: search the first hop, answer the bridge entity.
 
@@ -155,9 +156,9 @@ class OracleAgent(Agent):
         dataset: Dataset,
         split: str,
         tokenizer: Tokenizer,
-        max_turns: int = 4,
+        max_turns: int = EnvSpec.max_turns,
         retriever: Retriever | None = None,
-        topk: int = 3,
+        topk: int = EnvSpec.topk,
     ) -> None:
         self.dataset = dataset
         self.split = split

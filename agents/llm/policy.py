@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from searchgym.envs.spec import EnvSpec
 from searchgym.errors import ConfigError
 from searchgym.protocol import Source, StopScanner
 from searchgym.tokenization import Tokenizer, load_tokenizer
@@ -85,7 +86,7 @@ class LLMPolicy(SegmentAgent):
         *,
         temperature: float = 1.0,
         greedy: bool = False,
-        max_turn_tokens: int = 512,
+        max_turn_tokens: int = EnvSpec.max_turn_tokens,
         seed: int = 0,
         top_p: float = 1.0,
         reuse_cache: bool = True,

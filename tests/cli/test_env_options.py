@@ -44,12 +44,16 @@ FILES = (
     "agents/integrations/export.py",
     "agents/integrations/trl_env.py",
     "agents/integrations/verl_tool.py",
+    "agents/scripted.py",
+    "agents/llm/policy.py",
 )
 
 
 NAMES = EnvSpec.field_names()
-DECLARED = re.compile(rf"^\s+({'|'.join(NAMES)})\s*:\s*[^=\n]+=", re.M)
-"""A field or argument with a default, named as an env field (``topk: int = 3``)."""
+DECLARED = re.compile(rf"^\s+({'|'.join(NAMES)})\s*:\s*[^=\n`'(]+=(?!\s*(EnvSpec\.\1|None)\b)", re.M)
+"""A field or argument with a default of its own, named as an env field (``topk: int = 3``). The spec's own
+default (``topk: int = EnvSpec.topk``) is no second declaration, nor is ``None`` (not given: an object passed
+in, e.g. ``retriever: Retriever | None = None``, or the env's value)."""
 FLAG = re.compile(rf"add_argument\(\s*\"--({'|'.join(n.replace('_', '-') for n in NAMES)})\"")
 """An option of an env field's flag added by hand (``add_argument("--topk", ...)``)."""
 LOOKUP = re.compile(rf"\.get\(\s*\"({'|'.join(NAMES)})\"\s*,")
@@ -117,3 +121,10 @@ def test_the_grep_sees_a_declared_default() -> None:
     assert DECLARED.search(text) and FLAG.search(text)
     assert LOOKUP.search('self.topk = config.get("topk", 3)') and not LOOKUP.search('config.get("type")')
     assert not DECLARED.search("def f(spec: EnvSpec | None = None, **fields: Any)")
+    assert not DECLARED.search("def f(\n    topk: int = EnvSpec.topk,\n)") and DECLARED.search(
+        "    topk: int = E.topk"
+    )
+    assert not DECLARED.search("    topk: The env's top-k (``SearchQAEnv(topk=5)``).")
+    assert not DECLARED.search("    retriever: Retriever | None = None,") and DECLARED.search(
+        "    topk: int = None_"
+    )
