@@ -48,14 +48,14 @@ def write_config_manifest(config: Any, command: str) -> Path:
     """Writes ``run_dir/manifest.json`` for a training entry point's config (``CommonConfig`` and kin: a
     ``run_dir``, an ``env`` spec, ``seed``, and its tokenizer's name). Called when the run has finished, so a
     run that was refused (its folder holds another run) leaves that run's manifest alone."""
-    seeds = {"seed": config.seed, "world_seed": config.env.world_seed}
-    tokenizer = config.tokenizer_name
+    seeds = {"seed": config.run.seed, "world_seed": config.env.world_seed}
+    tokenizer = config.model.tokenizer_name
     # A config:FILE model (random weights of an architecture) uses the built-in tokenizer unless told.
     env = {**config.env.to_dict(), "tokenizer": None if str(tokenizer).startswith("config:") else tokenizer}
     from searchgym.options import flat_values
 
     options = flat_values(config)  # one value per option, by the CLI's names
-    return write_run_manifest(config.run_dir, command, env, folder=True, seeds=seeds, config=options)
+    return write_run_manifest(config.run.run_dir, command, env, folder=True, seeds=seeds, config=options)
 
 
 def write_index_manifest(args: Any, kind: str) -> Path:

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         )
         metrics = train_grpo(cfg)
         rows.append(_row(name, metrics, time.perf_counter() - t0))
-        runs.append(cfg.run_dir)
+        runs.append(cfg.run.run_dir)
 
     plot.run(
         argparse.Namespace(
@@ -200,7 +200,14 @@ def _evaluate_untrained(config: Any) -> dict[str, float]:
     from searchgym.agents.training.policy import build_policy
     from searchgym.agents.training.rollout import evaluate_greedy
 
-    policy, _ = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=config.seed)
+    policy, _ = build_policy(
+        config.model,
+        device=config.run.device,
+        weights_seed=config.run.seed,
+        max_context_tokens=config.env.max_context_tokens,
+        max_turn_tokens=config.env.max_turn_tokens,
+        seed=config.run.seed,
+    )
     return {
         f"eval/{k}": v
         for k, v in evaluate_greedy(policy.model, policy.tokenizer, config.env, config.eval).items()
@@ -213,7 +220,14 @@ def _headroom(config: Any, questions: int, seed: int, samples: int = 4) -> dict[
     from searchgym.agents.training.policy import build_policy
     from searchgym.bench.headroom import HeadroomSettings, LLMHeadroomPolicy, headroom_figures, run_headroom
 
-    policy, _ = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=seed)
+    policy, _ = build_policy(
+        config.model,
+        device=config.run.device,
+        weights_seed=config.run.seed,
+        max_context_tokens=config.env.max_context_tokens,
+        max_turn_tokens=config.env.max_turn_tokens,
+        seed=seed,
+    )
     policy.model.eval()
     settings = HeadroomSettings(questions=max(questions, 1), samples=samples, temperatures=(1.0,), seed=seed)
     env = {"spec": config.eval_env, "tokenizer": policy.tokenizer}
