@@ -233,7 +233,8 @@ def check_resume_config(saved_config: Mapping[str, Any], new_config: Mapping[str
     are not compared.
 
     Args:
-        saved_config: The checkpoint's ``config`` (``dataclasses.asdict`` of the run's config).
+        saved_config: The checkpoint's config, one value per option name
+            (:func:`searchgym.options.flat_values`).
         new_config: The config of the resuming run, in the same form.
 
     Returns:

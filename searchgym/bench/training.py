@@ -303,7 +303,7 @@ def run_update_benchmark(
         "after": {"length_buckets": True, "rescore_pi_old": None, **today},
         "rescored": {"length_buckets": True, "rescore_pi_old": True, **today},
     }
-    if GRPOConfig.__dataclass_fields__["rescore_pi_old"].default is True:  # today's default re-scores
+    if GRPOConfig().loss.rescore_pi_old is True:  # today's default re-scores
         paths["after"], paths["rescored"] = paths["rescored"], {**paths["after"]}
         paths["auto"] = paths.pop("rescored")
     rates: dict[str, list[float]] = {path: [] for path in paths}
