@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from searchgym.agents.training.config import TrainConfig
 
 __all__ = [
     "agent_manifest",
@@ -44,9 +47,9 @@ def write_run_manifest(
     return write_manifest(manifest_path(out, folder=folder), manifest)
 
 
-def write_config_manifest(config: Any, command: str) -> Path:
-    """Writes ``run_dir/manifest.json`` for a training entry point's config (``CommonConfig`` and kin: a
-    ``run_dir``, an ``env`` spec, ``seed``, and its tokenizer's name). Called when the run has finished, so a
+def write_config_manifest(config: TrainConfig, command: str) -> Path:
+    """Writes ``run_dir/manifest.json`` for a training entry point's config (its run folder and seed, its
+    ``env`` spec, and its model's tokenizer by name). Called when the run has finished, so a
     run that was refused (its folder holds another run) leaves that run's manifest alone."""
     seeds = {"seed": config.run.seed, "world_seed": config.env.world_seed}
     tokenizer = config.model.tokenizer_name

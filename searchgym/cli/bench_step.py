@@ -7,7 +7,10 @@ import json
 import math
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from searchgym.agents.grpo.config import GRPOConfig
 
 COMMAND = ("bench", "step")
 HELP = (
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_report(figures: dict[str, Any], config: Any, compare: str | None) -> str:
+def format_report(figures: dict[str, Any], config: GRPOConfig, compare: str | None) -> str:
     """The report: one row per phase that took time (median seconds; with ``--compare``, the ratio), then
     steps per hour, the rollout metrics that precision moves, and the update's FLOP rate."""
     base = figures["base"]

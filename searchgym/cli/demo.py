@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from searchgym.cli._common import format_table
+
+if TYPE_CHECKING:
+    from searchgym.agents.training.config import TrainConfig
 
 COMMAND = ("demo",)
 HELP = "generate the default world, warm-start a tiny model, train GRPO vs GRPO+LLDS, compare on test"
@@ -195,7 +198,7 @@ def wilson(p: float, n: int) -> tuple[float, float]:
     return (interval.low, interval.high)
 
 
-def _evaluate_untrained(config: Any) -> dict[str, float]:
+def _evaluate_untrained(config: TrainConfig) -> dict[str, float]:
     """Greedy play of the freshly initialised tiny model (the SFT run's starting point) on the eval questions."""
     from searchgym.agents.training.policy import build_policy
     from searchgym.agents.training.rollout import evaluate_greedy
@@ -214,7 +217,7 @@ def _evaluate_untrained(config: Any) -> dict[str, float]:
     }
 
 
-def _headroom(config: Any, questions: int, seed: int, samples: int = 4) -> dict[str, Any]:
+def _headroom(config: TrainConfig, questions: int, seed: int, samples: int = 4) -> dict[str, Any]:
     """``bench headroom`` on the warm-start: its greedy EM against ``samples`` samples at temperature 1 on
     the first ``questions`` test questions (what RL can find that greedy play misses)."""
     from searchgym.agents.training.policy import build_policy

@@ -200,9 +200,11 @@ class Protocol:
 
 
 def _field_default(cls: type, name: str) -> Any:
-    from searchgym.options import flat_options
+    """An option's default in ``cls``: its section's default value of it (a config may give a section other
+    defaults than the section's class, e.g. GRPO's weight decay)."""
+    from searchgym.options import flat_values
 
-    return flat_options(cls)[name][1].default
+    return flat_values(cls())[name]
 
 
 def _table(doc: Mapping[str, Any], key: str, where: str, required: bool = False) -> dict[str, Any]:
