@@ -119,9 +119,8 @@ class GRPOTrainer:
             torch.set_num_threads(run.threads)
         torch.manual_seed(run.seed)
         self.run_dir, self.device = Path(run.run_dir), run.device
-        bf16 = (
-            resolve_precision(cfg.model.precision, run.device) == "bf16-autocast"
-        )  # else one line, and fp32
+        # bf16-autocast where the machine has it; else one line says so, and the run is fp32
+        bf16 = resolve_precision(cfg.model.precision, run.device) == "bf16-autocast"
         self.policy, self.arch = build_policy(
             cfg.model,
             device=run.device,
