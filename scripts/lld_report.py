@@ -237,7 +237,7 @@ def cmd_gate(args: argparse.Namespace) -> None:
         tensorboard=False,
     )
     policy, _ = build_policy(
-        cfg.model.name,
+        cfg.model,
         device=cfg.run.device,
         weights_seed=cfg.run.seed,
         max_context_tokens=cfg.env.max_context_tokens,
