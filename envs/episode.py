@@ -29,6 +29,7 @@ from searchgym.protocol import (
     StopScanner,
     format_documents,
     format_prompt,
+    format_search_failure,
     parse_action,
 )
 from searchgym.retrieval.base import Hit
@@ -378,8 +379,7 @@ class Episode:
     def deliver_failure(self, message: str) -> Event:
         """Appends a tool message saying the pending search failed (``on_retrieval_error="observe"``)."""
         self._take_pending([])
-        text = f"\n\n<information>Search failed: {message}</information>\n\n"
-        return self._append_tool(self.tokenizer.encode(text))
+        return self._append_tool(self.tokenizer.encode(format_search_failure(message)))
 
     def _take_pending(self, hit_ids: list[str], faults: tuple[str, ...] = ()) -> None:
         if self.pending_query is None:

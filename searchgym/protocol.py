@@ -27,6 +27,7 @@ __all__ = [
     "format_documents",
     "format_information",
     "format_prompt",
+    "format_search_failure",
     "parse_action",
     "split_contents",
 ]
@@ -150,6 +151,12 @@ def format_documents(contents: Sequence[str], max_passage_words: int | None = No
                 text = " ".join(words[:max_passage_words])
         docs.append(f"Doc {i}(Title: {title}) {text}\n")
     return "\n\n<information>" + "".join(docs).strip() + "</information>\n\n"
+
+
+def format_search_failure(message: str) -> str:
+    """The ``<information>`` block that takes a failed search's place (``on_retrieval_error="observe"``):
+    ``Search failed: <message>``, wrapped as :func:`format_documents` wraps documents."""
+    return f"\n\n<information>Search failed: {message}</information>\n\n"
 
 
 def format_information(passages: Sequence[tuple[str, str]], max_passage_words: int | None = None) -> str:

@@ -17,6 +17,27 @@ NQ = SHARED_DATA / "nq_open_oracle_2655"
 QUICKSTART = SHARED_DATA / "flashrag_quickstart_nq"
 
 
+NON_DEFAULT_ENV: dict[str, Any] = {
+    "dataset": "world",
+    "world_seed": 1,
+    "split": "test",
+    "retriever": "rank_bm25",
+    "retriever_patience": 1.5,
+    "retriever_faults": "shuffle=0.5,seed=3",
+    "on_retrieval_error": "observe",
+    "topk": 2,
+    "max_turns": 3,
+    "max_turn_tokens": 64,
+    "max_context_tokens": 512,
+    "max_obs_tokens": 100,
+    "max_passage_words": 5,
+    "reward": "f1",
+    "prompt_style": "chat",
+    "append_question_mark": False,
+}
+"""A value other than the default for every ``EnvSpec`` field (tests/envs/test_spec.py checks that it covers
+them all): what the "every front end takes every field" tests build each front end with."""
+
 SERVER_WAIT = float(os.environ.get("SEARCHGYM_TEST_SERVER_WAIT", "120"))
 """Seconds a test waits for a server it started: to come up, and for each answer. Sized for a loaded machine
 (CI shares its two cores with experiment runs, where a first answer took more than httpx's default 5 s): only

@@ -25,9 +25,9 @@ pytest.importorskip("openenv", reason="OpenEnv is in the dev extra (`make test` 
 from searchgym.data import Question, load_dataset
 from searchgym.errors import ConfigError, UnknownQuestionError
 from searchgym.openenv import SearchQAAction, SearchQAEnvClient
-from searchgym.openenv.environment import SearchQAEnvironment, SearchQAEnvOptions
+from searchgym.openenv.environment import SearchQAEnvironment
 
-from .conftest import SERVER_WAIT
+from .conftest import NON_DEFAULT_ENV, SERVER_WAIT
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -269,7 +269,7 @@ def test_dockerfile_commands_run_here(tmp_path: Path) -> None:
 
 
 def test_environment_options_and_errors() -> None:
-    f1 = SearchQAEnvironment(SearchQAEnvOptions(reward="f1", split="test", max_turns=1))
+    f1 = SearchQAEnvironment(reward="f1", split="test", max_turns=1)
     obs = f1.reset(question_id=load_dataset(None).questions("test")[0].id)
     assert obs.turns_left == 1
     golden = load_dataset(None).questions("test")[0].golden_answers[0]
@@ -278,9 +278,46 @@ def test_environment_options_and_errors() -> None:
         f1.reset(question_id="train-0")  # another split's question
     for bad in ({"max_turns": 0}, {"topk": 0}, {"reward": "bleu"}, {"max_passage_words": 0}):
         with pytest.raises(ConfigError):
-            SearchQAEnvOptions(**bad)
+            SearchQAEnvironment(**bad)
     with pytest.raises(ConfigError, match="no split 'dev'"):
-        SearchQAEnvironment(SearchQAEnvOptions(split="dev"))
+        SearchQAEnvironment(split="dev")
+
+
+def test_every_env_field_arrives_in_the_sessions_episodes() -> None:
+    from searchgym.envs import EnvSpec
+
+    env = SearchQAEnvironment(**NON_DEFAULT_ENV, seed=3)
+    assert env.spec == EnvSpec(**NON_DEFAULT_ENV) == env._tool.spec  # the tool env plays it whole
+    assert SearchQAEnvironment(EnvSpec(**NON_DEFAULT_ENV)).spec == env.spec
+    obs = env.reset()
+    assert obs.question_id.startswith("test-") and obs.turns_left == 3
+    assert obs.question_id in {q.id for q in load_dataset(None, world_seed=1).questions("test")}
+    assert len(env.step(SearchQAAction.search(obs.question)).passage_ids) == 2
+    with pytest.raises(ConfigError, match=r"unknown environment options \['top_k'\]"):
+        SearchQAEnvironment(top_k=2)
+
+
+def test_openenv_serve_takes_every_env_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every field given on the command line reaches the app's spec; the others keep the command's defaults
+    (a patient retriever, as every command's)."""
+    import searchgym.openenv.server as server_module
+    from searchgym.cli import build_parser
+    from searchgym.cli.openenv_serve import build_app
+    from searchgym.envs import EnvSpec
+    from searchgym.envs.spec import RUN_PATIENCE
+
+    built: dict[str, Any] = {}
+    monkeypatch.setattr(
+        server_module, "create_searchqa_app", lambda spec, **kw: built.update(spec=spec, **kw)
+    )
+    args = []
+    for name, value in NON_DEFAULT_ENV.items():
+        flag = "--" + name.replace("_", "-")
+        args += [flag.replace("--", "--no-", 1)] if value is False else [flag, str(value)]
+    build_app(build_parser().parse_args(["openenv", "serve", *args, "--seed", "4"]))
+    assert built["spec"] == EnvSpec(**NON_DEFAULT_ENV) and built["seed"] == 4
+    build_app(build_parser().parse_args(["openenv", "serve"]))
+    assert built["spec"] == EnvSpec(retriever_patience=RUN_PATIENCE)
 
 
 def test_app_module_reads_its_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -335,7 +372,7 @@ def test_idle_sessions_are_closed_and_free_their_slots() -> None:
     from searchgym.openenv.server import create_searchqa_app
     from searchgym.server import ServerThread
 
-    app = create_searchqa_app(SearchQAEnvOptions(topk=2), max_sessions=2, session_timeout=1.0)
+    app = create_searchqa_app(topk=2, max_sessions=2, session_timeout=1.0)
 
     async def play(url: str) -> str:
         idle = [SearchQAEnvClient(base_url=url) for _ in range(2)]
@@ -360,7 +397,7 @@ def test_bad_input_and_large_bodies_over_http_are_one_4xx_line() -> None:
 
     from .conftest import server_client
 
-    app = create_searchqa_app(SearchQAEnvOptions(topk=2))
+    app = create_searchqa_app(topk=2)
     with ServerThread(app) as srv, server_client(srv.url) as http:
         r = http.post("/reset", json={"question_id": "nope"})
         assert r.status_code == 404 and "question 'nope' is not in this split" in r.json()["detail"]

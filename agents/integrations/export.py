@@ -50,10 +50,12 @@ def export_trajectories(
     from searchgym.agents.llm import LLMPolicy
     from searchgym.agents.training.export import load_policy
     from searchgym.agents.training.rollout import collect_rollouts
+    from searchgym.envs.spec import EnvSpec
     from searchgym.envs.vector import SearchQAVectorEnv
 
     kwargs = dict(env_kwargs or {})
-    turn_tokens = int(kwargs.get("max_turn_tokens", 48))
+    # The policy's turn cap is the env's: the spec's value when env_kwargs gives none.
+    turn_tokens = EnvSpec(**{k: v for k, v in kwargs.items() if k in EnvSpec.field_names()}).max_turn_tokens
     if policy is not None:
         agent = load_policy(
             policy,

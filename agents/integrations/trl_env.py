@@ -18,10 +18,14 @@ The contract, read from TRL 1.16.0 (``trl/trainer/grpo_trainer.py``):
 * ``get_reward()``, with no argument, scores the finished rollout (logged under the class name); then
   ``reward_funcs`` may be omitted.
 
-What differs from the token-level env, by the nature of tool calling: the transcript is rendered by the
-model's chat template (TRL tokenises the tool results), so it is not token-exact in searchgym's sense, and
-the turn budget is TRL's ``max_tool_calling_iterations`` plus this env's ``max_searches``. For Search-R1's
-tags and token-exact transcripts, use :class:`~searchgym.agents.integrations.trl.SearchQARollout`.
+The settings are an :class:`~searchgym.envs.EnvSpec`, the env's own: every field is accepted, by the same
+rule as ``SearchQAEnv(spec, **fields)``. What differs from the token-level env, by the nature of tool
+calling: the transcript is rendered by the model's chat template (TRL tokenises the tool results), so it is
+not token-exact in searchgym's sense; the episode's budget is ``max_turns`` tool turns, the answer included
+(``max_turns - 1`` searches), within TRL's ``max_tool_calling_iterations``; and the fields of
+:data:`NOT_APPLIED` (token budgets and the prompt's form, which TRL's own settings and the chat template
+decide here) are held in :attr:`SearchQAToolEnv.spec` but change nothing. For Search-R1's tags and
+token-exact transcripts, use :class:`~searchgym.agents.integrations.trl.SearchQARollout`.
 """
 
 from __future__ import annotations
@@ -32,12 +36,21 @@ from collections.abc import Callable
 from typing import Any
 
 from searchgym.data import Dataset, Question, load_dataset
-from searchgym.errors import ConfigError, EpisodeFinishedError, UnknownQuestionError
-from searchgym.protocol import format_documents
+from searchgym.envs.spec import EnvSpec, make_spec
+from searchgym.errors import ConfigError, EpisodeFinishedError, RetrieverError, UnknownQuestionError
+from searchgym.protocol import format_documents, format_search_failure
 from searchgym.retrieval.base import Retriever
+from searchgym.retrieval.faults import FaultyRetriever
 from searchgym.rewards import exact_match, f1_score, get_metric
 
-__all__ = ["TOOL_INSTRUCTION", "SearchQAToolEnv", "tool_env_dataset"]
+__all__ = ["NOT_APPLIED", "TOOL_INSTRUCTION", "SearchQAToolEnv", "tool_env_dataset"]
+
+NOT_APPLIED = ("max_turn_tokens", "max_context_tokens", "max_obs_tokens", "prompt_style")
+"""The :class:`~searchgym.envs.EnvSpec` fields a tool-calling episode has no use for: its transcript is
+rendered and tokenised by the trainer through the model's chat template, so the token budgets are the
+trainer's settings (TRL's ``max_completion_length``, verl's ``response_length``) and the prompt is always a
+chat message. They are accepted (a spec shared with ``SearchQA-v0`` builds every front end) and change
+nothing."""
 
 TOOL_INSTRUCTION = (
     "Answer the given question. You can call the search tool to look up passages in a knowledge base, as "
@@ -47,22 +60,22 @@ TOOL_INSTRUCTION = (
 """The user message :meth:`SearchQAToolEnv.reset` returns (Search-R1's instruction, for tools)."""
 
 _LOCK = threading.Lock()
-# (dataset spec, world seed, retriever spec, patience) -> (dataset, retriever): built once per process.
+# (dataset, world seed, retriever, patience) -> (dataset, retriever): built once per process.
 _SHARED: dict[tuple[str, int, str, float], tuple[Dataset, Retriever]] = {}
 
 
-def _shared(dataset: Any, world_seed: int, retriever: Any, patience: float) -> tuple[Dataset, Retriever]:
-    """The dataset and its retriever for these settings, shared by every instance of the process."""
+def _shared(spec: EnvSpec) -> tuple[Dataset, Retriever]:
+    """The dataset and its retriever of ``spec``, shared by every instance of the process."""
     from searchgym.retrieval.leases import acquire_retriever
 
-    if not isinstance(retriever, str | None):
+    if not isinstance(spec.retriever, str | None):
         raise ConfigError("SearchQAToolEnv takes a retriever name or URL (instances are built by TRL)")
-    key = (str(dataset), world_seed, str(retriever), float(patience))
+    key = (str(spec.dataset), spec.world_seed, str(spec.retriever), spec.retriever_patience)
     with _LOCK:
         if key not in _SHARED:
-            data = load_dataset(dataset, world_seed=world_seed)
+            data = load_dataset(spec.dataset, world_seed=spec.world_seed)
             # Held for the life of the process: TRL creates and drops instances at will.
-            found, _ = acquire_retriever(data, retriever, patience)
+            found, _ = acquire_retriever(data, spec.retriever, spec.retriever_patience)
             _SHARED[key] = (data, found)
         return _SHARED[key]
 
@@ -71,54 +84,51 @@ class SearchQAToolEnv:
     """One SearchQA question at a time, with a ``search`` tool, an ``answer`` tool and a reward.
 
     Args:
-        dataset: A FlashRAG folder, a Search-R1 parquet folder, or ``None`` for the generated world.
-        world_seed: Seed of the generated world (ignored with ``dataset``).
-        split: The split whose questions are asked.
-        retriever: Retriever backend name or ``/retrieve`` URL (as ``SearchQA-v0``).
-        retriever_patience: Seconds to wait for a URL retriever that stops answering (as ``SearchQA-v0``).
-        topk: Passages per search.
-        max_searches: Searches allowed per question; then ``search`` answers with an error.
-        max_passage_words: Cut each passage's text to this many words (``None``: no cut).
-        reward: The answer metric: ``"em"``, ``"subem"`` or ``"f1"``.
+        spec: The episode's settings (default: :class:`~searchgym.envs.EnvSpec`'s defaults), as
+            ``SearchQA-v0`` takes them: the dataset, world seed and split asked from; the retriever, its
+            patience and injected faults (one fault generator per instance, seeded by the faults' ``seed``);
+            ``on_retrieval_error`` (``"observe"``: a failed search answers ``Search failed: …``, else it
+            raises, which TRL shows the model as an error); ``topk`` passages per search, each cut to
+            ``max_passage_words``; ``max_turns`` tool turns, the answer included, so ``max_turns - 1``
+            searches, then ``search`` answers with an error; the ``reward`` metric; and
+            ``append_question_mark``. The fields of :data:`NOT_APPLIED` change nothing.
         seed: Seed of the question draw when a row names no question.
+        **fields: :class:`~searchgym.envs.EnvSpec` fields changed from ``spec`` (e.g. ``topk=5``).
+
+    Raises:
+        ConfigError: an unknown field (the valid ones are listed), an invalid value, or a split without
+            questions.
 
     Attributes:
+        spec: The settings, checked.
         question: The current question (after :meth:`reset`).
         queries: The searches made so far.
         hit_ids: The passage ids each search returned.
         given_answer: The answer given through the ``answer`` tool, or ``None``.
     """
 
-    def __init__(
-        self,
-        dataset: Any = None,
-        *,
-        world_seed: int = 0,
-        split: str = "train",
-        retriever: str | None = "bm25",
-        retriever_patience: float = 0.0,
-        topk: int = 3,
-        max_searches: int = 4,
-        max_passage_words: int | None = None,
-        reward: str = "em",
-        seed: int = 0,
-    ) -> None:
-        if topk < 1 or max_searches < 0:
-            raise ConfigError(f"topk must be >= 1 and max_searches >= 0, got {topk} and {max_searches}")
-        self._metric = get_metric(reward)
-        self._data, self._retriever = _shared(dataset, world_seed, retriever, retriever_patience)
-        self._questions = self._data.questions(split)
+    def __init__(self, spec: EnvSpec | None = None, *, seed: int = 0, **fields: Any) -> None:
+        self.spec = make_spec(spec, fields)
+        self._metric = get_metric(self.spec.reward)
+        self._data, self._retriever = _shared(self.spec)
+        if self.spec.retriever_faults is not None:
+            self._retriever = FaultyRetriever(
+                self._retriever, self.spec.retriever_faults, self._data.passages
+            )
+        self._questions = self._data.questions(self.spec.split)
         if not self._questions:
-            raise ConfigError(f"split {split!r} of {self._data.name!r} has no questions")
+            raise ConfigError(f"split {self.spec.split!r} of {self._data.name!r} has no questions")
         self._by_id = {q.id: q for q in self._questions}
         self._rng = random.Random(seed)
-        self._topk = topk
-        self._max_searches = max_searches
-        self._max_passage_words = max_passage_words
         self.question: Question | None = None
         self.queries: list[str] = []
         self.hit_ids: list[list[str]] = []
         self.given_answer: str | None = None
+
+    @property
+    def max_searches(self) -> int:
+        """Searches allowed per question: every turn but the answer's."""
+        return self.spec.max_turns - 1
 
     @classmethod
     def factory(cls, **kwargs: Any) -> Callable[[], SearchQAToolEnv]:
@@ -145,7 +155,7 @@ class SearchQAToolEnv:
             raise UnknownQuestionError(f"question {question_id!r} is not in this split")
         self.queries, self.hit_ids, self.given_answer = [], [], None
         text = self.question.question.strip()
-        if text and not text.endswith("?"):
+        if self.spec.append_question_mark and text and not text.endswith("?"):
             text += "?"
         return TOOL_INSTRUCTION.format(question=text)
 
@@ -160,12 +170,18 @@ class SearchQAToolEnv:
         """
         if self.given_answer is not None:
             raise EpisodeFinishedError("the question is already answered")
-        if len(self.queries) >= self._max_searches:
-            raise EpisodeFinishedError(f"no searches left ({self._max_searches} allowed): call answer")
-        hits = self._retriever.search([query], self._topk)[0]
+        if len(self.queries) >= self.max_searches:
+            raise EpisodeFinishedError(f"no searches left ({self.max_searches} allowed): call answer")
+        try:
+            hits = self._retriever.search([query], self.spec.topk)[0]
+            text = format_documents([h.contents for h in hits], self.spec.max_passage_words)
+        except RetrieverError as e:
+            if self.spec.on_retrieval_error == "raise":
+                raise
+            hits, text = [], format_search_failure(str(e))
         self.queries.append(query)
         self.hit_ids.append([h.passage_id for h in hits])
-        return format_documents([h.contents for h in hits], self._max_passage_words).strip()
+        return text.strip()
 
     def answer(self, answer: str) -> str:
         """Gives the final answer to the question. Call it once, at the end.
@@ -202,17 +218,18 @@ class SearchQAToolEnv:
         }
 
 
-def tool_env_dataset(
-    dataset: Any = None, *, world_seed: int = 0, split: str = "train", limit: int | None = None
-) -> Any:
+def tool_env_dataset(spec: EnvSpec | None = None, *, limit: int | None = None, **fields: Any) -> Any:
     """A ``datasets.Dataset`` for :class:`SearchQAToolEnv`: ``prompt`` an empty user turn, ``question_id``.
 
-    The environment's ``reset`` supplies the user message (instruction and question); TRL appends it to
-    the empty turn. Needs the ``datasets`` package (installed with TRL).
+    The questions are the split of ``spec`` with ``fields`` changed (the same arguments as
+    :class:`SearchQAToolEnv`'s; e.g. ``tool_env_dataset(dataset=FOLDER, split="test")``), the first ``limit``
+    of them. The environment's ``reset`` supplies the user message (instruction and question); TRL appends
+    it to the empty turn. Needs the ``datasets`` package (installed with TRL).
     """
     import datasets
 
-    questions = load_dataset(dataset, world_seed=world_seed).questions(split)[:limit]
+    spec = make_spec(spec, fields)
+    questions = load_dataset(spec.dataset, world_seed=spec.world_seed).questions(spec.split)[:limit]
     return datasets.Dataset.from_dict(
         {
             "prompt": [[{"role": "user", "content": ""}] for _ in questions],

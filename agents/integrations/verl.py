@@ -23,7 +23,9 @@ two more fields, selected by its ``_target_``::
     actor_rollout_ref.actor.policy_loss.loss_mode=llds_action
     +actor_rollout_ref.actor.policy_loss.llds_coef=0.2
 
-Without the ``_target_`` override, lambda is :data:`~searchgym.agents.grpo.config.LLDS_COEF` (the paper's 0.2).
+Lambda is :class:`~searchgym.agents.grpo.config.LLDSConfig`'s ``coef`` under verl's name: its default and
+its check are ``LLDSConfig``'s (the config's :attr:`~LLDSPolicyLossConfig.llds`), as in ``train grpo`` and
+``train trl``; without the ``_target_`` override, lambda is that default (the paper's 0.2).
 
 **LLDS-MA is not available in verl 0.9.1.** Its weights need to know which response tokens are the final
 ``<answer>`` span, and verl's policy-loss functions receive only ``old_log_prob``, ``log_prob``,
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import threading
 import time
@@ -70,7 +71,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
     raise MissingDependencyError(getattr(e, "name", None) or "verl", "verl", "The verl integration") from e
 
-from searchgym.agents.grpo.config import GATES, LLDS_COEF, Gate
+from searchgym.agents.grpo.config import GATES, Gate, LLDSConfig
 from searchgym.agents.grpo.diagnostics import lld_warning
 from searchgym.agents.grpo.displacement import displacement_by_advantage
 from searchgym.agents.grpo.losses import llds_loss
@@ -96,6 +97,8 @@ __all__ = [
 LLDS_LOSS_MODES: dict[str, Gate] = {f"llds_{gate}": cast(Gate, gate) for gate in GATES}
 """verl ``loss_mode`` names and the LLDS gate each one uses."""
 
+_LLDS_DEFAULTS = LLDSConfig()
+
 _POLICY = int(Source.POLICY)
 _SIGNS = ("pos", "zero", "neg")
 
@@ -108,21 +111,28 @@ class LLDSPolicyLossConfig(PolicyLossConfig):
     """verl's ``PolicyLossConfig`` plus the LLDS options (select it with ``policy_loss._target_``).
 
     Attributes:
-        llds_coef: lambda, the weight of the LLDS term (0: the plain verl loss, LLDS still measured).
+        llds_coef: lambda, the weight of the LLDS term (0: the plain verl loss, LLDS still measured):
+            :class:`~searchgym.agents.grpo.config.LLDSConfig`'s ``coef``, its default and its check.
         lld_warning_window: Consecutive steps with ``lld/delta_adv_pos <= 0`` that raise ``lld/warning``.
     """
 
-    llds_coef: float = LLDS_COEF
+    llds_coef: float = _LLDS_DEFAULTS.coef
     lld_warning_window: int = 3
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)
         if parent is not None:
             parent()
-        if not (self.llds_coef >= 0 and math.isfinite(self.llds_coef)):
-            raise ConfigError(f"llds_coef must be a finite number >= 0, got {self.llds_coef}")
+        # Built once, here: LLDSConfig checks lambda when verl builds this config, before any step.
+        self._llds = LLDSConfig(gate=LLDS_LOSS_MODES.get(self.loss_mode), coef=self.llds_coef)
         if self.lld_warning_window < 1:
             raise ConfigError(f"lld_warning_window must be >= 1, got {self.lld_warning_window}")
+
+    @property
+    def llds(self) -> LLDSConfig:
+        """LLDS's options as :class:`~searchgym.agents.grpo.config.LLDSConfig`: the gate of ``loss_mode``
+        (``None`` for a mode other than ``llds_*``) and lambda."""
+        return self._llds
 
 
 def response_advantages(advantages: Tensor, response_mask: Tensor) -> Tensor:
@@ -179,9 +189,9 @@ def _micro_batches(config: Any, batch_size: int) -> float:
 
 
 def _llds_coef(config: Any) -> float:
-    policy = getattr(config, "policy_loss", None)
-    coef = getattr(policy, "llds_coef", None) if policy is not None else None
-    return LLDS_COEF if coef is None else float(coef)
+    """Lambda of verl's actor config: its :class:`LLDSPolicyLossConfig`'s, else ``LLDSConfig``'s default."""
+    llds = getattr(getattr(config, "policy_loss", None), "llds", None)
+    return float(llds.coef if isinstance(llds, LLDSConfig) else _LLDS_DEFAULTS.coef)
 
 
 def llds_policy_loss(

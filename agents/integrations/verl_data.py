@@ -56,8 +56,8 @@ def question_rows(env_kwargs: dict[str, Any], *, limit: int | None = None) -> li
         ``split``, ``question_id``, ``searchgym_env``) and ``agent_name``.
 
     Raises:
-        ConfigError: an unknown setting, a dataset object (rows need a path the workers can open), or a
-            split the dataset does not have.
+        ConfigError: an unknown or invalid setting, a dataset object (rows need a path the workers can
+            open), or a split the dataset does not have.
     """
     unknown = sorted(set(env_kwargs) - set(ENV_KEYS))
     if unknown:
@@ -69,14 +69,14 @@ def question_rows(env_kwargs: dict[str, Any], *, limit: int | None = None) -> li
     if isinstance(spec, os.PathLike) or (spec not in (None, "world") and Path(str(spec)).exists()):
         # Workers may start in another folder: store the absolute path.
         settings["dataset"] = str(Path(str(spec)).resolve())
-    split = str(settings.get("split", "train"))
-    settings["split"] = split
-    dataset = load_dataset(None if spec is None else str(spec), world_seed=int(settings.get("world_seed", 0)))
+    env = EnvSpec(**settings)  # checked; the spec's defaults for the settings not given
+    settings["split"] = split = env.split
+    dataset = load_dataset(None if spec is None else str(spec), world_seed=env.world_seed)
     questions = dataset.questions(split)
     if limit is not None:
         questions = questions[:limit]
     env_json = json.dumps(settings, sort_keys=True)
-    mark = bool(settings.get("append_question_mark", True))
+    mark = env.append_question_mark
     return [
         {
             "data_source": f"searchgym/{dataset.name}",

@@ -10,16 +10,24 @@ dataset as :func:`searchgym.retrieval.leases.acquire_retriever` shares them) and
 answers a ``search(query)`` call with the top-k passages as Search-R1's ``Doc i(Title: …) text`` block,
 the text ``SearchQA-v0`` shows the policy (:func:`searchgym.protocol.format_documents`).
 
-The tool's ``config`` keys (:data:`CONFIG_KEYS`):
+The tool's ``config`` keys (:data:`CONFIG_KEYS`) are verl's ``type`` (``native``; verl reads it before
+building the tool) and every :class:`~searchgym.envs.EnvSpec` field, with the spec's defaults and checks, so
+one block of env settings serves the tool and the worker's ``SearchQA-v0`` envs. The tool applies those of
+:data:`APPLIED`:
 
-* ``type``: verl's tool type, ``native`` (verl reads it before building the tool);
 * ``retriever`` (required): ``bm25``, ``rank_bm25``, ``dense:INDEX_DIR``, ``hybrid:INDEX_DIR``,
-  ``cassette:PATH``, or the ``http(s)://`` URL of a Search-R1-compatible ``/retrieve`` endpoint;
+  ``cassette:PATH``, or the ``http(s)://`` URL of a Search-R1-compatible ``/retrieve`` endpoint, with its
+  ``retriever_patience``;
 * ``dataset`` (required unless ``retriever`` is a URL, refused with one: the server holds its corpus):
-  ``world`` (the generated encyclopedia), a FlashRAG folder or a Search-R1 parquet folder;
-* ``world_seed``: seed of the generated world (0);
-* ``topk``: passages per search (3);
-* ``max_passage_words``: cut each passage's text to this many words (``null``, the default: no cut).
+  ``world`` (the generated encyclopedia), a FlashRAG folder or a Search-R1 parquet folder; ``world_seed``;
+* ``retriever_faults``: seeded faults injected into the results (one generator per tool);
+* ``on_retrieval_error``: ``raise`` (the model sees verl's ``Error executing tool`` text) or ``observe``
+  (the model sees ``Search failed: …`` in ``<information>``, as ``SearchQA-v0`` shows it);
+* ``topk`` passages per search, each cut to ``max_passage_words``.
+
+The other fields define the episode around the tool (its split, turns, token budgets, reward and prompt):
+verl's rollout settings and the dataset rows' env options (``searchgym prepare verl``) decide those, and in
+this config they change nothing.
 
 The contract, read from verl 0.9.1 (``verl/tools/base_tool.py``, ``verl/tools/tool_registry.py``,
 ``verl/experimental/agent_loop/tool_agent_loop.py``): the tool is built once per agent-loop worker with
@@ -48,16 +56,32 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     raise MissingDependencyError(getattr(e, "name", None) or "verl", "verl", "The verl search tool") from e
 
 from searchgym.data import load_dataset
-from searchgym.errors import ConfigError
-from searchgym.protocol import format_documents
+from searchgym.envs.spec import EnvSpec, make_spec
+from searchgym.errors import ConfigError, RetrieverError
+from searchgym.protocol import format_documents, format_search_failure
 from searchgym.retrieval import make_retriever
 from searchgym.retrieval.base import Retriever
+from searchgym.retrieval.faults import FaultyRetriever
 from searchgym.retrieval.leases import acquire_retriever
 
-__all__ = ["CONFIG_KEYS", "TOOL_SCHEMA", "SearchTool"]
+__all__ = ["APPLIED", "CONFIG_KEYS", "TOOL_SCHEMA", "SearchTool"]
 
-CONFIG_KEYS = ("type", "retriever", "dataset", "world_seed", "topk", "max_passage_words")
-"""The keys a :class:`SearchTool` ``config`` mapping may hold."""
+CONFIG_KEYS = ("type", *EnvSpec.field_names())
+"""The keys a :class:`SearchTool` ``config`` mapping may hold: verl's ``type`` and every
+:class:`~searchgym.envs.EnvSpec` field."""
+
+APPLIED = (
+    "dataset",
+    "world_seed",
+    "retriever",
+    "retriever_patience",
+    "retriever_faults",
+    "on_retrieval_error",
+    "topk",
+    "max_passage_words",
+)
+"""The :class:`~searchgym.envs.EnvSpec` fields a search changes; the others are the episode's, not the
+tool's (see the module)."""
 
 TOOL_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -80,12 +104,6 @@ def _is_url(spec: Any) -> bool:
     return isinstance(spec, str) and spec.startswith(("http://", "https://"))
 
 
-def _positive_int(key: str, value: Any) -> int:
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        raise ConfigError(f"search tool config key {key!r} must be an integer >= 1, got {value!r}")
-    return value
-
-
 def _check_schema(schema: OpenAIFunctionToolSchema) -> None:
     """A tool schema must declare the one parameter :meth:`SearchTool.execute` reads: a string ``query``."""
     parameters = schema.function.parameters
@@ -101,7 +119,8 @@ class SearchTool(BaseTool):
     """verl's ``search`` tool over a searchgym retriever: the top-k passages for a query.
 
     Args:
-        config: The tool config's ``config`` mapping (keys in :data:`CONFIG_KEYS`, see the module).
+        config: The tool config's ``config`` mapping (keys in :data:`CONFIG_KEYS`, see the module); the
+            env spec it makes is :attr:`spec`.
         tool_schema: The tool config's ``tool_schema``, or ``None`` for :data:`TOOL_SCHEMA`. It must declare
             a required string parameter ``query``; its function name is the tool's name.
 
@@ -121,35 +140,38 @@ class SearchTool(BaseTool):
                 "search tool config is missing the key 'retriever' (bm25, rank_bm25, dense:INDEX_DIR, "
                 "hybrid:INDEX_DIR, cassette:PATH, or the http(s):// URL of a /retrieve endpoint)"
             )
-        spec = config["retriever"]
-        if not isinstance(spec, str):
-            raise ConfigError(f"search tool config key 'retriever' must be a string, got {spec!r}")
-        if _is_url(spec) and "dataset" in config:
+        backend = config["retriever"]
+        if not isinstance(backend, str):
+            raise ConfigError(f"search tool config key 'retriever' must be a string, got {backend!r}")
+        if _is_url(backend) and "dataset" in config:
             raise ConfigError(
-                f"search tool config key 'dataset' is not used with the retriever URL {spec!r} (the server "
+                f"search tool config key 'dataset' is not used with the retriever URL {backend!r} (the server "
                 "holds its own corpus): remove it"
             )
-        if not _is_url(spec) and "dataset" not in config:
+        if not _is_url(backend) and "dataset" not in config:
             raise ConfigError(
                 f"search tool config is missing the key 'dataset' (world, a FlashRAG folder or a Search-R1 "
-                f"parquet folder), the corpus the retriever {spec!r} searches"
+                f"parquet folder), the corpus the retriever {backend!r} searches"
             )
-        self.topk = _positive_int("topk", config.get("topk", 3))
-        words = config.get("max_passage_words")
-        self.max_passage_words = None if words is None else _positive_int("max_passage_words", words)
-        world_seed = config.get("world_seed", 0)
-        if not (isinstance(world_seed, int) and not isinstance(world_seed, bool)):
-            raise ConfigError(f"search tool config key 'world_seed' must be an integer, got {world_seed!r}")
+        try:
+            self.spec = make_spec(None, {k: v for k, v in config.items() if k != "type"})
+        except ConfigError as e:
+            raise ConfigError(f"search tool config: {e}") from None
         schema = tool_schema or OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA)
         _check_schema(schema)
         self.retriever: Retriever
-        if _is_url(spec):
-            self.retriever = make_retriever(spec, ())  # the server holds the corpus
+        patience = self.spec.retriever_patience
+        passages: Any = ()
+        if _is_url(backend):
+            self.retriever = make_retriever(backend, (), patience=patience)  # the server holds the corpus
         else:
-            # Shared with every SearchQA-v0 env of this worker on the same dataset and spec, and held for
+            # Shared with every SearchQA-v0 env of this worker on the same dataset and retriever, and held for
             # the life of the process: verl builds the tool once per worker and never closes it.
-            dataset = load_dataset(config["dataset"], world_seed=world_seed)
-            self.retriever = acquire_retriever(dataset, spec)[0]
+            dataset = load_dataset(self.spec.dataset, world_seed=self.spec.world_seed)
+            self.retriever = acquire_retriever(dataset, backend, patience)[0]
+            passages = dataset.passages
+        if self.spec.retriever_faults is not None:
+            self.retriever = FaultyRetriever(self.retriever, self.spec.retriever_faults, passages)
         self._searches: dict[str, int] = {}
         self._lock = threading.Lock()
         super().__init__(config, schema)
@@ -177,7 +199,8 @@ class SearchTool(BaseTool):
 
         Raises:
             ConfigError: the instance was not created, or ``query`` is missing or not a string.
-            RetrieverError: the retriever failed (an unreachable server, after the client's retries).
+            RetrieverError: the retriever failed (an unreachable server, after the client's retries), with
+                ``on_retrieval_error="raise"``.
         """
         with self._lock:
             if instance_id not in self._searches:
@@ -186,10 +209,15 @@ class SearchTool(BaseTool):
         if not isinstance(query, str):
             raise ConfigError(f"the search tool needs a string 'query' parameter, got {parameters!r}")
         # Off the event loop: the agent loop runs many trajectories' turns concurrently on it.
-        hits = (await asyncio.to_thread(self.retriever.search, [query], self.topk))[0]
+        try:
+            hits = (await asyncio.to_thread(self.retriever.search, [query], self.spec.topk))[0]
+            text = format_documents([h.contents for h in hits], self.spec.max_passage_words).strip()
+        except RetrieverError as e:
+            if self.spec.on_retrieval_error == "raise":
+                raise
+            hits, text = [], format_search_failure(str(e)).strip()
         with self._lock:
             self._searches[instance_id] = searches = self._searches.get(instance_id, 0) + 1
-        text = format_documents([h.contents for h in hits], self.max_passage_words).strip()
         return (
             ToolResponse(text=text),
             0.0,

@@ -15,6 +15,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from searchgym.envs.spec import EnvSpec, make_spec
 from searchgym.errors import CheckpointError, ConfigError
 
 from ..llm import LLMPolicy
@@ -22,10 +23,7 @@ from .config import ModelConfig
 from .policy import build_policy
 
 __all__ = [
-    "ENV_SIZES",
-    "checkpoint_env_sizes",
     "checkpoint_env_spec",
-    "export_env_sizes",
     "export_pretrained",
     "load_policy",
     "loadable_in_run",
@@ -33,10 +31,6 @@ __all__ = [
 
 EXPORT_NOTE = "searchgym_export.json"
 """The provenance note :func:`export_pretrained` writes beside the model files."""
-
-ENV_SIZES = ("max_turn_tokens", "max_context_tokens")
-"""The env sizes a model was trained with, recorded in a checkpoint's config and in an export's note: the
-model plays best (and at its trained speed) in an env of the same sizes."""
 
 
 def loadable_in_run(folder: str | Path) -> list[Path]:
@@ -127,7 +121,7 @@ def export_pretrained(checkpoint: str | Path, out_dir: str | Path, *, overwrite:
         "exported_from": str(Path(checkpoint).resolve()),
         "sha256": digest,
         "tokenizer": policy.tokenizer.name,
-        "env": checkpoint_env_spec(checkpoint),
+        "env": spec.to_dict() if (spec := checkpoint_env_spec(checkpoint)) is not None else {},
     }
     (out / EXPORT_NOTE).write_text(json.dumps(note, indent=1) + "\n")
     _usual_modes(out)
@@ -146,42 +140,35 @@ def _usual_modes(folder: Path) -> None:
             path.chmod(mode)
 
 
-def checkpoint_env_spec(checkpoint: str | Path) -> dict[str, Any]:
-    """The env spec a checkpoint file's config records (:meth:`~searchgym.envs.EnvSpec.to_dict`; for an
-    older checkpoint's flat config, the spec its env options make), read without loading its weights
-    (``{}`` when torch cannot read the file: loading it says why). An export's note stores it too.
+def checkpoint_env_spec(path: str | Path) -> EnvSpec | None:
+    """The env spec a trained model was trained with: a checkpoint file's stored config's
+    (:func:`~.checkpoint_checks.stored_config`, whatever the file's stored form), or the one an exported
+    folder's note records; read without loading any weights.
+
+    ``None`` when there is none to read: a folder without a note (``save_pretrained`` outside searchgym), or a
+    file torch cannot read (loading it says why).
 
     Raises:
-        CheckpointError: the config has a field of the wrong type or out of range.
+        CheckpointError: the stored config or the note is unreadable, or its spec is not valid (the message
+            names the file and the field).
     """
     from .checkpoint import peek_checkpoint
-    from .checkpoint_checks import check_config
+    from .checkpoint_checks import stored_config
 
-    payload = peek_checkpoint(checkpoint)
+    p = Path(path)
+    if p.is_dir():
+        return _note_env_spec(p / EXPORT_NOTE)
+    payload = peek_checkpoint(p)
     if payload is None:
-        return {}
-    # checked (types and sizes, before an env is sized by them) and in today's form, whatever the file's
-    return dict(check_config(payload.get("config", {}), payload.get("kind"), checkpoint)["env"])
+        return None
+    env: EnvSpec = stored_config(payload.get("config", {}), payload.get("kind"), p).env
+    return env
 
 
-def checkpoint_env_sizes(checkpoint: str | Path) -> dict[str, int]:
-    """The :data:`ENV_SIZES` of a checkpoint file's stored env spec (:func:`checkpoint_env_spec`)."""
-    env = checkpoint_env_spec(checkpoint)
-    return {name: int(env[name]) for name in ENV_SIZES if name in env}
-
-
-def export_env_sizes(folder: str | Path) -> dict[str, int]:
-    """The :data:`ENV_SIZES` an exported folder's note records (``{}`` for a folder with no note, e.g. one
-    ``save_pretrained`` wrote outside searchgym, or an export older than the record).
-
-    Raises:
-        CheckpointError: the note is not JSON, or a recorded size is not an integer in ``[1, 2**20]``.
-    """
-    from .checkpoint_checks import MAX_CONTEXT_TOKENS
-
-    path = Path(folder) / EXPORT_NOTE
+def _note_env_spec(path: Path) -> EnvSpec | None:
+    """The spec an export note (:data:`EXPORT_NOTE`) records; ``None`` without a note."""
     if not path.is_file():
-        return {}
+        return None
     try:
         note = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, integer bombs, bad bytes
@@ -190,15 +177,8 @@ def export_env_sizes(folder: str | Path) -> dict[str, int]:
         ) from None
     env = note.get("env", {}) if isinstance(note, dict) else None
     if not isinstance(env, dict):
-        raise CheckpointError(f"{path}: field 'env' must be an object of {list(ENV_SIZES)}")
-    sizes: dict[str, int] = {}
-    for name in ENV_SIZES:
-        if name not in env:
-            continue
-        value = env[name]
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONTEXT_TOKENS:
-            raise CheckpointError(
-                f"{path}: env.{name} is {value!r:.80}, expected an integer in [1, {MAX_CONTEXT_TOKENS}]"
-            )
-        sizes[name] = value
-    return sizes
+        raise CheckpointError(f"{path}: field 'env' must be an object of EnvSpec fields, got {env!r:.80}")
+    try:
+        return make_spec(None, env)
+    except (ValueError, TypeError) as e:  # ConfigError is a ValueError
+        raise CheckpointError(f"{path}: field 'env' is not a valid env spec: {e}") from None

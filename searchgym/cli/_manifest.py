@@ -98,13 +98,12 @@ def warn_on_data_mismatch(agent: str, env_kwargs: Mapping[str, Any]) -> str | No
     if found is None:
         return None
     path, trained = found
+    from searchgym.envs import EnvSpec
+
+    spec = EnvSpec(**{k: v for k, v in env_kwargs.items() if k in EnvSpec.field_names()})
     current = {
-        "data": dataset_fingerprint(
-            env_kwargs.get("dataset"),
-            str(env_kwargs.get("split", "train")),
-            int(env_kwargs.get("world_seed", 0)),
-        ),
-        "retriever": retriever_fingerprint(env_kwargs.get("retriever", "bm25")),
+        "data": dataset_fingerprint(spec.dataset, spec.split, spec.world_seed),
+        "retriever": retriever_fingerprint(spec.retriever),
     }
     difference = corpus_mismatch(trained, current)
     if difference is None:

@@ -24,8 +24,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from searchgym.errors import DataFormatError
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from searchgym.data.types import Dataset, Passage, Question
     from searchgym.tokenization import Tokenizer
 
@@ -34,11 +32,8 @@ __all__ = [
     "Segment",
     "file_labels",
     "page_episodes",
-    "policy_token_values",
     "read_episodes",
-    "segment_ids",
     "split_transcript_text",
-    "token_pieces",
 ]
 
 SourceName = Literal["prompt", "policy", "tool"]
@@ -332,70 +327,9 @@ def _export_row(
     return _common_fields(info, reward_key), tuple(segments)
 
 
-# -- tokens and their values ----------------------------------------------------------------------------------
-
-
-def segment_ids(episode: Episode, tokenizer: Tokenizer) -> list[tuple[SourceName, list[int]]]:
-    """Each segment's source and token ids: the record's own ids when it holds them, else its text encoded
-    segment by segment, as the environment encodes the prompt and each tool observation.
-
-    A sampled policy may have written a turn's text with other ids than its encoding; the ids of an
-    export-trajectories row are the sampled ones.
-    """
-    return [
-        (s.source, list(s.ids) if s.ids is not None else tokenizer.encode(s.text)) for s in episode.segments
-    ]
-
-
-def token_pieces(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
-    """The text each token adds. A character split over several tokens is shown with the token that
-    completes it (the earlier ones add ``""``); bytes left incomplete at the end become U+FFFD."""
-    pieces: list[str] = []
-    pending = b""
-    for i in ids:
-        pending += tokenizer.token_bytes[int(i)]
-        try:
-            pieces.append(pending.decode("utf-8"))
-            pending = b""
-        except UnicodeDecodeError:
-            pieces.append("")
-    if pending:
-        pieces[-1] += pending.decode("utf-8", errors="replace")
-    return pieces
-
-
-def policy_token_values(
-    tokenizer: Tokenizer,
-    segments: Sequence[tuple[SourceName, Sequence[int]]],
-    *rows: Sequence[float] | np.ndarray,
-) -> list[list[list[Any]]]:
-    """For each policy segment, its tokens as ``[piece, value, …]``: one value from each row.
-
-    Args:
-        tokenizer: Gives each token's text (:func:`token_pieces`).
-        segments: Each segment's source and ids (:func:`segment_ids`).
-        rows: Per-token values over the whole episode (all segments' ids, concatenated), e.g. the
-            log-probabilities under one checkpoint, then under another. They are kept to 5 decimals.
-    """
-    out: list[list[list[Any]]] = []
-    at = 0
-    for source, ids in segments:
-        if source == "policy":
-            pieces = token_pieces(tokenizer, ids)
-            out.append([[piece, *(_rounded(row[at + k]) for row in rows)] for k, piece in enumerate(pieces)])
-        at += len(ids)
-    return out
-
-
 def _finite(value: float) -> float | None:
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def _rounded(value: float) -> float | None:
-    """A token's value as the page stores it: 5 decimals (the tooltip shows 3), ``None`` if not finite."""
-    finite = _finite(value)
-    return round(finite, 5) if finite is not None else None
 
 
 # -- the page's data ----------------------------------------------------------------------------------------
@@ -462,7 +396,7 @@ def page_episodes(
             by title and text) and gold passages are its questions' supporting ids. Without it, passages
             come from the transcript's ``<information>`` blocks and gold ones from the record's own
             supporting ids, if any.
-        tokens: For each episode, :func:`policy_token_values` of its policy segments (or ``None``).
+        tokens: For each episode, :func:`searchgym.cli._view_tokens.policy_token_values` of its policy segments (or ``None``).
         warn: Called with one line when episodes do not match ``dataset`` (their gold passages stay unknown).
     """
     corpus = _Corpus(dataset) if dataset is not None else None

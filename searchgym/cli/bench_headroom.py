@@ -118,18 +118,14 @@ def measure(args: argparse.Namespace, settings: HeadroomSettings) -> dict[str, A
     from searchgym.agents.training.policy import build_policy
     from searchgym.bench.headroom import LLMHeadroomPolicy, headroom_figures, run_headroom
     from searchgym.cli._manifest import warn_on_data_mismatch
-    from searchgym.envs import EnvSpec
 
     start = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)
-    sizes = _env_sizes(args)
-    kwargs = {**env_kwargs(args), **sizes}
+    kwargs = env_kwargs(args, _env_defaults(args))
     if args.init is not None or args.model is not None:
         warn_on_data_mismatch(f"checkpoint:{args.init or args.model}", kwargs)
-    defaults = EnvSpec()
-    turn = kwargs.get("max_turn_tokens", defaults.max_turn_tokens)
-    context = kwargs.get("max_context_tokens", defaults.max_context_tokens)
+    turn, context = kwargs["max_turn_tokens"], kwargs["max_context_tokens"]
     config = TrainConfig(
         init=args.init,
         model=args.model,
@@ -183,19 +179,14 @@ def write_question_records(records: Sequence[QuestionRecord], path: str) -> None
             f.write(json.dumps(line | {"samples": samples}) + "\n")
 
 
-def _env_sizes(args: argparse.Namespace) -> dict[str, int]:
-    """``--max-turn-tokens`` and ``--max-context-tokens``: those given, else those the ``--init`` checkpoint
-    (or the ``--model`` folder ``searchgym export`` wrote) was trained with, as ``searchgym eval`` takes them."""
-    from searchgym.cli.eval import checkpoint_env_defaults
+def _env_defaults(args: argparse.Namespace) -> Any:
+    """The env the command plays unless told otherwise: the ``--init`` checkpoint's (or the ``--model``
+    folder's, as ``searchgym export`` wrote it) turn and context sizes, as ``searchgym eval`` takes them."""
+    from searchgym.cli.eval import trained_env_spec, with_trained_sizes
 
-    given = {
-        n: getattr(args, n) for n in ("max_turn_tokens", "max_context_tokens") if getattr(args, n) is not None
-    }
     source = args.init if args.init is not None else args.model
-    if source is None:
-        return given
-    recorded = checkpoint_env_defaults(argparse.Namespace(**{**vars(args), "agent": f"checkpoint:{source}"}))
-    return {**recorded, **given}
+    trained = trained_env_spec(f"checkpoint:{source}") if source is not None else None
+    return with_trained_sizes(run_env_defaults(), trained)
 
 
 def report(figures: dict[str, Any]) -> str:

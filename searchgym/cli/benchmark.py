@@ -168,18 +168,30 @@ def _play_pair(
     from searchgym.agents.evaluate import EpisodeRecord
     from searchgym.cli._agent_options import build_agent, close_players, served_players
     from searchgym.cli._common import env_kwargs, make_env
-    from searchgym.cli.eval import checkpoint_env_defaults, env_defaults, held_episodes, run_identity
+    from searchgym.cli.eval import (
+        TRAINED_SIZES,
+        env_defaults,
+        held_episodes,
+        run_identity,
+        trained_env_spec,
+        with_trained_sizes,
+    )
     from searchgym.data.digests import RecordDigests
     from searchgym.data.jsonl import iter_jsonl, replace_on_success
     from searchgym.errors import ConfigError, DataFormatError
     from searchgym.result_card import result_card
 
-    overrides = checkpoint_env_defaults(pair)
-    settings = {**env_kwargs(pair, env_defaults()), **overrides}
+    trained = trained_env_spec(pair.agent)
+    defaults = with_trained_sizes(env_defaults(), trained)
+    settings = env_kwargs(pair, defaults)
     card = result_card(
         settings, env=pair.env, temperature=pair.temperature, samples=pair.samples, seed=pair.seed
     )
-    sizes = {k: overrides.get(k, getattr(pair, k, None)) for k in ENV_SIZES}  # None: not given
+    # None: not given (the env's default); a checkpoint: agent's training sizes where none were given
+    from_trained = TRAINED_SIZES if trained is not None else ()
+    sizes = {
+        k: settings[k] if getattr(pair, k, None) is not None or k in from_trained else None for k in ENV_SIZES
+    }
     identity = {**run_identity(pair, settings), "episodes": episodes, "data": _data_stamp(pair)}
     record_path = path.with_name(path.name + ".run.json")
     if path.is_file() and record_path.is_file():
@@ -194,14 +206,14 @@ def _play_pair(
             return records, sizes, "cached", saved.get(CARD, card) if isinstance(saved, dict) else card
         print(f"note: {path} {why}; playing it again", file=sys.stderr)
     record_path.unlink(missing_ok=True)  # from here until the pair is done, no record vouches for the file
-    env = make_env(pair, env_defaults(), **overrides)
+    env = make_env(pair, defaults)
     agent = None
     players: list[tuple[Any, Any]] = []
     try:
         agent = build_agent(pair, env)
         if ";record" in pair.retriever:  # a recording cassette records one episode at a time
             pair.concurrency = 1
-        players = served_players(pair, lambda: make_env(pair, env_defaults(), **overrides))
+        players = served_players(pair, lambda: make_env(pair, defaults))
         in_split = len(env.unwrapped.questions)
         count = in_split if episodes is None else min(episodes, in_split)
         partial_record = path.with_name(path.name + ".partial.run.json")

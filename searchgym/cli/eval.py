@@ -54,6 +54,35 @@ def env_defaults() -> Any:
     return run_env_defaults(split="test")
 
 
+def trained_env_spec(agent: str) -> Any:
+    """The :class:`~searchgym.envs.EnvSpec` a ``checkpoint:PATH`` agent was trained with: its checkpoint's
+    stored spec, or the one an exported folder's note records
+    (:func:`~searchgym.agents.training.export.checkpoint_env_spec`; the weights stay unread, ``load_agent``
+    loads and checks them once); ``None`` for another agent, or where none is recorded.
+    """
+    if not agent.startswith("checkpoint:"):
+        return None
+    path = agent[len("checkpoint:") :]
+    if not os.path.exists(path):
+        return None  # a missing file errors in load_agent
+    from searchgym.agents.training.export import checkpoint_env_spec
+
+    return checkpoint_env_spec(path)
+
+
+def with_trained_sizes(defaults: Any, trained: Any) -> Any:
+    """``defaults`` (an ``EnvSpec``) with the :data:`TRAINED_SIZES` of ``trained``, the spec a model was
+    trained with (``None``: ``defaults`` as they are).
+
+    A model trained on 48-token turns plays an env with 512-token turns very slowly (an untrained or drifted
+    policy fills every turn) and out of distribution, so the trainer's own sizes are the natural default; the
+    options given still win (:func:`~searchgym.cli._common.env_spec_from_args`).
+    """
+    if trained is None:
+        return defaults
+    return defaults.replace(**{n: getattr(trained, n) for n in TRAINED_SIZES})
+
+
 DEFAULT_ENV = "SearchQA-v0"
 """The env ``eval`` plays without ``--env``, unless an ``sb3:PATH`` model's run records its own."""
 
@@ -105,28 +134,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="record every search and its results to this cassette (replay it with --retriever cassette:PATH)",
     )
-
-
-def checkpoint_env_defaults(args: argparse.Namespace) -> dict[str, int]:
-    """The turn and context sizes a ``checkpoint:PATH`` agent was trained with, for those not given.
-
-    A model trained on 48-token turns plays an env with 512-token turns very slowly (an untrained or drifted
-    policy fills every turn) and out of distribution, so the trainer's own sizes are the natural default. A
-    checkpoint file records them in its config; a Hugging Face folder from ``searchgym export`` in its note.
-    """
-    if not args.agent.startswith("checkpoint:"):
-        return {}
-    path = args.agent[len("checkpoint:") :]
-    names = [n for n in ("max_turn_tokens", "max_context_tokens") if getattr(args, n, None) is None]
-    from searchgym.agents.training.export import checkpoint_env_sizes, export_env_sizes
-
-    if os.path.isdir(path):
-        sizes = export_env_sizes(path)
-    elif os.path.isfile(path):
-        sizes = checkpoint_env_sizes(path)  # the weights stay unread: load_agent loads and checks them once
-    else:
-        return {}  # a missing file errors in load_agent
-    return {n: v for n, v in sizes.items() if n in names}
 
 
 def recorded_env_defaults(args: argparse.Namespace) -> dict[str, Any]:
@@ -309,12 +316,13 @@ def run(args: argparse.Namespace) -> int:
             "--resume cannot be combined with --record-retrieval (the cassette would miss the searches already made)"
         )
 
-    overrides: dict[str, Any] = {**checkpoint_env_defaults(args), **recorded_env_defaults(args)}
-    settings = {**env_kwargs(args, env_defaults()), **overrides}
+    defaults = with_trained_sizes(env_defaults(), trained_env_spec(args.agent))
+    overrides: dict[str, Any] = recorded_env_defaults(args)
+    settings = {**env_kwargs(args, defaults), **overrides}
     warn_on_data_mismatch(args.agent, settings)
     if args.record_retrieval is not None:  # the cassette is written when the env releases it (env.close())
         overrides["retriever"] = f"cassette:{args.record_retrieval};record={args.retriever}"
-    env = make_env(args, env_defaults(), **overrides)
+    env = make_env(args, defaults, **overrides)
     agent = build_agent(args, env)
     if (
         args.record_retrieval is not None
@@ -323,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
     ):
         print("note: --record-retrieval: episodes are played one at a time (one cassette)", file=sys.stderr)
         args.concurrency = 1
-    players = served_players(args, lambda: make_env(args, env_defaults(), **overrides))
+    players = served_players(args, lambda: make_env(args, defaults, **overrides))
     questions = min(args.episodes, len(env.unwrapped.questions))  # distinct questions played
     note = repeats_note(
         args.episodes, len(env.unwrapped.questions), args.split, "the figures average over episodes"

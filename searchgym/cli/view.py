@@ -185,7 +185,7 @@ def checkpoint_tokens(
 ) -> tuple[list[Any], dict[str, Any]]:
     """Every episode's policy tokens with their log-probs under each policy, and the page's colour legend."""
     from searchgym.agents.llm.colouring import sequence_logprobs
-    from searchgym.cli._view_page import policy_token_values, segment_ids
+    from searchgym.cli._view_tokens import policy_token_values, segment_ids
 
     tokenizer = policies[0].tokenizer
     segments = [segment_ids(e, tokenizer) for e in episodes]
@@ -201,7 +201,7 @@ def checkpoint_tokens(
 
 def rollout_tokens(episodes: list[Episode], tokenizers: dict[Path, Tokenizer]) -> list[Any]:
     """The rollout log-probs export-trajectories rows carry, per policy token (``None`` for other records)."""
-    from searchgym.cli._view_page import policy_token_values
+    from searchgym.cli._view_tokens import policy_token_values
 
     tokens: list[Any] = []
     for e in episodes:

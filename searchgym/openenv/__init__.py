@@ -7,7 +7,7 @@ answer metric (exact match by default) against the golden answers. Episodes are 
 
 * :mod:`~searchgym.openenv.models`: ``SearchQAAction``, ``SearchQAObservation``, ``SearchQAState``;
 * :mod:`~searchgym.openenv.client`: ``SearchQAEnvClient``, an OpenEnv ``EnvClient``;
-* :mod:`~searchgym.openenv.environment`: ``SearchQAEnvironment`` and its ``SearchQAEnvOptions``;
+* :mod:`~searchgym.openenv.environment`: ``SearchQAEnvironment``, its settings an ``EnvSpec``;
 * :mod:`~searchgym.openenv.server`: ``create_searchqa_app`` and ``serve`` (``searchgym openenv serve``);
 * :mod:`~searchgym.openenv.tools`: ``SearchQARemoteTools``, a server session as TRL's ``environment_factory``.
 

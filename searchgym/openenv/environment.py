@@ -1,15 +1,16 @@
 """The server side: SearchQA turns behind OpenEnv's ``Environment`` interface.
 
 An episode is :class:`~searchgym.agents.integrations.trl_env.SearchQAToolEnv`'s, played one action per
-``step``: the same datasets, retriever (built once per process and shared by every session), passage text
-(Search-R1's ``Doc i(Title: …)`` block) and answer metric. What this module adds is OpenEnv's contract:
-typed actions and observations, a turn budget, seeding on ``reset``, and a state for ``/state``.
+``step``: the same settings (an :class:`~searchgym.envs.EnvSpec`, every field accepted; the fields of
+:data:`~searchgym.agents.integrations.trl_env.NOT_APPLIED` change nothing), datasets, retriever (built once
+per process and shared by every session), passage text (Search-R1's ``Doc i(Title: …)`` block) and answer
+metric. What this module adds is OpenEnv's contract: typed actions and observations, the turn budget
+(``max_turns``), seeding on ``reset``, and a state for ``/state``.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
 from typing import Any
 from uuid import uuid4
 
@@ -19,57 +20,12 @@ from openenv.core.env_server.types import EnvironmentMetadata  # type: ignore[im
 from searchgym import __version__
 from searchgym.agents.integrations.trl_env import SearchQAToolEnv
 from searchgym.data import Question, load_dataset
+from searchgym.envs.spec import EnvSpec, make_spec
 from searchgym.errors import ConfigError, EpisodeFinishedError
-from searchgym.rewards import get_metric
 
 from .models import SearchQAAction, SearchQAObservation, SearchQAState
 
-__all__ = ["SearchQAEnvOptions", "SearchQAEnvironment"]
-
-
-@dataclass(frozen=True)
-class SearchQAEnvOptions:
-    """The settings of every session a server opens; validated once.
-
-    Attributes:
-        dataset: A FlashRAG folder, a Search-R1 parquet folder, or ``None`` for the generated world.
-        world_seed: Seed of the generated world (ignored with ``dataset``).
-        split: The split whose questions are asked.
-        retriever: Retriever backend name or ``/retrieve`` URL (as ``SearchQA-v0``).
-        retriever_patience: Seconds to wait for a URL retriever that stops answering (as ``SearchQA-v0``).
-        topk: Passages per search.
-        max_turns: Turns per episode, the answer included: ``max_turns - 1`` searches at most, and an
-            episode whose last turn does not answer ends with reward 0.
-        max_passage_words: Cut each passage's text to this many words (``None``: no cut).
-        reward: The answer metric: ``"em"``, ``"subem"`` or ``"f1"``.
-        seed: Seed of the question draw of a session until a ``reset(seed=...)`` reseeds it.
-    """
-
-    dataset: str | None = None
-    world_seed: int = 0
-    split: str = "train"
-    retriever: str | None = "bm25"
-    retriever_patience: float = 0.0
-    topk: int = 3
-    max_turns: int = 4
-    max_passage_words: int | None = None
-    reward: str = "em"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1 (the answer takes a turn), got {self.max_turns}")
-        if self.topk < 1:
-            raise ConfigError(f"topk must be >= 1, got {self.topk}")
-        if self.max_passage_words is not None and self.max_passage_words < 1:
-            raise ConfigError(f"max_passage_words must be >= 1 or None, got {self.max_passage_words}")
-        get_metric(self.reward)  # an unknown reward lists the valid ones
-
-    def tool_env(self) -> SearchQAToolEnv:
-        """A :class:`SearchQAToolEnv` with these settings (its searches capped at ``max_turns - 1``)."""
-        kwargs = asdict(self)
-        kwargs["max_searches"] = kwargs.pop("max_turns") - 1
-        return SearchQAToolEnv(**kwargs)
+__all__ = ["SearchQAEnvironment"]
 
 
 class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, SearchQAState]):
@@ -82,20 +38,27 @@ class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, Searc
     retriever, which are read-only.
 
     Args:
-        options: The settings (defaults: the generated world's ``train`` split, BM25, top 3, 4 turns, EM).
+        spec: The settings of the episodes (default: :class:`~searchgym.envs.EnvSpec`'s: the generated
+            world's ``train`` split, BM25, top 3, 4 turns, EM). ``max_turns`` counts the answer: at most
+            ``max_turns - 1`` searches, and an episode whose last turn does not answer ends with reward 0.
+        seed: Seed of the question draw of a session until a ``reset(seed=...)`` reseeds it.
+        **fields: :class:`~searchgym.envs.EnvSpec` fields changed from ``spec`` (e.g. ``topk=5``).
+
+    Raises:
+        ConfigError: an unknown field (the valid ones are listed) or an invalid value.
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, options: SearchQAEnvOptions | None = None) -> None:
+    def __init__(self, spec: EnvSpec | None = None, *, seed: int = 0, **fields: Any) -> None:
         super().__init__()
-        self.options = options or SearchQAEnvOptions()
-        self._tool = self.options.tool_env()
+        self.spec = make_spec(spec, fields)
+        self._tool = SearchQAToolEnv(self.spec, seed=seed)
         # The dataset is cached per process: these are the very questions the tool env draws from.
-        data = load_dataset(self.options.dataset, world_seed=self.options.world_seed)
-        self._questions: list[Question] = data.questions(self.options.split)
-        self._rng = random.Random(self.options.seed)
-        self._state = SearchQAState(split=self.options.split)
+        data = load_dataset(self.spec.dataset, world_seed=self.spec.world_seed)
+        self._questions: list[Question] = data.questions(self.spec.split)
+        self._rng = random.Random(seed)
+        self._state = SearchQAState(split=self.spec.split)
 
     def reset(
         self,
@@ -120,7 +83,7 @@ class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, Searc
             question_id = self._rng.choice(self._questions).id
         prompt = self._tool.reset(question_id=question_id)
         self._state = SearchQAState(
-            episode_id=episode_id or str(uuid4()), question_id=question_id, split=self.options.split
+            episode_id=episode_id or str(uuid4()), question_id=question_id, split=self.spec.split
         )
         return self._observation(prompt, passage_ids=[], error=None, reward=None)
 
@@ -152,7 +115,7 @@ class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, Searc
         state.queries = list(self._tool.queries)
         state.hit_ids = [list(ids) for ids in self._tool.hit_ids]
         state.answer = self._tool.given_answer
-        state.done = state.answer is not None or state.step_count >= self.options.max_turns
+        state.done = state.answer is not None or state.step_count >= self.spec.max_turns
         reward = 0.0
         if state.done:
             reward = state.reward = self._tool.get_reward()
@@ -167,7 +130,7 @@ class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, Searc
         return EnvironmentMetadata(
             name="SearchQA",
             description="Search-R1-style question answering: search a knowledge base, then answer; the reward "
-            f"is the answer's {self.options.reward} against the golden answers",
+            f"is the answer's {self.spec.reward} against the golden answers",
             version=__version__,
         )
 
@@ -187,7 +150,7 @@ class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, Searc
             question_id=question.id,
             passage_ids=passage_ids,
             turn=state.step_count,
-            turns_left=self.options.max_turns - state.step_count,
+            turns_left=self.spec.max_turns - state.step_count,
             error=error,
             done=state.done,
             reward=reward,

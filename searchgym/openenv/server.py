@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from openenv.core.env_server.http_server import create_app  # type: ignore[import-untyped]
 
+from searchgym.envs.spec import EnvSpec, make_spec
 from searchgym.errors import ConfigError, EpisodeFinishedError, SearchGymError, UnknownQuestionError
 from searchgym.server.guards import BodyLimit, SessionIdleTimeout
 from searchgym.server.wire import ServerLimits
 
-from .environment import SearchQAEnvironment, SearchQAEnvOptions
+from .environment import SearchQAEnvironment
 from .models import SearchQAAction, SearchQAObservation, SearchQAState
 
 __all__ = ["create_searchqa_app", "serve"]
@@ -39,12 +39,14 @@ OPENENV_LIMITS = ServerLimits(max_body_bytes=1 << 20)
 
 
 def create_searchqa_app(
-    options: SearchQAEnvOptions | None = None,
+    spec: EnvSpec | None = None,
     *,
+    seed: int = 0,
     index: str | Path | None = None,
     max_sessions: int = 64,
     limits: ServerLimits | None = None,
     session_timeout: float | None = SESSION_TIMEOUT_S,
+    **fields: Any,
 ) -> Any:
     """The FastAPI app of a SearchQA OpenEnv server.
 
@@ -52,7 +54,9 @@ def create_searchqa_app(
     before the first session opens.
 
     Args:
-        options: The settings of every session.
+        spec: The settings of every session's episodes (:class:`~searchgym.envs.EnvSpec`; default: its
+            defaults), as :class:`~searchgym.openenv.environment.SearchQAEnvironment` takes them.
+        seed: Seed of each session's question draw.
         index: A BM25 index folder of the dataset's corpus (``searchgym index bm25``): loaded, memory-mapped,
             instead of indexing the corpus at start. It is served by searchgym's ``/retrieve`` server on a
             loopback port of this process (the environment takes a retriever name or URL), started here
@@ -63,11 +67,12 @@ def create_searchqa_app(
             :data:`OPENENV_LIMITS`).
         session_timeout: Seconds a WebSocket session may stay silent before it is closed and its slot freed
             (``None``: never).
+        **fields: :class:`~searchgym.envs.EnvSpec` fields changed from ``spec`` (e.g. ``topk=5``).
 
     Raises:
         ConfigError: a bad option, or an index with a retriever other than ``bm25`` or not of this corpus.
     """
-    options = options or SearchQAEnvOptions()
+    spec = make_spec(spec, fields)
     limits = limits or OPENENV_LIMITS
     if max_sessions < 1:
         raise ConfigError(f"max_sessions must be >= 1, got {max_sessions}")
@@ -77,11 +82,11 @@ def create_searchqa_app(
         raise ConfigError(f"session_timeout must be a number of seconds > 0 or None, got {session_timeout!r}")
     stop_backend: Callable[[], None] | None = None
     if index is not None:
-        options, stop_backend = _index_backend(options, Path(index))
+        spec, stop_backend = _index_backend(spec, Path(index))
     try:
-        SearchQAEnvironment(options).close()
+        SearchQAEnvironment(spec, seed=seed).close()
         app = create_app(
-            functools.partial(SearchQAEnvironment, options),
+            functools.partial(SearchQAEnvironment, spec, seed=seed),
             SearchQAAction,
             SearchQAObservation,
             env_name=ENV_NAME,
@@ -118,19 +123,19 @@ def _guard(app: Any, limits: ServerLimits, session_timeout: float | None) -> Non
     app.add_exception_handler(SearchGymError, bad_input)
 
 
-def _index_backend(options: SearchQAEnvOptions, index: Path) -> tuple[SearchQAEnvOptions, Callable[[], None]]:
-    """Serves a saved BM25 index on loopback; returns the options that search it, and how to stop it."""
+def _index_backend(spec: EnvSpec, index: Path) -> tuple[EnvSpec, Callable[[], None]]:
+    """Serves a saved BM25 index on loopback; returns the spec that searches it, and how to stop it."""
     from searchgym.data import load_dataset
     from searchgym.retrieval import BM25Retriever
     from searchgym.server import ServerThread
     from searchgym.server import create_app as create_retrieval_app
 
-    if options.retriever not in (None, "bm25"):
-        raise ConfigError(f"--index applies to the bm25 retriever only, not {options.retriever!r}")
-    passages = load_dataset(options.dataset, world_seed=options.world_seed).passages
+    if spec.retriever not in (None, "bm25"):
+        raise ConfigError(f"--index applies to the bm25 retriever only, not {spec.retriever!r}")
+    passages = load_dataset(spec.dataset, world_seed=spec.world_seed).passages
     retriever = BM25Retriever.load(index, passages, mmap=True)  # a stale index is a ConfigError
     backend = ServerThread(create_retrieval_app(retriever, passages)).start()
-    return replace(options, retriever=f"{backend.url}/retrieve"), backend.stop
+    return spec.replace(retriever=f"{backend.url}/retrieve"), backend.stop
 
 
 def serve(

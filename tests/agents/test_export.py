@@ -124,17 +124,30 @@ def test_an_exported_folder_plays_exactly_as_its_checkpoint(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    "env", [{"max_turn_tokens": "abc"}, {"max_context_tokens": 10**12}, [], {"max_turn_tokens": 0}]
+    "env",
+    [{"max_turn_tokens": "abc"}, {"max_context_tokens": 10**12}, [], {"max_turn_tokens": 0}, {"topk": 0}],
 )
 def test_a_bad_export_note_is_a_checkpoint_error(tmp_path: Path, env: Any) -> None:
-    from searchgym.agents.training.export import export_env_sizes
+    from searchgym.agents.training.export import checkpoint_env_spec
 
     (tmp_path / "searchgym_export.json").write_text(json.dumps({"env": env}))
     with pytest.raises(CheckpointError, match=r"searchgym_export\.json"):
-        export_env_sizes(tmp_path)
+        checkpoint_env_spec(tmp_path)
     (tmp_path / "searchgym_export.json").write_text('{"env": {"max_turn_tokens": 1' + "0" * 5000 + "}}")
     with pytest.raises(CheckpointError, match="not a readable export note"):
-        export_env_sizes(tmp_path)
+        checkpoint_env_spec(tmp_path)
+
+
+def test_an_export_notes_spec_is_read_whole(tmp_path: Path) -> None:
+    from searchgym.agents.training.export import checkpoint_env_spec
+    from searchgym.envs import EnvSpec
+
+    assert checkpoint_env_spec(tmp_path) is None  # a folder without a note: nothing recorded
+    spec = EnvSpec(topk=5, max_turn_tokens=8, retriever_faults="empty=0.5,seed=2", prompt_style="chat")
+    (tmp_path / "searchgym_export.json").write_text(json.dumps({"env": spec.to_dict()}))
+    assert checkpoint_env_spec(tmp_path) == spec
+    (tmp_path / "searchgym_export.json").write_text(json.dumps({"env": {"max_context_tokens": 768}}))
+    assert checkpoint_env_spec(tmp_path) == EnvSpec(max_context_tokens=768)  # a note of sizes only
 
 
 def test_a_pickled_pytorch_model_bin_in_a_hf_folder_is_a_typed_error(tmp_path: Path) -> None:

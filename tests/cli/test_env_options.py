@@ -1,6 +1,6 @@
 """The commands that play episodes take every EnvSpec field as an option, built from the spec's declaration
-(``cli._common.add_env_arguments``), and no environment code or such command declares an env default of
-its own."""
+(``cli._common.add_env_arguments``), and no environment code, such command or code-level front end (OpenEnv,
+the TRL tool env, the verl tool) declares an env default of its own."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("demos",): (),
     ("export-trajectories",): (),
     ("bench", "headroom"): (),
+    ("openenv", "serve"): (),
     # verl's rows: one parquet file per split, each split named by a repeatable --split
     ("prepare", "verl"): ("split",),
     # a benchmark plays several dataset folders, each with its own retriever (--retriever DATASET=SPEC)
@@ -29,13 +30,20 @@ COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
 
 FILES = (
     "searchgym/cli/_common.py",
+    "searchgym/cli/_manifest.py",
     "searchgym/cli/eval.py",
     "searchgym/cli/demos.py",
     "searchgym/cli/export_trajectories.py",
     "searchgym/cli/bench_headroom.py",
     "searchgym/cli/benchmark.py",
     "searchgym/cli/prepare_verl.py",
+    "searchgym/cli/openenv_serve.py",
+    "searchgym/openenv/environment.py",
+    "searchgym/openenv/server.py",
     "agents/integrations/verl_data.py",
+    "agents/integrations/export.py",
+    "agents/integrations/trl_env.py",
+    "agents/integrations/verl_tool.py",
 )
 
 
@@ -44,6 +52,8 @@ DECLARED = re.compile(rf"^\s+({'|'.join(NAMES)})\s*:\s*[^=\n]+=", re.M)
 """A field or argument with a default, named as an env field (``topk: int = 3``)."""
 FLAG = re.compile(rf"add_argument\(\s*\"--({'|'.join(n.replace('_', '-') for n in NAMES)})\"")
 """An option of an env field's flag added by hand (``add_argument("--topk", ...)``)."""
+LOOKUP = re.compile(rf"\.get\(\s*\"({'|'.join(NAMES)})\"\s*,")
+"""An env field read from a mapping with a default of its own (``config.get("topk", 3)``)."""
 
 
 def _subparser(path: tuple[str, ...]) -> argparse.ArgumentParser:
@@ -93,6 +103,7 @@ def test_env_defaults_are_declared_in_the_spec_alone() -> None:
         text = _without_searchr1_options(path.read_text(encoding="utf-8"))
         found += [f"{path.relative_to(ROOT)}: {m.group(0).strip()}" for m in DECLARED.finditer(text)]
         found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in FLAG.finditer(text)]
+        found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in LOOKUP.finditer(text)]
     # benchmark's own --retriever (one per dataset) and prepare verl's --split (repeated), see COMMANDS
     own = {("benchmark.py", "retriever"), ("prepare_verl.py", "split")}
     found = [
@@ -104,4 +115,5 @@ def test_env_defaults_are_declared_in_the_spec_alone() -> None:
 def test_the_grep_sees_a_declared_default() -> None:
     text = 'def f(\n    topk: int = 3,\n):\n    parser.add_argument("--max-turns", type=int)\n'
     assert DECLARED.search(text) and FLAG.search(text)
+    assert LOOKUP.search('self.topk = config.get("topk", 3)') and not LOOKUP.search('config.get("type")')
     assert not DECLARED.search("def f(spec: EnvSpec | None = None, **fields: Any)")

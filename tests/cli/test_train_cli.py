@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 from searchgym.agents.grpo.config import GRPOConfig
 from searchgym.agents.integrations.config import TRLConfig
 from searchgym.agents.training.config import SFTConfig
-from searchgym.cli import main
+from searchgym.cli import build_parser, main
 from searchgym.options import flat_values, is_section
 
 TINY = [
@@ -200,19 +200,25 @@ def test_sft_then_grpo_from_it_then_plot(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_eval_of_a_checkpoint_defaults_to_its_training_turn_sizes(tmp_path: Path) -> None:
-    from searchgym.cli.eval import checkpoint_env_defaults
+    from searchgym.cli._common import env_spec_from_args
+    from searchgym.cli.eval import env_defaults, trained_env_spec, with_trained_sizes
+    from searchgym.envs import EnvSpec
 
     sft = tmp_path / "sft"
     common = ["--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768", "--threads", "1"]
     args = ["train", "sft", "--run-dir", str(sft), *common, "--demo-episodes", "4", "--epochs", "1"]
     assert main([*args, "--eval-questions", "0", "--no-progress"]) == 0
     agent = f"checkpoint:{sft / 'checkpoint.pt'}"
-    unset = argparse.Namespace(agent=agent, max_turn_tokens=None, max_context_tokens=None)
-    assert checkpoint_env_defaults(unset) == {"max_turn_tokens": 8, "max_context_tokens": 768}
-    given = argparse.Namespace(agent=agent, max_turn_tokens=16, max_context_tokens=None)
-    assert checkpoint_env_defaults(given) == {"max_context_tokens": 768}  # what the user gives wins
-    other = argparse.Namespace(agent="oracle", max_turn_tokens=None, max_context_tokens=None)
-    assert checkpoint_env_defaults(other) == {}
+    trained = trained_env_spec(agent)  # the checkpoint's stored spec, whole
+    assert isinstance(trained, EnvSpec) and (trained.max_turns, trained.max_turn_tokens) == (2, 8)
+    assert trained_env_spec("oracle") is None and trained_env_spec(f"checkpoint:{tmp_path / 'no.pt'}") is None
+    defaults = with_trained_sizes(env_defaults(), trained)
+    unset = build_parser().parse_args(["eval", "--agent", agent])
+    played = env_spec_from_args(unset, defaults)
+    assert (played.max_turn_tokens, played.max_context_tokens, played.split) == (8, 768, "test")
+    assert played.max_turns == EnvSpec().max_turns  # only the sizes come from training
+    given = build_parser().parse_args(["eval", "--agent", agent, "--max-turn-tokens", "16"])
+    assert env_spec_from_args(given, defaults).max_turn_tokens == 16  # what the user gives wins
     out = tmp_path / "episodes.jsonl"
     assert main(["eval", "--agent", agent, "--episodes", "2", "--no-progress", "--out", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 2

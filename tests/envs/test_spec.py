@@ -77,3 +77,11 @@ def test_the_vector_env_and_its_episodes_take_the_spec_whole() -> None:
     assert envs.env_spec is spec and all(ep.spec is spec for ep in envs.episodes)
     assert envs.single_observation_space["tokens"].shape == (512,)
     envs.close()
+
+
+def test_the_front_ends_table_changes_every_field() -> None:
+    from ..conftest import NON_DEFAULT_ENV
+
+    assert tuple(NON_DEFAULT_ENV) == EnvSpec.field_names()
+    default = EnvSpec()
+    assert all(getattr(default, k) != getattr(EnvSpec(**NON_DEFAULT_ENV), k) for k in NON_DEFAULT_ENV)

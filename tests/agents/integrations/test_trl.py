@@ -385,7 +385,7 @@ def test_shared_env_options_reach_the_episodes(tok: Any) -> None:
 
 def test_tool_env_trains_inside_grpo_trainer(scripted_tool_grpo: Any) -> None:
     """SearchQAToolEnv as TRL's environment_factory: TRL calls its tools and reward in a real step."""
-    trainer, model = scripted_tool_grpo(SearchQAToolEnv.factory(topk=1, max_searches=2))
+    trainer, model = scripted_tool_grpo(SearchQAToolEnv.factory(topk=1, max_turns=3))
     before = [p.detach().clone() for p in model.parameters()]
     trainer.train()
     logs = trainer.state.log_history[0]
@@ -401,7 +401,7 @@ def test_tool_env_contract() -> None:
     """The public methods TRL exposes as tools are search and answer; errors reach the model as text."""
     import inspect
 
-    env = SearchQAToolEnv.factory(topk=2, max_searches=1)()
+    env = SearchQAToolEnv.factory(topk=2, max_turns=2)()
     public = {n for n, _ in inspect.getmembers(type(env), inspect.isfunction) if not n.startswith("_")}
     assert public == {"reset", "get_reward", "search", "answer"}
     qid = env._questions[3].id

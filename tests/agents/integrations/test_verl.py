@@ -8,8 +8,10 @@ main virtualenv they are skipped with that reason.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -267,6 +269,26 @@ def test_per_token_advantages_are_refused() -> None:
         )
     empty = torch.zeros(2, 3, dtype=torch.bool)
     assert response_advantages(torch.zeros(2, 3), empty).tolist() == [0.0, 0.0]
+
+
+def test_lambda_is_llds_configs_coef_its_default_and_its_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    from searchgym.agents.grpo.config import LLDSConfig
+
+    default = LLDSPolicyLossConfig(loss_mode="llds_response")
+    assert default.llds_coef == LLDSConfig().coef
+    assert default.llds == LLDSConfig(gate="response", coef=LLDSConfig().coef)
+    assert LLDSPolicyLossConfig(llds_coef=0.5).llds == LLDSConfig(gate=None, coef=0.5)  # a mode of verl's own
+    with pytest.raises(ConfigError, match=r"llds_coef must be a finite number >= 0, got -1.0"):
+        LLDSPolicyLossConfig(llds_coef=-1.0)
+
+    def refused(self: LLDSConfig) -> None:
+        raise ConfigError(f"LLDSConfig refuses {self.coef}")
+
+    source = inspect.getsource(LLDSPolicyLossConfig)
+    assert not re.search(r"llds_coef\s*:\s*float\s*=\s*[\d.]", source)  # the default is not written again
+    monkeypatch.setattr(LLDSConfig, "__post_init__", refused)
+    with pytest.raises(ConfigError, match=r"LLDSConfig refuses 0\.3"):  # the check is LLDSConfig's
+        LLDSPolicyLossConfig(llds_coef=0.3)
 
 
 def test_lambda_reaches_the_actor_through_verls_own_config_composition() -> None:

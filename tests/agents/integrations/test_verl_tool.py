@@ -32,7 +32,7 @@ from verl.experimental.agent_loop.tool_parser import FunctionCall
 from verl.tools.tool_registry import initialize_tools_from_config
 
 import searchgym.envs  # noqa: F401 - registers SearchQA-v0
-from searchgym.agents.integrations.verl_tool import SearchTool
+from searchgym.agents.integrations.verl_tool import APPLIED, CONFIG_KEYS, SearchTool
 from searchgym.data import load_dataset
 from searchgym.envs.wrappers import TurnLevelWrapper
 from searchgym.errors import ConfigError, RetrieverError
@@ -166,7 +166,9 @@ def test_instances_count_their_searches_and_are_released(tmp_path: Path) -> None
         ({"retriever": "bm26"}, "unknown retriever 'bm26'"),
         ({"dataset": None}, "missing the key 'dataset'"),
         ({"retriever": "http://127.0.0.1:8000/retrieve"}, "key 'dataset' is not used"),
-        ({"dataset": "world", "topk": 0}, "key 'topk' must be an integer >= 1"),
+        ({"dataset": "world", "topk": 0}, r"search tool config: topk must be >= 1 and <= 1024, got 0"),
+        ({"dataset": "world", "world_seed": "x"}, r"search tool config: world_seed must be an integer"),
+        ({"dataset": "world", "on_retrieval_error": "ignore"}, r"unknown on_retrieval_error 'ignore'"),
         ({"dataset": "/no/such/corpus"}, "'/no/such/corpus' is neither 'world' nor an existing"),
     ],
 )
@@ -174,6 +176,36 @@ def test_bad_config_names_the_key(tmp_path: Path, changes: dict[str, Any], messa
     tools = _with_config(**changes)
     with pytest.raises(ConfigError, match=message):
         _load(tmp_path, tools)
+
+
+def test_every_env_field_is_a_config_key_and_reaches_the_spec(tmp_path: Path) -> None:
+    from searchgym.envs import EnvSpec
+    from searchgym.retrieval.faults import FaultyRetriever
+
+    from ...conftest import NON_DEFAULT_ENV
+
+    assert set(CONFIG_KEYS) == {"type", *EnvSpec.field_names()} and set(APPLIED) < set(CONFIG_KEYS)
+    [tool] = _load(tmp_path, _with_config(**NON_DEFAULT_ENV))
+    assert tool.spec == EnvSpec(**NON_DEFAULT_ENV)
+    assert isinstance(tool.retriever, FaultyRetriever) and tool.retriever.inner.name == "rank_bm25"
+    passage = load_dataset("world", world_seed=1).passages[0]  # the world of seed 1
+    response, _, metrics = asyncio.run(_search(tool, passage.title))
+    assert metrics["passage_ids"] and set(metrics["passage_ids"]) <= {
+        p.id for p in load_dataset("world", world_seed=1).passages
+    }
+    docs = response.text.removeprefix("<information>").removesuffix("</information>").splitlines()
+    assert len(docs) == 2 and all(len(d.partition(") ")[2].split()) <= 5 for d in docs)  # topk, words
+
+
+def test_a_failed_search_is_observed_when_asked(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/retrieve"
+    [tool] = _load(tmp_path, _with_config(retriever=url, dataset=None, on_retrieval_error="observe"))
+    response, _, metrics = asyncio.run(_search(tool, "anything"))
+    assert response.text.startswith(f"<information>Search failed: retrieval server {url} failed after")
+    assert metrics["passage_ids"] == [] and metrics["searches"] == 1
 
 
 def test_schema_without_a_string_query_is_refused(tmp_path: Path) -> None:
