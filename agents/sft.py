@@ -40,26 +40,26 @@ def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
 
 
 def load_sft_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Any]:
-    """The demonstrations to learn from: ``config.demos``, else ``config.demonstrator``'s episodes on the
+    """The demonstrations to learn from: ``config.sft.demos``, else ``config.sft.demonstrator``'s episodes on the
     training split.
 
     Only rewarded demonstrations are kept (the oracle can fail when retrieval misses the gold passage),
-    unless ``config.keep_unrewarded``: a designed-headroom teacher's demonstrations are wrong on purpose.
+    unless ``config.sft.keep_unrewarded``: a designed-headroom teacher's demonstrations are wrong on purpose.
     """
     from .demonstrations import generate_demonstrations, read_demonstrations
 
-    if config.demos is not None:
-        demos = read_demonstrations(config.demos)
+    if config.sft.demos is not None:
+        demos = read_demonstrations(config.sft.demos)
     else:
         import gymnasium as gym
 
         import searchgym  # noqa: F401 - registers the env ids
 
         env = gym.make("SearchQA-v0", spec=config.env, tokenizer=tokenizer)
-        n = config.demo_episodes or len(env.unwrapped.questions)  # type: ignore[attr-defined]
-        demos = list(generate_demonstrations(env, n, config.seed, config.demonstrator))
+        n = config.sft.demo_episodes or len(env.unwrapped.questions)  # type: ignore[attr-defined]
+        demos = list(generate_demonstrations(env, n, config.run.seed, config.sft.demonstrator))
         env.close()
-    return demos if config.keep_unrewarded else [d for d in demos if d.reward > 0]
+    return demos if config.sft.keep_unrewarded else [d for d in demos if d.reward > 0]
 
 
 def train_sft(config: SFTConfig) -> dict[str, float]:
@@ -69,19 +69,26 @@ def train_sft(config: SFTConfig) -> dict[str, float]:
         The final metrics (``eval/em`` … when ``eval_questions > 0``).
 
     Raises:
-        ConfigError: ``run_dir`` already holds a run and ``config.overwrite`` is not set, or another process
+        ConfigError: ``run_dir`` already holds a run and ``config.run.overwrite`` is not set, or another process
             is writing into it.
     """
-    with lock_run_dir(config.run_dir):  # one writer per run folder
+    with lock_run_dir(config.run.run_dir):  # one writer per run folder
         return _train_sft(config)
 
 
 def _train_sft(config: SFTConfig) -> dict[str, float]:
-    prepare_run_dir(config.run_dir, resume=False, overwrite=config.overwrite, resumable=False)
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    torch.manual_seed(config.seed)
-    policy, arch = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=config.seed)
+    prepare_run_dir(config.run.run_dir, resume=False, overwrite=config.run.overwrite, resumable=False)
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    torch.manual_seed(config.run.seed)
+    policy, arch = build_policy(
+        config.model,
+        device=config.run.device,
+        weights_seed=config.run.seed,
+        max_context_tokens=config.env.max_context_tokens,
+        max_turn_tokens=config.env.max_turn_tokens,
+        seed=config.run.seed,
+    )
     model = policy.model
     demos = load_sft_demonstrations(config, policy.tokenizer)
     if not demos:
@@ -89,28 +96,28 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
 
         raise ConfigError(
             "no demonstrations to learn from"
-            if config.keep_unrewarded
+            if config.sft.keep_unrewarded
             else "no rewarded demonstrations to learn from (--keep-unrewarded learns from the others too)"
         )
     tokens, mask, sources = pad_transcripts(
         [d.tokens for d in demos], [d.sources for d in demos], policy.tokenizer.pad_token_id
     )
-    per_epoch = math.ceil(len(demos) / config.batch_size)
-    optimizer, scheduler = make_optimizer(model, config.optim, total_updates=config.epochs * per_epoch)
-    logger = MetricLogger(config.run_dir, config=config)
-    generator = torch.Generator().manual_seed(config.seed)
+    per_epoch = math.ceil(len(demos) / config.sft.batch_size)
+    optimizer, scheduler = make_optimizer(model, config.optim, total_updates=config.sft.epochs * per_epoch)
+    logger = MetricLogger(config.run.run_dir, config=config)
+    generator = torch.Generator().manual_seed(config.run.seed)
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=config.epochs * per_epoch, desc="sft", disable=not config.progress)
+    bar = tqdm(total=config.sft.epochs * per_epoch, desc="sft", disable=not config.run.progress)
     update, start = 0, time.perf_counter()
     model.train()
-    for epoch in range(config.epochs):
+    for epoch in range(config.sft.epochs):
         order = torch.randperm(len(demos), generator=generator)
         for b in range(per_epoch):
-            idx = order[b * config.batch_size : (b + 1) * config.batch_size]
+            idx = order[b * config.sft.batch_size : (b + 1) * config.sft.batch_size]
             width = int(mask[idx].sum(dim=1).max())
-            ids, attn = tokens[idx, :width].to(config.device), mask[idx, :width].to(config.device)
-            loss_mask = sources[idx, :width].to(config.device) == int(Source.POLICY)
+            ids, attn = tokens[idx, :width].to(config.run.device), mask[idx, :width].to(config.run.device)
+            loss_mask = sources[idx, :width].to(config.run.device) == int(Source.POLICY)
             logp, _ = policy.token_logprobs(ids, attn, score_mask=loss_mask)
             loss = sft_loss(logp, loss_mask)
             optimizer.zero_grad(set_to_none=True)
@@ -136,7 +143,7 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
     bar.close()
     model.eval()
     save_checkpoint(
-        Path(config.run_dir) / "checkpoint.pt",
+        Path(config.run.run_dir) / "checkpoint.pt",
         {
             "model": model.state_dict(),
             "arch": arch,
@@ -162,7 +169,7 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
             config.eval,
             episodes,
         )
-        append_eval_episodes(config.run_dir, update, episodes, config.env.reward)
+        append_eval_episodes(config.run.run_dir, update, episodes, config.env.reward)
         final.update({f"eval/{k}": v for k, v in result.items()})
     logger.log(update, final)
     logger.close()

@@ -236,7 +236,14 @@ def cmd_gate(args: argparse.Namespace) -> None:
         progress=False,
         tensorboard=False,
     )
-    policy, _ = build_policy(cfg, max_turn_tokens=48, seed=0)
+    policy, _ = build_policy(
+        cfg.model,
+        device=cfg.run.device,
+        weights_seed=cfg.run.seed,
+        max_context_tokens=cfg.env.max_context_tokens,
+        max_turn_tokens=48,
+        seed=0,
+    )
     policy.model.eval()
     greedy = evaluate_greedy(
         policy.model, policy.tokenizer, cfg.env, dataclasses.replace(cfg.eval, questions=args.questions)

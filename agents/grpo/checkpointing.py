@@ -56,7 +56,7 @@ def restore_grpo_checkpoint(
         CheckpointError: not a GRPO checkpoint, or it cannot be loaded into these objects.
         ConfigError: the run's options differ from the checkpoint's in one a resume may not change.
     """
-    payload = load_checkpoint(path, map_location=config.device)
+    payload = load_checkpoint(path, map_location=config.run.device)
     if payload.get("kind") != "grpo":
         raise CheckpointError(
             f"{path} is a {payload.get('kind')!r} checkpoint, not a GRPO run's; use --init to start from it"

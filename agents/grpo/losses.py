@@ -27,7 +27,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 from searchgym.errors import ConfigError
 
 from .advantages import broadcast_advantages
-from .config import GATES, LLDS_COEF, MA_SCHEDULES, SAPO_THRESHOLD, Gate
+from .config import GATES, MA_SCHEDULES, SAPO_THRESHOLD, Gate, GRPOLossConfig, LLDSConfig
 
 __all__ = [
     "KL_VALUE_CAP",
@@ -58,6 +58,11 @@ RATIO_CAP = 100.0
 
 KL_VALUE_CAP = 10.0
 """Default cap on the per-token k3 value: it is clamped to ``[-cap, cap]`` (the reference code's value)."""
+
+DEFAULT_LOSS = GRPOLossConfig()
+"""The loss section :func:`grpo_llds_loss` uses when given none: ``train grpo``'s defaults."""
+DEFAULT_LLDS = LLDSConfig()
+"""The LLDS section :func:`grpo_llds_loss` uses when given none: lambda 0.2 with the action gate."""
 
 
 # -- aggregation ---------------------------------------------------------------------------------------
@@ -509,78 +514,66 @@ def grpo_llds_loss(
     logp_old: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
+    loss: GRPOLossConfig = DEFAULT_LOSS,
+    llds: LLDSConfig = DEFAULT_LLDS,
     *,
-    clip_eps: float = 0.2,
-    llds_coef: float = LLDS_COEF,
-    gate: Gate | None = "action",
     llds_weights: Tensor | None = None,
     ref_logp: Tensor | None = None,
-    kl_coef: float = 0.001,
     entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
     num_tokens: float | None = None,
-    ratio_cap: float = RATIO_CAP,
-    kl_value_cap: float = KL_VALUE_CAP,
-    sapo_coef: float = 0.0,
-    sapo_threshold: float = SAPO_THRESHOLD,
     sapo_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """``L = L_GRPO + llds_coef * L_LLDS + sapo_coef * L_SAPO + kl_coef * KL(pi || ref) - entropy_coef * H``.
+    """``L = L_GRPO + lambda * L_LLDS + sapo_coef * L_SAPO + kl_coef * KL(pi || ref) - entropy_coef * H``.
 
-    Defaults are the paper's values (clip 0.2, lambda 0.2, KL 0.001) and the reference code's caps (ratio
-    100, k3 value 10). A term whose coefficient is 0, or whose input (``ref_logp``, ``entropy``) is
-    missing, is skipped.
+    The weights and caps are ``loss``'s (default: clip 0.2, KL 0.001, the reference code's caps: ratio 100,
+    k3 value 10; SAPO off) and LLDS's are ``llds``'s (default: lambda 0.2, the action gate). A term whose
+    coefficient is 0, or whose input (``ref_logp``, ``entropy``) is missing, is skipped.
 
     Args:
         logp: ``(B, T)`` log-probabilities of the taken tokens under the policy being trained.
         logp_old: ``(B, T)`` the same under the rollout policy.
         advantages: ``(B,)`` per-response advantages.
         loss_mask: ``(B, T)`` 1 on policy tokens.
-        clip_eps: PPO clip range.
-        llds_coef: lambda.
-        gate: LLDS gate (see :func:`llds_loss`); ``None``: no LLDS term.
+        loss: The loss section: clip range, ratio and k3 caps (:func:`policy_loss`, :func:`k3_kl`), KL and
+            entropy weights, SAPO's weight and threshold (:func:`sapo_loss`).
+        llds: LLDS's section: lambda and the gate (see :func:`llds_loss`); no LLDS term unless
+            ``llds.enabled``.
         llds_weights: ``(B, T)`` LLDS per-token weights (LLDS-MA), default 1.
         ref_logp: ``(B, T)`` log-probabilities under the frozen reference, or ``None``.
-        kl_coef: Weight of the k3 KL to the reference.
         entropy: ``(B, T)`` per-token entropies of the policy, or ``None``.
-        entropy_coef: Weight of the entropy bonus.
         num_tokens: Token-mean denominator override for every term.
-        ratio_cap: Cap on the importance ratio (:func:`policy_loss`).
-        kl_value_cap: Cap on each token's k3 value (:func:`k3_kl`).
-        sapo_coef: Weight of SAPO's conditional KL (:func:`sapo_loss`; 0: off).
-        sapo_threshold: SAPO's ratio threshold ``t``.
         sapo_tokens: SAPO's denominator override (the ``A >= 0`` policy tokens of the whole mini-batch).
 
     Returns:
         ``(loss, metrics)``: the metrics of every active term, plus ``loss`` and ``cap_frac`` (fraction of
         policy tokens at the ratio cap or the k3 cap).
     """
-    loss, metrics = policy_loss(
-        logp, logp_old, advantages, loss_mask, clip_eps, num_tokens=num_tokens, ratio_cap=ratio_cap
+    total, metrics = policy_loss(
+        logp, logp_old, advantages, loss_mask, loss.clip_eps, num_tokens=num_tokens, ratio_cap=loss.ratio_cap
     )
-    if llds_coef and gate is not None:
-        llds, m = llds_loss(logp, logp_old, advantages, loss_mask, gate, llds_weights, num_tokens)
-        loss = loss + llds_coef * llds
+    if llds.gate is not None and llds.coef:
+        term, m = llds_loss(logp, logp_old, advantages, loss_mask, llds.gate, llds_weights, num_tokens)
+        total = total + llds.coef * term
         metrics.update(m)
-    if sapo_coef:
-        sapo, m = sapo_loss(logp, logp_old, advantages, loss_mask, sapo_threshold, sapo_tokens)
-        loss = loss + sapo_coef * sapo
+    if loss.sapo_coef:
+        sapo, m = sapo_loss(logp, logp_old, advantages, loss_mask, loss.sapo_threshold, sapo_tokens)
+        total = total + loss.sapo_coef * sapo
         metrics.update(m)
-    if kl_coef and ref_logp is not None:
-        kl, m = kl_penalty(logp, ref_logp, loss_mask, num_tokens, kl_value_cap)
-        loss = loss + kl_coef * kl
+    if loss.kl_coef and ref_logp is not None:
+        kl, m = kl_penalty(logp, ref_logp, loss_mask, num_tokens, loss.kl_value_cap)
+        total = total + loss.kl_coef * kl
         metrics.update(m)
         with torch.no_grad():
             mask = _as_bool(loss_mask)
             raw = torch.where(mask, logp - logp_old.detach(), 0.0)
-            k3 = k3_kl(torch.where(mask, logp, 0.0), torch.where(mask, ref_logp, 0.0), kl_value_cap)
-            either = ((raw > math.log(ratio_cap)) | (k3 >= kl_value_cap)) & mask
+            k3 = k3_kl(torch.where(mask, logp, 0.0), torch.where(mask, ref_logp, 0.0), loss.kl_value_cap)
+            either = ((raw > math.log(loss.ratio_cap)) | (k3 >= loss.kl_value_cap)) & mask
             metrics["cap_frac"] = _float(masked_mean(either.float(), mask))
     else:
         metrics["cap_frac"] = metrics["ratio_cap_frac"]
     if entropy is not None:
         h, m = entropy_bonus(entropy, loss_mask, num_tokens)
-        loss = loss - entropy_coef * h
+        total = total - loss.entropy_coef * h
         metrics.update(m)
-    metrics["loss"] = _float(loss)
-    return loss, metrics
+    metrics["loss"] = _float(total)
+    return total, metrics

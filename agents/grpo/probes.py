@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from searchgym.envs.spec import EnvSpec
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import ConfigError
 
@@ -24,36 +25,36 @@ from ..training.rollout import (
     pad_transcripts,
     summarize_episodes,
 )
-from .config import GRPOConfig
+from .config import ProbesConfig
 
 __all__ = ["onpolicy_probes", "oracle_probe"]
 
 
-def oracle_probe(cfg: GRPOConfig, tokenizer: Any) -> RolloutBatch | None:
-    """``cfg.probe_size`` correct oracle transcripts (``cfg.probe_demos``, else oracle episodes of the first
-    training questions), padded; ``None`` when ``probe_size`` is 0.
+def oracle_probe(probes: ProbesConfig, env_spec: EnvSpec, tokenizer: Any) -> RolloutBatch | None:
+    """``probes.probe_size`` correct oracle transcripts (``probes.probe_demos``, else oracle episodes of the
+    first questions of ``env_spec``, the training env), padded; ``None`` when ``probe_size`` is 0.
 
     Raises:
         ConfigError: no rewarded transcript was found.
     """
-    if not cfg.probe_size:
+    if not probes.probe_size:
         return None
     from ..demonstrations import generate_demonstrations, read_demonstrations
 
-    if cfg.probe_demos is not None:
-        demos = [d for d in read_demonstrations(cfg.probe_demos) if d.reward > 0][: cfg.probe_size]
+    if probes.probe_demos is not None:
+        demos = [d for d in read_demonstrations(probes.probe_demos) if d.reward > 0][: probes.probe_size]
     else:
         import gymnasium as gym
 
         import searchgym  # noqa: F401 - registers the env ids
 
-        env = gym.make("SearchQA-v0", spec=cfg.env, tokenizer=tokenizer)
+        env = gym.make("SearchQA-v0", spec=env_spec, tokenizer=tokenizer)
         demos = []
         # Oracle episodes of the first training questions (the oracle fails when retrieval misses).
-        for demo in generate_demonstrations(env, 4 * cfg.probe_size, seed=0):
+        for demo in generate_demonstrations(env, 4 * probes.probe_size, seed=0):
             if demo.reward > 0:
                 demos.append(demo)
-            if len(demos) == cfg.probe_size:
+            if len(demos) == probes.probe_size:
                 break
         env.close()
     if not demos:
@@ -68,12 +69,15 @@ def oracle_probe(cfg: GRPOConfig, tokenizer: Any) -> RolloutBatch | None:
 
 
 @torch.no_grad()
-def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatch], dict[str, float]]:
-    """The on-policy probes: up to ``onpolicy_probe_size`` correct responses ``policy`` samples itself, on
-    the first training questions (``train``) and on the first questions of the held-out split
-    (``heldout``), at most ``onpolicy_probe_episodes`` episodes each.
+def onpolicy_probes(
+    probes: ProbesConfig, env_spec: EnvSpec, policy: Any, *, progress: bool = False
+) -> tuple[dict[str, RolloutBatch], dict[str, float]]:
+    """The on-policy probes: up to ``onpolicy_probe_size`` correct responses ``policy`` samples itself (at
+    its own temperature), on the first questions of ``env_spec``, the training env (``train``), and on the
+    first questions of the held-out split (``heldout``), at most ``onpolicy_probe_episodes`` episodes each;
+    ``progress`` shows a progress bar.
 
-    Sampling is seeded independently of ``cfg.seed``, so every run of an experiment started from the same
+    Sampling is seeded independently of the run's seed, so every run of an experiment started from the same
     checkpoint has the same probes.
 
     Returns:
@@ -82,17 +86,19 @@ def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatc
         ``episodes``) with each probe's size (``probe_onpolicy_{name}_size``); both empty when
         ``onpolicy_probe_size`` is 0.
     """
-    if not cfg.onpolicy_probe_size:
+    if not probes.onpolicy_probe_size:
         return {}, {}
     from tqdm.auto import tqdm
 
-    budget = cfg.onpolicy_probe_episodes or 4 * cfg.onpolicy_probe_size
-    probes: dict[str, RolloutBatch] = {}
+    budget = probes.onpolicy_probe_episodes or 4 * probes.onpolicy_probe_size
+    found_sets: dict[str, RolloutBatch] = {}
     summary: dict[str, float] = {}
-    for k, (name, split) in enumerate((("train", cfg.env.split), ("heldout", cfg.onpolicy_heldout_split))):
+    for k, (name, split) in enumerate(
+        (("train", env_spec.split), ("heldout", probes.onpolicy_heldout_split))
+    ):
         env = SearchQAVectorEnv(
-            min(cfg.onpolicy_probe_size, budget),
-            cfg.env.replace(split=split),
+            min(probes.onpolicy_probe_size, budget),
+            env_spec.replace(split=split),
             autoreset_mode="Disabled",
             tokenizer=policy.tokenizer,
         )
@@ -101,7 +107,7 @@ def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatc
         found, infos, rewards = 0, [], []
         # Sampling the probes takes a while before the first step: say what runs (episodes sampled, probes found).
         bar = tqdm(
-            total=budget, desc=f"on-policy probe ({name})", unit="ep", disable=not cfg.progress, leave=False
+            total=budget, desc=f"on-policy probe ({name})", unit="ep", disable=not progress, leave=False
         )
         try:
             for start in range(0, budget, env.num_envs):
@@ -111,18 +117,18 @@ def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatc
                 infos += batch.infos
                 rewards += batch.rewards.tolist()
                 rows = [i for i in range(len(batch)) if float(batch.rewards[i]) > 0]
-                rows = rows[: cfg.onpolicy_probe_size - found]
+                rows = rows[: probes.onpolicy_probe_size - found]
                 if rows:
                     kept.append(batch.select(rows))
                     found += len(rows)
                 bar.update(len(batch))
-                bar.set_postfix_str(f"{found} of {cfg.onpolicy_probe_size} correct found", refresh=False)
-                if found >= cfg.onpolicy_probe_size:
+                bar.set_postfix_str(f"{found} of {probes.onpolicy_probe_size} correct found", refresh=False)
+                if found >= probes.onpolicy_probe_size:
                     break
         finally:
             bar.close()
             env.close()
-        probes[name] = concat_batches(kept, policy.tokenizer.pad_token_id)
+        found_sets[name] = concat_batches(kept, policy.tokenizer.pad_token_id)
         if name == "train":
             s = summarize_episodes(infos)
             summary = {
@@ -132,4 +138,4 @@ def onpolicy_probes(cfg: GRPOConfig, policy: Any) -> tuple[dict[str, RolloutBatc
                 "episodes": float(len(infos)),
             }
         summary[f"probe_onpolicy_{name}_size"] = float(found)
-    return probes, summary
+    return found_sets, summary

@@ -97,71 +97,77 @@ class GRPOTrainer:
         config: The run's configuration (validated on construction).
         scoring: How the policy's log-probabilities are computed, in the rollouts, the updates and every
             gradient-free scoring pass (held by the policy: ``trainer.policy.scoring``); its
-            ``autocast_bf16`` is set from ``config.precision`` (the probes are scored without it) and its
-            ``group_prefixes`` from ``config.shared_prefix``.
+            ``autocast_bf16`` is set from ``config.model.precision`` (the probes are scored without it) and its
+            ``group_prefixes`` from ``config.batch.shared_prefix``.
 
     Raises:
-        CheckpointError: ``config.resume`` is set and ``RUN_DIR/checkpoint.pt`` is missing or corrupted, or
+        CheckpointError: ``config.run.resume`` is set and ``RUN_DIR/checkpoint.pt`` is missing or corrupted, or
             the init checkpoint the run started from (the reference model) is gone or changed.
     """
 
     def __init__(self, config: GRPOConfig, *, scoring: ScoringOptions = DEFAULT_SCORING) -> None:
         # One writer per run folder, for the trainer's life: a second run into it is refused at once.
-        self.run_lock = lock_run_dir(config.run_dir)
-        if config.resume:
+        self.run_lock = lock_run_dir(config.run.run_dir)
+        if config.run.resume:
             config = resume_init(config)
         self.config = cfg = config
+        run, batch = cfg.run, cfg.batch
         # --loss-term: the user's module, imported before any file is written
-        self.loss_term = load_loss_term(cfg.loss_term) if cfg.loss_term else None
-        prepare_run_dir(cfg.run_dir, cfg.resume, cfg.overwrite)  # never silently replaces an earlier run
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        torch.manual_seed(cfg.seed)
-        self.run_dir = Path(cfg.run_dir)
-        bf16 = resolve_precision(cfg.precision, cfg.device) == "bf16-autocast"  # else one line, and fp32
+        self.loss_term = load_loss_term(cfg.loss.loss_term) if cfg.loss.loss_term else None
+        prepare_run_dir(run.run_dir, run.resume, run.overwrite)  # never silently replaces an earlier run
+        if run.threads:
+            torch.set_num_threads(run.threads)
+        torch.manual_seed(run.seed)
+        self.run_dir, self.device = Path(run.run_dir), run.device
+        # bf16-autocast where the machine has it; else one line says so, and the run is fp32
+        bf16 = resolve_precision(cfg.model.precision, run.device) == "bf16-autocast"
         self.policy, self.arch = build_policy(
-            cfg,
-            temperature=cfg.temperature,
+            cfg.model,
+            device=run.device,
+            weights_seed=run.seed,
+            max_context_tokens=cfg.env.max_context_tokens,
+            temperature=cfg.loss.temperature,
             max_turn_tokens=cfg.env.max_turn_tokens,
-            seed=cfg.seed,
-            scoring=dataclasses.replace(scoring, autocast_bf16=bf16, group_prefixes=cfg.shared_prefix),
+            seed=run.seed,
+            scoring=dataclasses.replace(scoring, autocast_bf16=bf16, group_prefixes=batch.shared_prefix),
         )
-        self.model = self.policy.model
+        self.model, tok = self.policy.model, self.policy.tokenizer
         # The reference is the initial policy; skipped entirely (no copy, no forward) when kl_coef == 0.
-        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.loss.kl_coef else None
         # As in verl, the learning rate changes once per rollout step (all of a step's updates share it).
-        self.optimizer, self.scheduler = make_optimizer(self.model, cfg.optim, total_updates=cfg.steps)
-        tokenizer = self.policy.tokenizer
-        self.env = SearchQAVectorEnv(cfg.batch_size, cfg.env, autoreset_mode="Disabled", tokenizer=tokenizer)
-        self.greedy = GreedyPlayer(self.policy, cfg.env, cfg.group_size)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg.optim, total_updates=batch.steps)
+        self.env = SearchQAVectorEnv(batch.batch_size, cfg.env, autoreset_mode="Disabled", tokenizer=tok)
+        self.greedy = GreedyPlayer(self.policy, cfg.env, batch.group_size)
         # The fixed oracle probe set (its action-kind masks in probe_masks), and the on-policy probes.
-        self.probe = oracle_probe(cfg, self.policy.tokenizer)
+        self.probe = oracle_probe(cfg.probes, cfg.env, tok)
         if self.probe is not None:
-            tok = self.policy.tokenizer
             self.probe_masks = probe_masks(self.probe.tokens, self.probe.sources, tok.token_bytes)
         # Sampled now, from the initial weights (a resumed run rebuilds the same sets before restoring).
-        self.onpolicy_probes, self.warmstart = onpolicy_probes(cfg, self.policy)
-        self.ledger = Ledger(cfg.ledger_size, self.policy.tokenizer.pad_token_id) if cfg.ledger_size else None
+        self.onpolicy_probes, self.warmstart = onpolicy_probes(
+            cfg.probes, cfg.env, self.policy, progress=run.progress
+        )
+        size = cfg.probes.ledger_size
+        self.ledger = Ledger(size, tok.pad_token_id) if size else None
         self.logp_after: Tensor | None = None  # the last step's responses after all of its updates
         self.step = 0
-        if cfg.resume:
+        if run.resume:
             self._restore(self.run_dir / CHECKPOINT)
         else:
             write_run_record(self.run_dir, cfg)
-        self.logger = MetricLogger(self.run_dir, resume_step=self.step if cfg.resume else None, config=cfg)
+        self.logger = MetricLogger(self.run_dir, resume_step=self.step if run.resume else None, config=cfg)
         # The logged history feeds the early-warning rule; a resumed run reads back what it had logged.
-        self.history: list[dict[str, Any]] = read_metrics(self.run_dir) if cfg.resume else []
+        self.history: list[dict[str, Any]] = read_metrics(self.run_dir) if run.resume else []
         self.update_metrics: list[dict[str, float]] = []  # per optimizer update of the last step (tests)
         self.clock = PhaseClock()  # the update's phases (time/pi_old_s, time/forward_s …)
 
     # -- the loop --------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, float]:
-        """Runs from the current step to ``config.steps``; returns the last step's metrics."""
+        """Runs from the current step to ``config.batch.steps``; returns the last step's metrics."""
         cfg = self.config
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.steps, initial=self.step, desc="grpo", disable=not cfg.progress)
+        bar = tqdm(total=cfg.batch.steps, initial=self.step, desc="grpo", disable=not cfg.run.progress)
         metrics: dict[str, float] = {}
         if self.step == 0:  # the initial policy, as step 0: probes always, evaluation when asked
             start = self.probe_metrics() | {f"warmstart/{k}": v for k, v in self.warmstart.items()}
@@ -169,7 +175,7 @@ class GRPOTrainer:
                 start |= self.evaluate()
             self._log(0, start)
         try:
-            while self.step < cfg.steps:
+            while self.step < cfg.batch.steps:
                 metrics = self.train_step()
                 bar.update(1)
                 bar.set_postfix(
@@ -192,19 +198,21 @@ class GRPOTrainer:
         batch, sampling = self.sample_step()
         t1 = time.perf_counter()
         # the self-critical baseline: greedy play on the batch's questions (--advantage greedy)
-        greedy = self.greedy_play(batch).rewards if cfg.advantage == "greedy" else None
+        greedy = self.greedy_play(batch).rewards if cfg.loss.advantage == "greedy" else None
         t_greedy = time.perf_counter()
-        advantages = compute_advantages(batch.rewards, cfg.group_size, cfg.advantage, greedy_rewards=greedy)
-        metrics = rollout_metrics(batch, advantages, cfg.group_size, greedy) | sampling
+        advantages = compute_advantages(
+            batch.rewards, cfg.batch.group_size, cfg.loss.advantage, greedy_rewards=greedy
+        )
+        metrics = rollout_metrics(batch, advantages, cfg.batch.group_size, greedy) | sampling
         metrics |= self.update(batch, advantages)  # loss, optimizer updates, displacement
         t2 = time.perf_counter()
-        if self.step in (1, cfg.steps) or self.step % cfg.probe_every == 0:
+        if self.step in (1, cfg.batch.steps) or self.step % cfg.probes.probe_every == 0:
             metrics |= self.probe_metrics()
         t3 = time.perf_counter()
         metrics |= self.ledger_metrics(batch)  # cross-step displacement, then this step's successes
         t4 = time.perf_counter()
         if cfg.eval.questions and (
-            self.step == cfg.steps or (cfg.eval.every and self.step % cfg.eval.every == 0)
+            self.step == cfg.batch.steps or (cfg.eval.every and self.step % cfg.eval.every == 0)
         ):
             metrics |= self.evaluate()
             metrics["time/eval_s"] = time.perf_counter() - t4
@@ -219,7 +227,7 @@ class GRPOTrainer:
         }
         metrics |= self.clock.take()
         self._log(self.step, metrics)  # log: the one place metrics are recorded
-        if self.step == cfg.steps or (cfg.save_every and self.step % cfg.save_every == 0):
+        if self.step == cfg.batch.steps or (cfg.run.save_every and self.step % cfg.run.save_every == 0):
             self.save()
         return metrics
 
@@ -227,7 +235,7 @@ class GRPOTrainer:
         """Adds the early-warning flag (a function of the logged history) and records the step."""
         if step > 0:
             self.history.append({"step": step, **metrics})
-            metrics["lld/warning"] = float(lld_warning(self.history, self.config.warning_window))
+            metrics["lld/warning"] = float(lld_warning(self.history, self.config.probes.warning_window))
         self.logger.log(step, metrics)
 
     # -- rollout ---------------------------------------------------------------------------------------
@@ -236,9 +244,9 @@ class GRPOTrainer:
         """One batch of groups, sampled by the current policy; the questions and the sampling are seeded by
         ``(seed, step, draw)``, so a resumed run draws what the uninterrupted run would have drawn, and the
         first draw of a step is the same in every arm of a seed (the frozen control's included)."""
-        seed = step_seed(self.config.seed, self.step, 500 + draw if draw else None)
+        seed = step_seed(self.config.run.seed, self.step, 500 + draw if draw else None)
         self.policy.reset({}, seed=seed)
-        return collect_rollouts(self.env, self.policy, seed=seed, group_size=self.config.group_size)
+        return collect_rollouts(self.env, self.policy, seed=seed, group_size=self.config.batch.group_size)
 
     def rollout(self) -> RolloutBatch:
         """The step's rollout batch (:meth:`sample_step` without its metrics)."""
@@ -254,25 +262,24 @@ class GRPOTrainer:
         mini-batch plan holds). ``rollout/informative_frac`` is the share of the trained groups that are
         informative, ``rollout/gen_batches`` the draws made.
         """
-        cfg = self.config
+        sizes = self.config.batch
         first = self._draw()
         batch, draws = first, 1
-        if cfg.filter_groups:
+        if sizes.filter_groups:
             pad = self.policy.tokenizer.pad_token_id
-            batch, draws = filter_groups(
-                first, self._draw, cfg.group_size, cfg.questions_per_step, cfg.max_gen_batches, pad
-            )
+            g, n = sizes.group_size, sizes.questions_per_step
+            batch, draws = filter_groups(first, self._draw, g, n, sizes.max_gen_batches, pad)
         return batch, {
             "rollout/sampled_reward": float(first.rewards.mean()),
-            "rollout/informative_frac": len(informative_groups(batch.rewards, cfg.group_size))
-            / cfg.questions_per_step,
+            "rollout/informative_frac": len(informative_groups(batch.rewards, sizes.group_size))
+            / sizes.questions_per_step,
             "rollout/gen_batches": float(draws),
         }
 
     def greedy_play(self, batch: RolloutBatch) -> RolloutBatch:
         """The current policy's greedy episodes on ``batch``'s questions, one per group, in group order
         (:class:`.greedy.GreedyPlayer`): their rewards are the self-critical baseline of ``--advantage greedy``."""
-        return self.greedy.play(batch, step_seed(self.config.seed, self.step))
+        return self.greedy.play(batch, step_seed(self.config.run.seed, self.step))
 
     # -- updates ---------------------------------------------------------------------------------------
 
@@ -299,10 +306,10 @@ class GRPOTrainer:
         each: fewer padding slots to compute, the same gradient (the loss is a token mean over the whole
         mini-batch whatever its micro-batches). Without, consecutive chunks of the plan's order.
         """
-        micro = self.config.micro_batch_size or self.config.minibatch_responses
-        if lengths is None or not self.config.length_buckets:
+        micro = self.config.batch.micro_batch_size or self.config.batch.minibatch_responses
+        if lengths is None or not self.config.batch.length_buckets:
             return [[mb[j : j + micro] for j in range(0, len(mb), micro)] for mb in minibatches]
-        overhead = call_overhead_tokens(self.config.device)
+        overhead = call_overhead_tokens(self.device)
         return [length_buckets(mb, lengths, micro, overhead) for mb in minibatches]
 
     def _score(
@@ -322,7 +329,7 @@ class GRPOTrainer:
         out = torch.zeros(batch.logp_old.shape, dtype=torch.float32)
         with self.policy.scoring.no_grad():
             for idx in micro_batches:
-                mb = batch.select(idx).to(self.config.device)
+                mb = batch.select(idx).to(self.device)
                 logp, _ = self.policy.token_logprobs(
                     mb.tokens, mb.attention_mask, score_mask=mb.loss_mask, model=model, scoring=scoring
                 )
@@ -370,7 +377,7 @@ class GRPOTrainer:
         rate = float(self.scheduler.get_last_lr()[0])  # the rate this step's updates ran at
         if not self.config.frozen:  # the frozen control's rate is 0 throughout, it never steps the optimizer
             self.scheduler.step()
-        metrics = update_summary(self.update_metrics, rate, fixed.gap, fixed.beta, self.config.log_gns)
+        metrics = update_summary(self.update_metrics, rate, fixed.gap, fixed.beta, self.config.probes.log_gns)
         with self.clock("displacement"):
             metrics |= self.displacement(batch, advantages, fixed.logp_old, first_epoch)
         return metrics
@@ -378,16 +385,18 @@ class GRPOTrainer:
     def _plan(self, batch: RolloutBatch) -> tuple[list[list[Tensor]], list[Tensor]]:
         """The step's mini-batches (``epochs`` passes, each mini-batch cut into micro-batches, seeded by the
         step), and the first epoch's micro-batches (every response once)."""
-        cfg = self.config
-        generator = torch.Generator().manual_seed(step_seed(cfg.seed, self.step))
-        lengths = batch.attention_mask.sum(dim=1)
-        plan = self._micro(
-            minibatch_plan(
-                len(batch), cfg.group_size, cfg.minibatch_responses, cfg.epochs, cfg.minibatch_plan, generator
-            ),
-            lengths,
+        sizes = self.config.batch
+        generator = torch.Generator().manual_seed(step_seed(self.config.run.seed, self.step))
+        order = minibatch_plan(
+            len(batch),
+            sizes.group_size,
+            sizes.minibatch_responses,
+            sizes.epochs,
+            sizes.minibatch_plan,
+            generator,
         )
-        return plan, [idx for mb in plan[: len(plan) // cfg.epochs] for idx in mb]
+        plan = self._micro(order, batch.attention_mask.sum(dim=1))
+        return plan, [idx for mb in plan[: len(plan) // sizes.epochs] for idx in mb]
 
     def _pi_old(
         self, batch: RolloutBatch, plan: list[list[Tensor]], first_epoch: list[Tensor]
@@ -403,7 +412,7 @@ class GRPOTrainer:
         update-free step then measures exactly zero displacement); ``False`` keeps the sampler's throughout
         (the first update then sees float noise, which LLDS's ``max(d, 0)`` turns into a gradient).
         """
-        rule = self.config.rescore_pi_old
+        rule = self.config.loss.rescore_pi_old
         logp = batch.logp_old.clone()
         if rule is False:
             return logp, torch.full((1,), float("nan"))
@@ -424,7 +433,7 @@ class GRPOTrainer:
         """The reference model's log-probs of the batch (``None`` without a KL term)."""
         if self.ref_model is None:
             return None
-        if self.config.length_buckets:
+        if self.config.batch.length_buckets:
             layout = self._micro([torch.arange(len(batch))], batch.attention_mask.sum(dim=1))[0]
         else:
             layout = first_epoch
@@ -436,7 +445,7 @@ class GRPOTrainer:
         cfg = self.config
         if not (cfg.llds.ledger and cfg.llds.ledger_lambda and self.ledger is not None and len(self.ledger)):
             return None
-        generator = torch.Generator().manual_seed(step_seed(cfg.seed, self.step, update))
+        generator = torch.Generator().manual_seed(step_seed(cfg.run.seed, self.step, update))
         return torch.randperm(len(self.ledger), generator=generator)[: cfg.ledger_responses]
 
     def _update_minibatch(
@@ -463,19 +472,21 @@ class GRPOTrainer:
         sums: dict[str, float] = defaultdict(float)
         finite = True
         params = [p for p in self.model.parameters() if p.requires_grad]
-        noise = MicroGradients(params, cfg.group_size) if cfg.log_gns and not cfg.frozen else None
+        noise = (
+            MicroGradients(params, cfg.batch.group_size) if cfg.probes.log_gns and not cfg.frozen else None
+        )
         for idx in micro_batches:
-            mb = batch.select(idx).to(cfg.device)
+            mb = batch.select(idx).to(self.device)
             width = mb.tokens.shape[1]
             ref_logp, weights = fixed.ref_logp, fixed.weights
             # The frozen control computes the loss (its metrics) but no gradient.
             with torch.set_grad_enabled(not cfg.frozen), self.clock("forward"):
                 loss, m = self.loss(
                     mb,
-                    advantages[idx].to(cfg.device),
-                    fixed.logp_old[idx, :width].to(cfg.device),
-                    None if ref_logp is None else ref_logp[idx, :width].to(cfg.device),
-                    None if weights is None else weights[idx, :width].to(cfg.device),
+                    advantages[idx].to(self.device),
+                    fixed.logp_old[idx, :width].to(self.device),
+                    None if ref_logp is None else ref_logp[idx, :width].to(self.device),
+                    None if weights is None else weights[idx, :width].to(self.device),
                     num_tokens,
                     sapo_tokens=sapo_tokens,
                 )
@@ -498,7 +509,7 @@ class GRPOTrainer:
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or math.inf)
             finite = finite and bool(torch.isfinite(grad_norm))
             zero = finite and float(grad_norm) == 0.0  # no term of the loss moves any weight
-            if finite and not cfg.frozen and not (zero and cfg.skip_zero_signal):
+            if finite and not cfg.frozen and not (zero and cfg.loss.skip_zero_signal):
                 self.optimizer.step()
             else:  # a NaN/Inf loss or gradient, or a skipped zero-signal update: the weights and moments stay
                 self.optimizer.zero_grad(set_to_none=True)
@@ -517,7 +528,7 @@ class GRPOTrainer:
         assert self.ledger is not None
         ledger, anchor = self.ledger.batch()
         micro = self._micro([rows], ledger.attention_mask.sum(dim=1))[0]
-        return ledger_llds_backward(self.policy, ledger, anchor, micro, self.config.llds, self.config.device)
+        return ledger_llds_backward(self.policy, ledger, anchor, micro, self.config.llds, self.device)
 
     def loss(
         self,
@@ -551,26 +562,19 @@ class GRPOTrainer:
             logp_old,
             advantages,
             mask,
-            clip_eps=cfg.clip_eps,
-            llds_coef=cfg.llds.coef,
-            gate=cfg.llds.gate,
+            cfg.loss,
+            cfg.llds,
             llds_weights=weights,
             ref_logp=ref_logp,
-            kl_coef=cfg.kl_coef,
-            entropy=entropy if cfg.entropy_coef else None,
-            entropy_coef=cfg.entropy_coef,
+            entropy=entropy if cfg.loss.entropy_coef else None,
             num_tokens=num_tokens,
-            ratio_cap=cfg.ratio_cap,
-            kl_value_cap=cfg.kl_value_cap,
-            sapo_coef=cfg.sapo_coef,
-            sapo_threshold=cfg.sapo_threshold,
             sapo_tokens=sapo_tokens,
         )
         if self.loss_term is not None:  # --loss-term, weighted by the micro-batch's share of the tokens
             inputs = LossTermInputs.of(mb, logp, logp_old, advantages, entropy, ref_logp, self.step)
             share = float(mask.sum()) / num_tokens if num_tokens else 1.0
             term, term_metrics = apply_loss_term(
-                self.loss_term, inputs, cfg.loss_term_coef, share, str(cfg.loss_term)
+                self.loss_term, inputs, cfg.loss.loss_term_coef, share, str(cfg.loss.loss_term)
             )
             loss = loss + term
             metrics["loss"] += float(term.detach())

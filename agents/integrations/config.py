@@ -1,4 +1,5 @@
-"""Configuration of ``searchgym train trl``: one dataclass, the same field style as ``train grpo``.
+"""Configuration of ``searchgym train trl``: its sections (run, batch, loss, the TRL engine), the same field
+style as ``train grpo``.
 
 Torch-free, so that ``searchgym --help`` stays fast. How the fields map onto TRL's ``GRPOConfig`` is in
 :func:`searchgym.agents.integrations.trl.trl_args` and ``docs/scale.md``.
@@ -11,33 +12,56 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
-from searchgym.agents.grpo.config import GroupedConfig
-from searchgym.agents.training.config import OptimConfig
+from searchgym.agents.grpo.config import BatchConfig, GroupedConfig, LossConfig
+from searchgym.agents.training.config import OptimConfig, RunConfig
 from searchgym.errors import ConfigError
-from searchgym.options import option, section
+from searchgym.options import check_choices, option, section
 
-__all__ = ["TRL_LOSS_TYPES", "TRLConfig", "parse_trl_args"]
+__all__ = [
+    "TRL_LOSS_TYPES",
+    "TRLBatchConfig",
+    "TRLConfig",
+    "TRLEngineConfig",
+    "TRLLossConfig",
+    "TRLRunConfig",
+    "parse_trl_args",
+]
 
 TRLLossType: TypeAlias = Literal["dapo", "bnpo", "grpo", "dr_grpo"]
 TRL_LOSS_TYPES: tuple[str, ...] = get_args(TRLLossType)
 """TRL loss aggregations offered (PPO-clipped ones); ``dapo`` is the token mean over the whole update."""
 
 
-@dataclass(init=False)
-class TRLConfig(GroupedConfig):
-    """GRPO (optionally with LLDS) on SearchQA, trained by TRL's ``GRPOTrainer``.
-
-    The run lasts ``updates`` optimizer updates, as TRL counts them (``max_steps``; ``train grpo``'s
-    ``steps`` count rollout batches instead). One rollout batch is ``questions_per_step`` questions ×
-    ``group_size`` responses, across all processes; it is cut into mini-batches of ``minibatch_size``
-    responses (also across all processes) and used for ``epochs`` passes, so each rollout batch makes
-    ``updates_per_rollout`` optimizer updates whatever the number of processes. LLDS needs at least two:
-    with one, ``pi_theta == pi_old`` at every update and the term is identically zero (the trainer warns).
-    Each process forwards ``micro_batch_size`` responses at a time and accumulates gradients up to the
-    mini-batch. The options shared with ``train grpo`` have its names.
-    """
+@dataclass(frozen=True)
+class TRLRunConfig(RunConfig):
+    """The run section of ``train trl``: also what it saves and its resume."""
 
     run_dir: str = option("runs/trl", "folder for TRL's output, metrics.jsonl and the final model")
+    save_model: bool = option(True, "save the final model and tokenizer to RUN_DIR/model (save_pretrained)")
+    save_every: int = option(
+        0,
+        "save a TRL checkpoint (model, optimizer, scheduler, RNG) to RUN_DIR/checkpoint-N every N updates "
+        "(0: none)",
+        deprecated=("--save-steps",),
+    )
+    save_total_limit: int | None = option(None, "keep only the newest N checkpoints (default: all)")
+    resume: bool = option(False, "continue the run in RUN_DIR from its newest checkpoint-N")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.save_every < 0:
+            raise ConfigError(f"save_every must be >= 0 (0: no checkpoints), got {self.save_every}")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ConfigError(f"save_total_limit must be >= 1, got {self.save_total_limit}")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume continues the run in run_dir and --overwrite replaces it: choose one")
+
+
+@dataclass(frozen=True)
+class TRLBatchConfig(BatchConfig):
+    """The batches of ``train trl``: ``updates`` optimizer updates as TRL counts them, the rollout batch and
+    its mini-batches across all processes, each process's micro-batches."""
+
     updates: int = option(
         20,
         "optimizer updates to train for (TRL's max_steps; train grpo's --steps counts rollout batches)",
@@ -59,35 +83,10 @@ class TRLConfig(GroupedConfig):
     epochs: int = option(
         1, "passes over each rollout batch (TRL's num_iterations, mu)", deprecated=("--num-iterations",)
     )
-    loss_type: TRLLossType = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
-        "dapo", "TRL's loss aggregation (dapo: token mean over the update, as train grpo)"
-    )
-    entropy_coef: float = option(0.0, "entropy bonus weight (TRL's entropy_coef)")
-    warning_window: int = option(
-        3, "early-warning rule: lld/warning is 1 after this many consecutive logs with delta_adv_pos <= 0"
-    )
-    use_vllm: bool = option(False, "generate each turn with TRL's vLLM backend (GPU; needs vllm installed)")
-    vllm_mode: Literal["colocate", "server"] = option("colocate", "TRL's vllm_mode")
-    save_model: bool = option(True, "save the final model and tokenizer to RUN_DIR/model (save_pretrained)")
-    save_every: int = option(
-        0,
-        "save a TRL checkpoint (model, optimizer, scheduler, RNG) to RUN_DIR/checkpoint-N every N updates "
-        "(0: none)",
-        deprecated=("--save-steps",),
-    )
-    save_total_limit: int | None = option(None, "keep only the newest N checkpoints (default: all)")
-    resume: bool = option(False, "continue the run in RUN_DIR from its newest checkpoint-N")
-
-    optim: OptimConfig = section(OptimConfig(weight_decay=0.01), "optimisation")  # noqa: RUF009 - frozen
-
-    CLI_OMITS: ClassVar[tuple[str, ...]] = ("llds_ledger", "ledger_lambda", "ledger_batch")
-    """LLDS's options ``train trl`` has no use for (ledger-LLDS needs ``train grpo``'s ledger)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.llds.ledger:
-            raise ConfigError("ledger-LLDS (--llds-ledger) is a train grpo option")
-        for name in ("updates", "epochs", "warning_window"):
+        for name in ("updates", "epochs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.micro_batch_size is not None and (
@@ -97,12 +96,6 @@ class TRLConfig(GroupedConfig):
                 f"micro_batch_size {self.micro_batch_size} must be >= 1 and divide minibatch_size "
                 f"{self.minibatch_responses}"
             )
-        if self.save_every < 0:
-            raise ConfigError(f"save_every must be >= 0 (0: no checkpoints), got {self.save_every}")
-        if self.save_total_limit is not None and self.save_total_limit < 1:
-            raise ConfigError(f"save_total_limit must be >= 1, got {self.save_total_limit}")
-        if self.resume and self.overwrite:
-            raise ConfigError("--resume continues the run in run_dir and --overwrite replaces it: choose one")
 
     @property
     def updates_per_rollout(self) -> int:
@@ -134,6 +127,61 @@ class TRLConfig(GroupedConfig):
             )
         accumulation = mb // (num_processes * micro)
         return micro, accumulation, self.batch_size // (num_processes * micro)
+
+
+@dataclass(frozen=True)
+class TRLLossConfig(LossConfig):
+    """The loss of ``train trl``: TRL's aggregation, and the weights shared with ``train grpo``."""
+
+    loss_type: TRLLossType = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
+        "dapo", "TRL's loss aggregation (dapo: token mean over the update, as train grpo)"
+    )
+    entropy_coef: float = option(0.0, "entropy bonus weight (TRL's entropy_coef)")
+
+
+@dataclass(frozen=True)
+class TRLEngineConfig:
+    """How TRL generates (its vLLM backend), and the early warning ``train trl`` logs."""
+
+    use_vllm: bool = option(False, "generate each turn with TRL's vLLM backend (GPU; needs vllm installed)")
+    vllm_mode: Literal["colocate", "server"] = option("colocate", "TRL's vllm_mode")
+    warning_window: int = option(
+        3, "early-warning rule: lld/warning is 1 after this many consecutive logs with delta_adv_pos <= 0"
+    )
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if self.warning_window < 1:
+            raise ConfigError(f"warning_window must be >= 1, got {self.warning_window}")
+
+
+@dataclass(init=False)
+class TRLConfig(GroupedConfig):
+    """GRPO (optionally with LLDS) on SearchQA, trained by TRL's ``GRPOTrainer``.
+
+    The run lasts ``batch.updates`` optimizer updates, as TRL counts them (``max_steps``; ``train grpo``'s
+    ``steps`` count rollout batches instead). One rollout batch is ``questions_per_step`` questions ×
+    ``group_size`` responses, across all processes; it is cut into mini-batches of ``minibatch_size``
+    responses (also across all processes) and used for ``epochs`` passes, so each rollout batch makes
+    ``updates_per_rollout`` optimizer updates whatever the number of processes. LLDS needs at least two:
+    with one, ``pi_theta == pi_old`` at every update and the term is identically zero (the trainer warns).
+    Each process forwards ``micro_batch_size`` responses at a time and accumulates gradients up to the
+    mini-batch. The options shared with ``train grpo`` have its names.
+    """
+
+    run: TRLRunConfig = section(TRLRunConfig(), "run")  # noqa: RUF009 - a frozen dataclass
+    optim: OptimConfig = section(OptimConfig(weight_decay=0.01), "optimisation")  # noqa: RUF009 - frozen
+    batch: TRLBatchConfig = section(TRLBatchConfig(), "batches")  # noqa: RUF009 - a frozen dataclass
+    loss: TRLLossConfig = section(TRLLossConfig(), "loss")  # noqa: RUF009 - a frozen dataclass
+    trl: TRLEngineConfig = section(TRLEngineConfig(), "TRL")  # noqa: RUF009 - a frozen dataclass
+
+    CLI_OMITS: ClassVar[tuple[str, ...]] = ("llds_ledger", "ledger_lambda", "ledger_batch")
+    """LLDS's options ``train trl`` has no use for (ledger-LLDS needs ``train grpo``'s ledger)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.llds.ledger:
+            raise ConfigError("ledger-LLDS (--llds-ledger) is a train grpo option")
 
 
 def parse_trl_args(items: Sequence[str]) -> dict[str, Any]:

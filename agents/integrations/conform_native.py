@@ -16,6 +16,7 @@ from typing import Any, cast
 import torch
 
 from searchgym.agents.grpo.advantages import compute_advantages
+from searchgym.agents.grpo.config import GRPOLossConfig, LLDSConfig
 from searchgym.agents.grpo.losses import grpo_llds_loss
 from searchgym.agents.llm import LLMPolicy, token_logprobs
 from searchgym.agents.training.rollout import RolloutBatch, collect_rollouts
@@ -71,12 +72,10 @@ def native_loss(batch: RolloutBatch, advantages: torch.Tensor, setup: Setup) -> 
         batch.logp_old,
         advantages,
         batch.loss_mask,
-        clip_eps=setup.clip_eps,
-        llds_coef=0.0,
+        GRPOLossConfig(clip_eps=setup.clip_eps, kl_coef=setup.kl_coef, entropy_coef=setup.entropy_coef),
+        LLDSConfig(gate=None),
         ref_logp=ref_logp,
-        kl_coef=setup.kl_coef,
         entropy=entropy if setup.entropy_coef else None,
-        entropy_coef=setup.entropy_coef,
         num_tokens=float(batch.loss_mask.sum().clamp(min=1)),
     )
     return LossOutput(loss, logp, entropy if setup.entropy_coef else None)

@@ -443,16 +443,16 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
         **overrides: ``GRPOConfig`` fields that win.
     """
     processes = num_processes if num_processes is not None else int(os.environ.get("WORLD_SIZE", "1"))
-    micro, accumulation, per_generation = config.process_batches(processes)
+    micro, accumulation, per_generation = config.batch.process_batches(processes)
     optim = config.optim
     kwargs: dict[str, Any] = {
-        "output_dir": config.run_dir,
-        "max_steps": config.updates,
+        "output_dir": config.run.run_dir,
+        "max_steps": config.batch.updates,
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": accumulation,
         "steps_per_generation": per_generation,
-        "num_generations": config.group_size,
-        "num_iterations": config.epochs,
+        "num_generations": config.batch.group_size,
+        "num_iterations": config.batch.epochs,
         "learning_rate": optim.lr,
         "weight_decay": optim.weight_decay,
         "warmup_steps": optim.warmup_steps,
@@ -461,28 +461,28 @@ def trl_args(config: TRLConfig, num_processes: int | None = None, **overrides: A
         "adam_beta1": optim.betas[0],
         "adam_beta2": optim.betas[1],
         "adam_epsilon": optim.adam_eps,
-        "beta": config.kl_coef,
-        "epsilon": config.clip_eps,
-        "loss_type": config.loss_type,
-        "temperature": config.temperature,
-        "entropy_coef": config.entropy_coef,
-        "seed": config.seed,
+        "beta": config.loss.kl_coef,
+        "epsilon": config.loss.clip_eps,
+        "loss_type": config.loss.loss_type,
+        "temperature": config.loss.temperature,
+        "entropy_coef": config.loss.entropy_coef,
+        "seed": config.run.seed,
         "logging_steps": 1,
-        "save_strategy": "steps" if config.save_every else "no",
+        "save_strategy": "steps" if config.run.save_every else "no",
         "report_to": "none",  # metrics.jsonl and --report-to come from searchgym's MetricLogger
-        "use_cpu": config.device == "cpu",
-        "bf16": config.dtype == "bfloat16",
-        "fp16": config.dtype == "float16",
-        "disable_tqdm": not config.progress,
+        "use_cpu": config.run.device == "cpu",
+        "bf16": config.model.dtype == "bfloat16",
+        "fp16": config.model.dtype == "float16",
+        "disable_tqdm": not config.run.progress,
         "mask_truncated_completions": False,  # an episode ends on </answer>, not EOS: not a truncation
         "max_completion_length": config.env.max_turn_tokens,  # per vLLM call, i.e. per turn
-        "use_vllm": config.use_vllm,
-        "vllm_mode": config.vllm_mode,
+        "use_vllm": config.trl.use_vllm,
+        "vllm_mode": config.trl.vllm_mode,
         "dataloader_num_workers": 0,
     }
-    if config.save_every:
-        kwargs["save_steps"] = config.save_every
-        kwargs["save_total_limit"] = config.save_total_limit
-    if config.use_vllm:
+    if config.run.save_every:
+        kwargs["save_steps"] = config.run.save_every
+        kwargs["save_total_limit"] = config.run.save_total_limit
+    if config.trl.use_vllm:
         kwargs["generation_kwargs"] = {"stop": ["</search>", "</answer>"], "include_stop_str_in_output": True}
     return trl.GRPOConfig(**{**kwargs, **overrides})

@@ -60,16 +60,16 @@ def last_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def _prepare_run_dir(config: TRLConfig) -> Path:
-    """The main process's part: refuse, replace or continue the run in ``config.run_dir``."""
-    root = Path(config.run_dir)
+    """The main process's part: refuse, replace or continue the run in ``config.run.run_dir``."""
+    root = Path(config.run.run_dir)
     checkpoints = sorted(root.glob("checkpoint-*")) if root.is_dir() else []
-    if checkpoints and not (config.resume or config.overwrite):
+    if checkpoints and not (config.run.resume or config.run.overwrite):
         raise ConfigError(
             f"run_dir {str(root)!r} already holds TRL checkpoints ({checkpoints[-1].name}); pass --resume to "
             "continue the run, --overwrite to replace it, or choose another --run-dir"
         )
-    root = prepare_run_dir(root, resume=config.resume, overwrite=config.overwrite)
-    if config.overwrite:
+    root = prepare_run_dir(root, resume=config.run.resume, overwrite=config.run.overwrite)
+    if config.run.overwrite:
         for path in [*checkpoints, root / "init_model", root / "model"]:
             if path.is_dir():
                 shutil.rmtree(path)
@@ -171,38 +171,44 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
 
     check_trl_overrides(trl_overrides)
     args = trl_args(config, **trl_overrides)  # sets up the processes (torchrun, accelerate launch)
-    if args.generation_batch_size != config.batch_size:
+    if args.generation_batch_size != config.batch.batch_size:
         raise ConfigError(
             f"TRL sees {args.world_size} processes but WORLD_SIZE said otherwise: its generation batch is "
-            f"{args.generation_batch_size} responses, not questions_per_step * group_size = {config.batch_size}"
+            f"{args.generation_batch_size} responses, not questions_per_step * group_size = {config.batch.batch_size}"
         )
     state = PartialState()
-    run_dir = Path(config.run_dir)
+    run_dir = Path(config.run.run_dir)
     run_lock = None
     if state.is_main_process:  # one writer per run folder: held until the run ends
         run_lock = lock_run_dir(run_dir)
         _prepare_run_dir(config)
     state.wait_for_everyone()
-    checkpoint = last_checkpoint(run_dir) if config.resume else None
-    if config.resume and checkpoint is None:
+    checkpoint = last_checkpoint(run_dir) if config.run.resume else None
+    if config.run.resume and checkpoint is None:
         raise ConfigError(
             f"--resume: no checkpoint-N folder in {str(run_dir)!r} (save them with --save-every)"
         )
     resume_step = int(checkpoint.name.split("-")[1]) if checkpoint is not None else None
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    if config.run.threads is not None:
+        torch.set_num_threads(config.run.threads)
     policy, _ = build_policy(
-        config, temperature=config.temperature, max_turn_tokens=config.env.max_turn_tokens, seed=config.seed
+        config.model,
+        device=config.run.device,
+        weights_seed=config.run.seed,
+        max_context_tokens=config.env.max_context_tokens,
+        temperature=config.loss.temperature,
+        max_turn_tokens=config.env.max_turn_tokens,
+        seed=config.run.seed,
     )
     tokenizer = policy.tokenizer
-    if config.kl_coef > 0 and (config.model is None or config.init is not None):
+    if config.loss.kl_coef > 0 and (config.model.name is None or config.model.init is not None):
         # TRL builds its reference model from model.config.name_or_path: give it the initial weights.
         init_dir = run_dir / "init_model"
-        if state.is_main_process and not (config.resume and (init_dir / "config.json").is_file()):
+        if state.is_main_process and not (config.run.resume and (init_dir / "config.json").is_file()):
             policy.model.save_pretrained(str(init_dir))
         state.wait_for_everyone()
         policy.model.config.name_or_path = str(init_dir)
-    rollout = SearchQARollout(config.env, tokenizer, seed=config.seed)
+    rollout = SearchQARollout(config.env, tokenizer, seed=config.run.seed)
     dataset = question_dataset(rollout.env(args.generation_batch_size // args.world_size))
     logger = None
     if state.is_main_process:
@@ -218,7 +224,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
         callbacks=[metrics_cb],
         llds=config.llds,
         tokenizer=tokenizer,
-        warning_window=config.warning_window,
+        warning_window=config.trl.warning_window,
     )
     if resume_step is not None:
         for callback in trainer.callback_handler.callbacks:
@@ -232,7 +238,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
             if evals and logger is not None:
                 logger.log(int(trainer.state.global_step), evals)
             results.update(evals)
-        if config.save_model:
+        if config.run.save_model:
             trainer.save_model(str(run_dir / "model"))  # every process: ZeRO-3 gathers the weights
             if state.is_main_process:
                 tokenizer.to_transformers().save_pretrained(str(run_dir / "model"))

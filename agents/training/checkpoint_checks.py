@@ -62,12 +62,12 @@ def iter_tensors(value: Any, where: str) -> typing.Iterator[tuple[str, torch.Ten
 def _config_class(kind: Any) -> type[Any]:
     """The dataclass a checkpoint of ``kind`` saved its config from (imported here: config.py is torch-free)."""
     from ..grpo.config import GRPOConfig
-    from .config import CommonConfig, SFTConfig
+    from .config import SFTConfig, TrainConfig
 
     return (
-        {"grpo": GRPOConfig, "sft": SFTConfig}.get(kind, CommonConfig)
+        {"grpo": GRPOConfig, "sft": SFTConfig}.get(kind, TrainConfig)
         if isinstance(kind, str)
-        else CommonConfig
+        else TrainConfig
     )
 
 
@@ -105,39 +105,41 @@ def _describe(hint: Any) -> str:
 
 def _flat(config: Mapping[str, Any], cls: type[Any], path: str | Path) -> dict[str, Any]:
     """A stored config as one value per option name, keys ``cls`` does not declare (an option of another
-    version) left out: the one place the two stored forms meet. A config with ``"format"``
-    (:data:`~searchgym.agents.training.config.CONFIG_FORMAT`) holds its sections as mappings; one without is
-    the flat form of older checkpoints, whose keys already are option names (``"none"`` for no LLDS gate)."""
+    version) left out: the one place the stored forms meet.
+
+    A config without ``"format"`` is the flat form, whose keys are option names (``"none"`` for no LLDS
+    gate). Format 2 holds the sections env, optim, eval and llds as mappings and every other option flat
+    (``"model"`` is the model's name); format 3
+    (:data:`~searchgym.agents.training.config.CONFIG_FORMAT`) holds every section as a mapping."""
     from .config import CONFIG_FORMAT
 
     options = flat_options(cls)
     if "format" not in config:
         return {k: from_flat_value(options[k][2], v) for k, v in config.items() if k in options}
-    if config["format"] != CONFIG_FORMAT:
+    form = config["format"]
+    if form not in (2, CONFIG_FORMAT):
         raise CheckpointError(
-            f"{path}: config format {config['format']!r:.20} is not {CONFIG_FORMAT} (a newer searchgym?)"
+            f"{path}: config format {form!r:.20} is not {CONFIG_FORMAT} (a newer searchgym?)"
         )
+    sections = {f.name: section_type(f) for f in dataclasses.fields(cls) if is_section(f)}
     flat: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in config:
-            continue
-        if not is_section(f):
-            flat[f.name] = config[f.name]
-            continue
-        values = config[f.name]
-        if not isinstance(values, Mapping):
-            raise CheckpointError(
-                f"{path}: config section {f.name!r} is a {type(values).__name__}, not a mapping"
-            )
-        for g in dataclasses.fields(section_type(f)):
-            if g.name in values:
-                flat[option_name(g)] = values[g.name]
+    for key, values in config.items():
+        if key in sections and (form == CONFIG_FORMAT or isinstance(values, Mapping)):
+            if not isinstance(values, Mapping):
+                raise CheckpointError(
+                    f"{path}: config section {key!r} is a {type(values).__name__}, not a mapping"
+                )
+            for g in dataclasses.fields(sections[key]):
+                if g.name in values:
+                    flat[option_name(g)] = values[g.name]
+        elif key in options:
+            flat[key] = from_flat_value(options[key][2], values)
     return flat
 
 
 def stored_config(config: Any, kind: Any, path: str | Path) -> Any:
     """A checkpoint's saved config, checked, as its dataclass (``GRPOConfig`` for ``"grpo"``, ``SFTConfig``
-    for ``"sft"``, else ``CommonConfig``), from either stored form (:func:`_flat`).
+    for ``"sft"``, else ``TrainConfig``), from any stored form (:func:`_flat`).
 
     Each option must have the type its field declares (found from the type hints, so fields added later are
     covered), floats must be finite and integers fit in 64 bits; then the dataclass is built from them, so
@@ -177,7 +179,7 @@ def stored_config(config: Any, kind: Any, path: str | Path) -> Any:
 
 def check_config(config: Any, kind: Any, path: str | Path) -> dict[str, Any]:
     """Checks a checkpoint's saved config (:func:`stored_config`) before anything reads it; returns it in
-    today's stored form (sections as mappings, :meth:`CommonConfig.to_dict`), whichever form it had.
+    today's stored form (sections as mappings, :meth:`TrainConfig.to_dict`), whichever form it had.
 
     Raises:
         CheckpointError: naming the first bad field, its value and what was expected.

@@ -1,7 +1,8 @@
-"""Configuration every trainer shares (the run folder, the model, the environment) and the supervised
-warm-start's; :mod:`searchgym.agents.grpo.config` adds GRPO's.
+"""Configuration every trainer shares (:class:`TrainConfig`: the sections run, model, env, optim, eval) and
+the supervised warm-start's; :mod:`searchgym.agents.grpo.config` adds GRPO's sections.
 
-Each dataclass is validated once, in ``__post_init__``, with messages that say what to change. The CLI
+Each section is a frozen dataclass that checks its own fields in ``__post_init__``; a config checks what
+spans its sections in its own, with messages that say what to change. The CLI
 builds its options from the same fields (:func:`searchgym.cli._options.add_config_arguments`), so every
 option's help is written once, in the field's ``metadata["help"]`` (:func:`searchgym.options.option`). This
 module is torch-free so that ``searchgym --help`` stays fast.
@@ -20,12 +21,78 @@ from searchgym.options import check_choices, gather_options, is_section, option,
 
 from .reporting import REPORT_TO_HELP, ReportTo, check_report_to
 
-__all__ = ["CONFIG_FORMAT", "CommonConfig", "EvalConfig", "OptimConfig", "SFTConfig"]
+__all__ = [
+    "CONFIG_FORMAT",
+    "EvalConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "SFTConfig",
+    "SFTOptions",
+    "TrainConfig",
+]
 
-CONFIG_FORMAT = 2
-"""The form of a config as checkpoints store it (:meth:`CommonConfig.to_dict`): its sections as mappings,
-under ``"format"``. A mapping without it is the flat form of older checkpoints, one key per option
-(:func:`searchgym.agents.training.checkpoint_checks.stored_config` reads both)."""
+CONFIG_FORMAT = 3
+"""The form of a config as checkpoints store it (:meth:`TrainConfig.to_dict`): every section as a mapping,
+under ``"format"``. Format 2 held the sections env, optim, eval and llds as mappings and every other option
+flat; a mapping without ``"format"`` is the flat form, one key per option
+(:func:`searchgym.agents.training.checkpoint_checks.stored_config` reads all three)."""
+
+RUN_DIR_HELP = "folder for metrics.jsonl, checkpoints and TensorBoard events"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where a run writes and how it runs: its folder, the seed, the device, threads, and its reporters."""
+
+    run_dir: str = option("runs/run", RUN_DIR_HELP)
+    overwrite: bool = option(
+        False,
+        "replace the run RUN_DIR already holds (checkpoint, metrics, events); without it that is refused",
+    )
+    seed: int = option(0, "seed of sampling, shuffling and question order")
+    device: str = option("cpu", "torch device: cpu, cuda, cuda:1, mps")
+    threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
+    progress: bool = option(True, "show a tqdm progress bar")
+    tensorboard: bool = option(
+        True,
+        "also write TensorBoard events when tensorboard is installed (--no-tensorboard: --report-to none)",
+    )
+    report_to: ReportTo = option("tensorboard", REPORT_TO_HELP)  # noqa: RUF009 - a Literal alias: an immutable str
+
+    def __post_init__(self) -> None:
+        check_report_to(self.report_to)
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model a run starts from (:func:`searchgym.agents.training.policy.build_policy`): a Hugging Face
+    model, a checkpoint, or the tiny offline model, and its tokenizer."""
+
+    name: str | None = option(
+        None,
+        "Hugging Face model name or path, or config:FILE (or config:qwen2-0.5b) for random weights of that "
+        "architecture (default: the tiny offline model built from a config)",
+        name="model",
+    )
+    tokenizer: str | None = option(None, "tokenizer name or path (default: the model's, else built-in)")
+    init: str | None = option(None, "checkpoint to start from (e.g. the SFT model's checkpoint.pt)")
+    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "model parameter dtype")
+    tiny_layers: int = option(2, "layers of the tiny model (ignored with --model or --init)")
+    tiny_hidden: int = option(128, "hidden size of the tiny model (ignored with --model or --init)")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        for name in ("tiny_layers", "tiny_hidden"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def tokenizer_name(self) -> str | None:
+        """The tokenizer the run's envs use, by name: ``tokenizer``, else the model's (``None``: built-in)."""
+        return self.tokenizer if self.tokenizer is not None else self.name
 
 
 @dataclass(frozen=True)
@@ -107,40 +174,19 @@ class EvalConfig:
 
 
 @dataclass(init=False)
-class CommonConfig:
-    """Fields shared by every training entry point: the run folder, the model, the environment.
+class TrainConfig:
+    """What every training entry point is made of: the sections ``run``, ``model``, ``env``, ``optim`` and
+    ``eval``; each trainer's config adds its own.
 
     A config is built from its options by name (``GRPOConfig(lr=1e-3, llds="token")``, the names of the
     CLI's flags), or with whole sections (``llds=LLDSConfig(...)``): :func:`searchgym.options.gather_options`.
     """
 
-    run_dir: str = option("runs/run", "folder for metrics.jsonl, checkpoints and TensorBoard events")
-    overwrite: bool = option(
-        False,
-        "replace the run RUN_DIR already holds (checkpoint, metrics, events); without it that is refused",
-    )
-    model: str | None = option(
-        None,
-        "Hugging Face model name or path, or config:FILE (or config:qwen2-0.5b) for random weights of that "
-        "architecture (default: the tiny offline model built from a config)",
-    )
-    tokenizer: str | None = option(None, "tokenizer name or path (default: the model's, else built-in)")
-    init: str | None = option(None, "checkpoint to start from (e.g. the SFT model's checkpoint.pt)")
-    device: str = option("cpu", "torch device: cpu, cuda, cuda:1, mps")
-    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "model parameter dtype")
-    tiny_layers: int = option(2, "layers of the tiny model (ignored with --model or --init)")
-    tiny_hidden: int = option(128, "hidden size of the tiny model (ignored with --model or --init)")
+    run: RunConfig = section(RunConfig(), "run")  # noqa: RUF009 - a frozen dataclass
+    model: ModelConfig = section(ModelConfig(), "model")  # noqa: RUF009 - a frozen dataclass
     env: EnvSpec = section(TRAINING, "environment")  # noqa: RUF009 - a frozen dataclass
     optim: OptimConfig = section(OptimConfig(), "optimisation")  # noqa: RUF009 - a frozen dataclass
     eval: EvalConfig = section(EvalConfig(), "evaluation")  # noqa: RUF009 - a frozen dataclass
-    seed: int = option(0, "seed of sampling, shuffling and question order")
-    threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
-    progress: bool = option(True, "show a tqdm progress bar")
-    tensorboard: bool = option(
-        True,
-        "also write TensorBoard events when tensorboard is installed (--no-tensorboard: --report-to none)",
-    )
-    report_to: ReportTo = option("tensorboard", REPORT_TO_HELP)  # noqa: RUF009 - a Literal alias: an immutable str
 
     FROZEN_CONTROL: ClassVar[bool] = False
     """Whether ``lr == 0`` is allowed (GRPO's frozen control); every other entry point needs a rate."""
@@ -151,7 +197,7 @@ class CommonConfig:
         self.__post_init__()
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain data, its sections as mappings: what a checkpoint stores."""
+        """The config as plain data, every section as a mapping: what a checkpoint stores."""
         out: dict[str, Any] = {"format": CONFIG_FORMAT}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -161,34 +207,21 @@ class CommonConfig:
         return out
 
     def __post_init__(self) -> None:
-        check_choices(self)
-        check_report_to(self.report_to)
-        for name in ("tiny_layers", "tiny_hidden"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         lr = self.optim.lr
         if not (lr > 0 or (lr == 0 and self.FROZEN_CONTROL)):
             hint = " (--lr 0, the frozen control, is a GRPO option)" if lr == 0 else ""
             raise ConfigError(f"lr must be > 0, got {lr}{hint}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"threads must be >= 1, got {self.threads}")
 
     @property
     def eval_env(self) -> EnvSpec:
         """The environment of the greedy evaluations: the training env on ``eval_split``."""
         return self.env.replace(split=self.eval.split)
 
-    @property
-    def tokenizer_name(self) -> str | None:
-        """The tokenizer the run's envs use, by name: ``tokenizer``, else the model's (``None``: built-in)."""
-        return self.tokenizer if self.tokenizer is not None else self.model
 
+@dataclass(frozen=True)
+class SFTOptions:
+    """The supervised warm-start's own options: its demonstrations and how it passes over them."""
 
-@dataclass(init=False)
-class SFTConfig(CommonConfig):
-    """Supervised warm-start on oracle demonstrations: cross-entropy on the policy's tokens only."""
-
-    run_dir: str = option("runs/sft", "folder for metrics.jsonl, checkpoints and TensorBoard events")
     demos: str | None = option(None, "demonstrations JSONL (default: generate them from the training split)")
     demo_episodes: int | None = option(
         None, "demonstrations to generate (default: one per training question)"
@@ -203,14 +236,10 @@ class SFTConfig(CommonConfig):
         "learn from every demonstration, rewarded or not (a shortcut teacher's are wrong by design); "
         "default: only rewarded ones",
     )
-    optim: OptimConfig = section(  # noqa: RUF009 - a frozen dataclass
-        OptimConfig(lr=2e-3, warmup_steps=20, lr_schedule="linear"), "optimisation"
-    )
     epochs: int = option(4, "passes over the demonstrations")
     batch_size: int = option(16, "demonstrations per optimizer update")
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -219,3 +248,14 @@ class SFTConfig(CommonConfig):
         from searchgym.agents.demonstrations import parse_demonstrator
 
         parse_demonstrator(self.demonstrator)
+
+
+@dataclass(init=False)
+class SFTConfig(TrainConfig):
+    """Supervised warm-start on oracle demonstrations: cross-entropy on the policy's tokens only."""
+
+    run: RunConfig = section(RunConfig(run_dir="runs/sft"), "run")  # noqa: RUF009 - a frozen dataclass
+    optim: OptimConfig = section(  # noqa: RUF009 - a frozen dataclass
+        OptimConfig(lr=2e-3, warmup_steps=20, lr_schedule="linear"), "optimisation"
+    )
+    sft: SFTOptions = section(SFTOptions(), "demonstrations")  # noqa: RUF009 - a frozen dataclass

@@ -19,7 +19,7 @@ from searchgym.envs.spec import EnvSpec, make_spec
 from searchgym.errors import CheckpointError, ConfigError
 
 from ..llm import LLMPolicy
-from .config import CommonConfig
+from .config import ModelConfig
 from .policy import build_policy
 
 __all__ = [
@@ -90,8 +90,7 @@ def load_policy(
             ) from None
     if not p.is_file():
         raise CheckpointError(f"no checkpoint at {p}")
-    config = CommonConfig(init=str(p), device=device, tokenizer=tokenizer, max_turn_tokens=max_turn_tokens)
-    policy, _ = build_policy(config, **kwargs)
+    policy, _ = build_policy(ModelConfig(init=str(p), tokenizer=tokenizer), device=device, **kwargs)
     policy.model.eval()
     return policy
 

@@ -14,6 +14,8 @@ from searchgym.data.jsonl import parse_json, read_lines
 from searchgym.errors import DataFormatError
 from searchgym.integrity import disk_full_is_clear
 
+from .config import TrainConfig
+
 __all__ = ["MetricLogger", "read_metrics"]
 
 
@@ -77,8 +79,8 @@ class MetricLogger:
             replace an existing run's log unasked).
         tensorboard: Without ``config``: also write TensorBoard events if ``torch.utils.tensorboard`` can be
             imported.
-        config: The run's config: its ``report_to`` (with ``tensorboard`` false meaning none) chooses the
-            reporters, and W&B records its fields.
+        config: The run's config: its run section's ``report_to`` (with ``tensorboard`` false meaning none)
+            chooses the reporters, and W&B records its options.
 
     Raises:
         DataFormatError: resuming, and a line other than the last one is corrupt.
@@ -89,7 +91,7 @@ class MetricLogger:
         run_dir: str | Path,
         resume_step: int | None = None,
         tensorboard: bool = True,
-        config: Any = None,
+        config: TrainConfig | None = None,
     ) -> None:
         from .reporting import open_reporters, report_target
 
@@ -110,8 +112,8 @@ class MetricLogger:
             os.replace(tmp, self.path)
         self._file = self.path.open("a", encoding="utf-8")
         if config is not None:
-            tensorboard = getattr(config, "tensorboard", True)
-        report_to = getattr(config, "report_to", "tensorboard")
+            tensorboard = config.run.tensorboard
+        report_to = config.run.report_to if config is not None else "tensorboard"
         self._reporters = open_reporters(
             report_target(report_to, tensorboard), self.path.parent, resume_step=resume_step, config=config
         )

@@ -16,91 +16,103 @@ from ..llm import LLMPolicy, tiny_causal_lm
 from ..llm.model import causal_lm_from_config
 from .checkpoint import load_checkpoint
 from .checkpoint_checks import check_arch
-from .config import CommonConfig
+from .config import ModelConfig
 
 __all__ = ["CONFIG_PREFIX", "build_policy", "read_model_config"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_policy(config: CommonConfig, **policy_kwargs: Any) -> tuple[LLMPolicy, dict[str, Any]]:
-    """The policy to train: ``config.init``'s checkpoint, else ``config.model``, else a fresh tiny model.
+def build_policy(
+    model: ModelConfig,
+    *,
+    device: str = "cpu",
+    weights_seed: int = 0,
+    max_context_tokens: int = 0,
+    **policy_kwargs: Any,
+) -> tuple[LLMPolicy, dict[str, Any]]:
+    """The policy to train: ``model.init``'s checkpoint, else ``model.name``, else a fresh tiny model.
 
     Args:
-        config: The run's configuration (model, tokenizer, device, dtype, init).
+        model: The run's model section (name, tokenizer, init, dtype, tiny sizes).
+        device: The torch device the model goes to (the run's ``device``).
+        weights_seed: Seed of a new model's random weights (the run's ``seed``; a checkpoint's or a
+            pretrained model's weights are their own).
+        max_context_tokens: The longest context the run's env makes; a tiny model has positions for it
+            (and at least 4096).
         **policy_kwargs: Passed to :class:`LLMPolicy` (temperature, max_turn_tokens, seed).
 
     Returns:
         ``(policy, arch)``: ``arch`` describes the model so a checkpoint can rebuild it.
 
     Raises:
-        CheckpointError: ``config.init`` is unreadable or holds no model.
-        ConfigError: ``config.device`` is a CUDA device and this torch cannot use one.
+        CheckpointError: ``model.init`` is unreadable or holds no model.
+        ConfigError: ``device`` is a CUDA device and this torch cannot use one.
     """
     # Checked first, before a multi-GB model is downloaded: torch's own error is a raw traceback.
-    if torch.device(config.device).type == "cuda" and not torch.cuda.is_available():
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         if torch.version.cuda is None:
             raise ConfigError(
-                f"--device {config.device}: this torch ({torch.__version__}) is a CPU-only build. Install a "
+                f"--device {device}: this torch ({torch.__version__}) is a CPU-only build. Install a "
                 "CUDA build, e.g. `pip install torch --index-url https://download.pytorch.org/whl/cu124` "
                 "(pick the index of your CUDA version on pytorch.org); the Makefile's .venv pins the CPU "
                 "build through constraints.txt, so install it outside `make` (or edit that pin)"
             )
         raise ConfigError(
-            f"--device {config.device}: torch {torch.__version__} is built for CUDA {torch.version.cuda} "
+            f"--device {device}: torch {torch.__version__} is built for CUDA {torch.version.cuda} "
             "but sees no GPU (check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES), or use --device cpu"
         )
     state = None
-    if config.init is not None:
-        payload = load_checkpoint(config.init)
+    if model.init is not None:
+        payload = load_checkpoint(model.init)
         if "model" not in payload or "arch" not in payload:
-            raise CheckpointError(f"{config.init} holds no model")
+            raise CheckpointError(f"{model.init} holds no model")
         arch, state = dict(payload["arch"]), payload["model"]
-        if config.tokenizer is not None:
-            arch["tokenizer"] = config.tokenizer
-        check_arch(arch, state, config.init)  # again: --tokenizer may have replaced the saved one
-    elif config.model is not None and config.model.startswith(CONFIG_PREFIX):
+        if model.tokenizer is not None:
+            arch["tokenizer"] = model.tokenizer
+        check_arch(arch, state, model.init)  # again: --tokenizer may have replaced the saved one
+    elif model.name is not None and model.name.startswith(CONFIG_PREFIX):
         arch = {
             "kind": "config",
-            "config": read_model_config(config.model[len(CONFIG_PREFIX) :]),
-            "tokenizer": config.tokenizer,
+            "config": read_model_config(model.name[len(CONFIG_PREFIX) :]),
+            "tokenizer": model.tokenizer,
         }
-    elif config.model is not None:
-        arch = {"kind": "pretrained", "name": config.model, "tokenizer": config.tokenizer or config.model}
+    elif model.name is not None:
+        arch = {"kind": "pretrained", "name": model.name, "tokenizer": model.tokenizer or model.name}
     else:
         arch = {
             "kind": "tiny",
-            "layers": config.tiny_layers,
-            "hidden": config.tiny_hidden,
-            "tokenizer": config.tokenizer,
+            "layers": model.tiny_layers,
+            "hidden": model.tiny_hidden,
+            "tokenizer": model.tokenizer,
         }
     tokenizer = load_tokenizer(arch["tokenizer"])
     if arch["kind"] == "tiny":
-        model = tiny_causal_lm(
+        net = tiny_causal_lm(
             tokenizer.vocab_size,
             layers=int(arch["layers"]),
             hidden=int(arch["hidden"]),
-            max_positions=max(4096, config.env.max_context_tokens),
-            seed=config.seed,
+            max_positions=max(4096, max_context_tokens),
+            seed=weights_seed,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
     elif arch["kind"] == "config":
-        model = causal_lm_from_config(arch["config"], tokenizer, config.seed)
+        net = causal_lm_from_config(arch["config"], tokenizer, weights_seed)
     else:
         from ..llm.model import import_transformers
 
         tf = import_transformers(f"Loading model {arch['name']!r}")
-        model = tf.AutoModelForCausalLM.from_pretrained(arch["name"], dtype=_DTYPES[config.dtype])
+        net = tf.AutoModelForCausalLM.from_pretrained(arch["name"], dtype=_DTYPES[model.dtype])
     if state is not None:
         try:
-            model.load_state_dict(state)
+            net.load_state_dict(state)
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(
-                f"{config.init}: the model state does not fit its architecture ({e})"
+                f"{model.init}: the model state does not fit its architecture ({e})"
             ) from None
-    model = model.to(device=config.device, dtype=_DTYPES[config.dtype])
-    return LLMPolicy(model, tokenizer, **policy_kwargs), arch
+    net = net.to(device=device, dtype=_DTYPES[model.dtype])
+    return LLMPolicy(net, tokenizer, **policy_kwargs), arch
 
 
 CONFIG_PREFIX = "config:"

@@ -16,7 +16,7 @@ import torch
 from searchgym.errors import CheckpointError, ConfigError
 from searchgym.integrity import file_sha256, remove_stale_temp_files
 
-from .config import CommonConfig, OptimConfig
+from .config import OptimConfig, TrainConfig
 
 __all__ = [
     "CHECKPOINT",
@@ -32,7 +32,7 @@ __all__ = [
     "write_run_record",
 ]
 
-_Config = TypeVar("_Config", bound=CommonConfig)
+_Config = TypeVar("_Config", bound=TrainConfig)
 
 CHECKPOINT = "checkpoint.pt"
 """A run's checkpoint, in its folder."""
@@ -167,12 +167,15 @@ RUN_RECORD = "run.json"
 """What a run started from (its init checkpoint and that file's SHA-256), written beside its checkpoint."""
 
 
-def write_run_record(run_dir: Path, config: CommonConfig) -> None:
+def write_run_record(run_dir: Path, config: TrainConfig) -> None:
     """Records what the run started from (``RUN_DIR/run.json``): the init checkpoint and its hash, so a
     resume rebuilds the same frozen reference."""
-    record: dict[str, Any] = {"init": None, "init_sha256": None, "model": config.model}
-    if config.init is not None:
-        record |= {"init": str(Path(config.init).resolve()), "init_sha256": _init_digest(config.init)}
+    record: dict[str, Any] = {"init": None, "init_sha256": None, "model": config.model.name}
+    if config.model.init is not None:
+        record |= {
+            "init": str(Path(config.model.init).resolve()),
+            "init_sha256": _init_digest(config.model.init),
+        }
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_RECORD).write_text(json.dumps(record, indent=1) + "\n")
 
@@ -183,9 +186,9 @@ def resume_init(config: _Config) -> _Config:
     Raises:
         CheckpointError: the recorded init is gone or changed, or ``--init`` names another file.
     """
-    path = Path(config.run_dir) / RUN_RECORD
+    path = Path(config.run.run_dir) / RUN_RECORD
     if not path.is_file():
-        if config.init is None and (Path(config.run_dir) / CHECKPOINT).is_file():
+        if config.model.init is None and (Path(config.run.run_dir) / CHECKPOINT).is_file():
             raise CheckpointError(
                 f"{path} is missing, so the init checkpoint of this run (its reference model) is unknown; "
                 "pass --init with the checkpoint the run started from"
@@ -197,10 +200,12 @@ def resume_init(config: _Config) -> _Config:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"cannot read the run record {path}: {e}") from None
     if init is None:
-        if config.init is not None:
-            raise CheckpointError(f"{config.run_dir} was started without --init; resume it without --init")
+        if config.model.init is not None:
+            raise CheckpointError(
+                f"{config.run.run_dir} was started without --init; resume it without --init"
+            )
         return config
-    given = config.init if config.init is not None else init
+    given = config.model.init if config.model.init is not None else init
     if not Path(given).is_file():
         raise CheckpointError(
             f"the run was started from {init}, which is gone: the reference model cannot be rebuilt. "
@@ -211,7 +216,7 @@ def resume_init(config: _Config) -> _Config:
             f"{given} differs from the init checkpoint this run started from ({init}, sha256 {digest[:12]}…): "
             "the reference model would change; pass --init with the original file"
         )
-    return dataclasses.replace(config, init=given)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, init=given))
 
 
 def _init_digest(path: str | Path) -> str:
@@ -228,7 +233,8 @@ def check_resume_config(saved_config: Mapping[str, Any], new_config: Mapping[str
     are not compared.
 
     Args:
-        saved_config: The checkpoint's ``config`` (``dataclasses.asdict`` of the run's config).
+        saved_config: The checkpoint's config, one value per option name
+            (:func:`searchgym.options.flat_values`).
         new_config: The config of the resuming run, in the same form.
 
     Returns:

@@ -71,39 +71,39 @@ def run_gns_benchmark(
         batch = trainer.rollout()  # one draw: filter_groups is off
         t1 = time.perf_counter()
         say(
-            f"sampled {groups} groups x {cfg.group_size} in {t1 - t0:.1f} s; computing one gradient per group"
+            f"sampled {groups} groups x {cfg.batch.group_size} in {t1 - t0:.1f} s; computing one gradient per group"
         )
-        advantages = compute_advantages(batch.rewards, cfg.group_size, cfg.advantage)
+        advantages = compute_advantages(batch.rewards, cfg.batch.group_size, cfg.loss.advantage)
         params = [p for p in trainer.model.parameters() if p.requires_grad]
         moments = GradientMoments()
         trainer.model.eval()
         for g in range(groups):
-            rows = torch.arange(g * cfg.group_size, (g + 1) * cfg.group_size)
-            mb = batch.select(rows).to(cfg.device)
+            rows = torch.arange(g * cfg.batch.group_size, (g + 1) * cfg.batch.group_size)
+            mb = batch.select(rows).to(cfg.run.device)
             tokens = float(mb.loss_mask.sum().clamp(min=1))
             trainer.model.zero_grad(set_to_none=True)
-            loss, _ = trainer.loss(mb, advantages[rows].to(cfg.device), None, None, None, tokens)
+            loss, _ = trainer.loss(mb, advantages[rows].to(cfg.run.device), None, None, None, tokens)
             loss.backward()
             moments.add(flat_grad(params))
         trainer.env.close()
         t2 = time.perf_counter()
     est = moments.noise_scale()
-    rewards = batch.rewards.view(groups, cfg.group_size)
+    rewards = batch.rewards.view(groups, cfg.batch.group_size)
     informative = float((rewards.max(dim=1).values > rewards.min(dim=1).values).float().mean())
-    minibatch_groups = config.minibatch_responses / config.group_size
+    minibatch_groups = config.batch.minibatch_responses / config.batch.group_size
     snr = est["grad_sq"] / (est["trace_cov"] / minibatch_groups) if est["trace_cov"] > 0 else math.inf
     figures: dict[str, Any] = {
         "groups": groups,
-        "group_size": cfg.group_size,
-        "rollouts": groups * cfg.group_size,
-        "advantage": cfg.advantage,
+        "group_size": cfg.batch.group_size,
+        "rollouts": groups * cfg.batch.group_size,
+        "advantage": cfg.loss.advantage,
         "reward": cfg.env.reward,
         "mean_reward": float(batch.rewards.mean()),
         "informative_frac": informative,
         "grad_sq": est["grad_sq"],
         "trace_cov": est["trace_cov"],
         "noise_scale_groups": est["noise_scale"],
-        "noise_scale_rollouts": est["noise_scale"] * cfg.group_size,
+        "noise_scale_rollouts": est["noise_scale"] * cfg.batch.group_size,
         "minibatch_groups": minibatch_groups,
         "snr_minibatch": snr,
         "rollout_s": t1 - t0,

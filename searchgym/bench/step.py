@@ -272,7 +272,7 @@ def _per_step(config: Any, phases: Mapping[str, float]) -> dict[str, float]:
         **phases,
         "rollout": sum(phases[p] for p in ROLLOUT),
         "update": sum(phases[p] for p in (*UPDATE, "update_other")),
-        "step": seconds_per_step(phases, config.probe_every, config.eval.every, config.steps),
+        "step": seconds_per_step(phases, config.probes.probe_every, config.eval.every, config.batch.steps),
     }
 
 
@@ -281,7 +281,7 @@ def _update_gflop(arm: _Arm, config: Any) -> float:
     batch = arm.batch
     lengths = [int(n) for n in batch.attention_mask.sum(dim=1)]
     shape = ModelShape.of(arm.trainer.model.config)
-    return update_flops(shape, lengths, int(batch.loss_mask.sum()), config.epochs) / 1e9
+    return update_flops(shape, lengths, int(batch.loss_mask.sum()), config.batch.epochs) / 1e9
 
 
 def _flop_rate(
@@ -375,7 +375,7 @@ def run_step_benchmark(
                     key: statistics.median(m.get(key, math.nan) for m in kept[label])
                     for key in ("train/clip_frac", "rollout/logp_mismatch", "rollout/reward")
                 }
-                precision = resolve_precision(cfg.precision, cfg.device)
+                precision = resolve_precision(cfg.model.precision, cfg.run.device)
                 if flops:
                     figures |= _flop_rate(gflop[label], reps[label], precision)
                 out[label] = {

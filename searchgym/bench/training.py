@@ -171,7 +171,13 @@ def run_rollout_benchmark(
             **(overrides or {}),
         )
     policy, _ = build_policy(
-        cfg, temperature=cfg.temperature, max_turn_tokens=cfg.env.max_turn_tokens, seed=0
+        cfg.model,
+        device=cfg.run.device,
+        weights_seed=cfg.run.seed,
+        max_context_tokens=cfg.env.max_context_tokens,
+        temperature=cfg.loss.temperature,
+        max_turn_tokens=cfg.env.max_turn_tokens,
+        seed=0,
     )
     env = SearchQAVectorEnv(
         questions * group_size, cfg.env, autoreset_mode="Disabled", tokenizer=policy.tokenizer
@@ -297,7 +303,7 @@ def run_update_benchmark(
         "after": {"length_buckets": True, "rescore_pi_old": None, **today},
         "rescored": {"length_buckets": True, "rescore_pi_old": True, **today},
     }
-    if GRPOConfig.__dataclass_fields__["rescore_pi_old"].default is True:  # today's default re-scores
+    if GRPOConfig().loss.rescore_pi_old is True:  # today's default re-scores
         paths["after"], paths["rescored"] = paths["rescored"], {**paths["after"]}
         paths["auto"] = paths.pop("rescored")
     rates: dict[str, list[float]] = {path: [] for path in paths}
@@ -342,7 +348,7 @@ def run_update_benchmark(
             _sync(device)
             rollout_s = time.perf_counter() - start
             advantages = group_advantages(batch.rewards, group_size)
-            tokens = int(batch.loss_mask.sum()) * cfg.epochs
+            tokens = int(batch.loss_mask.sum()) * cfg.batch.epochs
             names = list(paths)
             order = names[r % len(names) :] + names[: r % len(names)]  # each path runs first in turn
             if r == 0:  # one untimed update first: the first call of a process pays for warm-up
@@ -435,10 +441,10 @@ def _padding_share(trainer: Any, batch: Any) -> float:
     plan = trainer._micro(
         minibatch_plan(
             len(batch),
-            cfg.group_size,
-            cfg.minibatch_responses,
-            cfg.epochs,
-            cfg.minibatch_plan,
+            cfg.batch.group_size,
+            cfg.batch.minibatch_responses,
+            cfg.batch.epochs,
+            cfg.batch.minibatch_plan,
             torch.Generator(),
         ),
         lengths,

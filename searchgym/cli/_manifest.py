@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from searchgym.agents.training.config import TrainConfig
 
 __all__ = [
     "agent_manifest",
@@ -44,18 +47,18 @@ def write_run_manifest(
     return write_manifest(manifest_path(out, folder=folder), manifest)
 
 
-def write_config_manifest(config: Any, command: str) -> Path:
-    """Writes ``run_dir/manifest.json`` for a training entry point's config (``CommonConfig`` and kin: a
-    ``run_dir``, an ``env`` spec, ``seed``, and its tokenizer's name). Called when the run has finished, so a
+def write_config_manifest(config: TrainConfig, command: str) -> Path:
+    """Writes ``run_dir/manifest.json`` for a training entry point's config (its run folder and seed, its
+    ``env`` spec, and its model's tokenizer by name). Called when the run has finished, so a
     run that was refused (its folder holds another run) leaves that run's manifest alone."""
-    seeds = {"seed": config.seed, "world_seed": config.env.world_seed}
-    tokenizer = config.tokenizer_name
+    seeds = {"seed": config.run.seed, "world_seed": config.env.world_seed}
+    tokenizer = config.model.tokenizer_name
     # A config:FILE model (random weights of an architecture) uses the built-in tokenizer unless told.
     env = {**config.env.to_dict(), "tokenizer": None if str(tokenizer).startswith("config:") else tokenizer}
     from searchgym.options import flat_values
 
     options = flat_values(config)  # one value per option, by the CLI's names
-    return write_run_manifest(config.run_dir, command, env, folder=True, seeds=seeds, config=options)
+    return write_run_manifest(config.run.run_dir, command, env, folder=True, seeds=seeds, config=options)
 
 
 def write_index_manifest(args: Any, kind: str) -> Path:

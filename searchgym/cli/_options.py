@@ -11,88 +11,16 @@ import typing
 from collections.abc import Iterable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from searchgym.agents.training.config import CommonConfig
+from searchgym.agents.training.config import TrainConfig
 from searchgym.options import flat_options, is_section, option_name, section_type
 
-__all__ = ["SECTIONS", "add_config_arguments", "add_field_arguments", "config_from_args"]
+__all__ = ["add_config_arguments", "add_field_arguments", "config_from_args"]
 
-C = TypeVar("C", bound=CommonConfig)
+C = TypeVar("C", bound=TrainConfig)
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "run": (
-        "run_dir",
-        "overwrite",
-        "resume",
-        "seed",
-        "device",
-        "threads",
-        "progress",
-        "tensorboard",
-        "report_to",
-        "save_every",
-        "save_total_limit",
-        "save_model",
-    ),
-    "model": ("model", "tokenizer", "init", "dtype", "precision", "tiny_layers", "tiny_hidden"),
-    "environment": (),
-    "optimisation": ("skip_zero_signal",),
-    "batches": (
-        "steps",
-        "updates",
-        "questions_per_step",
-        "group_size",
-        "epochs",
-        "minibatch_size",
-        "minibatch_plan",
-        "micro_batch_size",
-        "length_buckets",
-        "shared_prefix",
-        "filter_groups",
-        "max_gen_batches",
-        "batch_size",
-        "demos",
-        "demo_episodes",
-        "demonstrator",
-        "keep_unrewarded",
-        "use_vllm",
-        "vllm_mode",
-    ),
-    "loss": (
-        "temperature",
-        "advantage",
-        "loss_type",
-        "clip_eps",
-        "ratio_cap",
-        "kl_value_cap",
-        "kl_coef",
-        "entropy_coef",
-        "sapo_coef",
-        "sapo_threshold",
-        "loss_term",
-        "loss_term_coef",
-        "rescore_pi_old",
-    ),
-    "LLDS": (),
-    "diagnostics": (
-        "probe_size",
-        "probe_demos",
-        "onpolicy_probe_size",
-        "onpolicy_probe_episodes",
-        "onpolicy_heldout_split",
-        "probe_every",
-        "ledger_size",
-        "warning_window",
-        "log_gns",
-    ),
-    "evaluation": (),
-}
-"""The ``--help`` sections of the training commands: each field's section (a field in none goes under
-"other options")."""
 
 
 class _Deprecated(argparse.Action):
@@ -176,11 +104,10 @@ def add_field_arguments(
             )
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig]) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type[TrainConfig]) -> None:
     """Adds one option per option of ``cls`` (:func:`add_field_arguments`), one ``--help`` group per
-    section (a section field's title; the fields of ``cls`` itself by :data:`SECTIONS`), minus those
-    ``cls.CLI_OMITS`` leaves out. Defaults are the field defaults, so ``--help`` shows them."""
-    section_of = {name: title for title, names in SECTIONS.items() for name in names}
+    section (its title; sections of one title share a group), minus those ``cls.CLI_OMITS`` leaves out.
+    Defaults are the section defaults of ``cls``, so ``--help`` shows them."""
     omit = set(getattr(cls, "CLI_OMITS", ()))
     parts: dict[str, list[tuple[type[Any], Any, list[str]]]] = {}
     for f in dataclasses.fields(cls):
@@ -192,14 +119,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type[CommonConfig
             ]
             parts.setdefault(f.metadata["section"], []).append((section_type(f), f.default, names))
         elif f.name not in omit:
-            title = section_of.get(f.name, "other options")
-            parts.setdefault(title, []).append((cls, None, [f.name]))
-    order = [*SECTIONS, *(t for t in parts if t not in SECTIONS and t != "other options"), "other options"]
-    for title in order:
-        if title not in parts:
-            continue
+            parts.setdefault("other options", []).append((cls, None, [f.name]))
+    for title, owners in parts.items():
         group = parser.add_argument_group(title)
-        for owner, defaults, names in parts[title]:
+        for owner, defaults, names in owners:
             add_field_arguments(group, owner, defaults, names=names)
 
 

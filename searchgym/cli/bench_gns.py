@@ -87,11 +87,11 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.cli._options import config_from_args
 
     config = config_from_args(GRPOConfig, args, probe_size=0, onpolicy_probe_size=0, ledger_size=0)
-    if config.threads:
+    if config.run.threads:
         import torch
 
-        torch.set_num_threads(config.threads)
-    with _ticking(config.progress) as log:
+        torch.set_num_threads(config.run.threads)
+    with _ticking(config.run.progress) as log:
         figures = run_gns_benchmark(config, args.groups, log=log)
     if no_reward_signal(figures):
         figures["recommendation"] = NO_SIGNAL.format(**figures)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ _MODEL_FIELDS: dict[str, type] = {
     "tiny_hidden": int,
     "threads": int,
 }
-"""The model options and their types: fields of :class:`~searchgym.agents.training.config.CommonConfig`,
+"""The model options and their types: options of :class:`~searchgym.agents.training.config.TrainConfig`,
 whose defaults and help they take (but for :data:`_HELP`'s)."""
 
 _HELP = {
@@ -40,15 +39,15 @@ _HELP = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    import typing
 
-    from searchgym.agents.training.config import CommonConfig
+    from searchgym.agents.training.config import TrainConfig
     from searchgym.cli.eval import TRAINED_SIZES
-    from searchgym.options import literal_choices
+    from searchgym.options import flat_options, literal_choices
 
     add_env_arguments(parser, run_env_defaults(), unset=TRAINED_SIZES)
-    fields = {f.name: f for f in dataclasses.fields(CommonConfig)}
-    hints = typing.get_type_hints(CommonConfig)
+    options = flat_options(TrainConfig)
+    fields = {name: f for name, (_, f, _) in options.items()}
+    hints = {name: hint for name, (_, _, hint) in options.items()}
     model = parser.add_argument_group("model")
     for name, kind in _MODEL_FIELDS.items():
         choices = list(literal_choices(hints[name])) or None
@@ -115,7 +114,7 @@ def measure(args: argparse.Namespace, settings: HeadroomSettings) -> dict[str, A
     and returns :func:`~searchgym.bench.headroom.headroom_figures` with the run's settings and wall time."""
     import torch
 
-    from searchgym.agents.training.config import CommonConfig
+    from searchgym.agents.training.config import TrainConfig
     from searchgym.agents.training.policy import build_policy
     from searchgym.bench.headroom import LLMHeadroomPolicy, headroom_figures, run_headroom
     from searchgym.cli._manifest import warn_on_data_mismatch
@@ -127,7 +126,7 @@ def measure(args: argparse.Namespace, settings: HeadroomSettings) -> dict[str, A
     if args.init is not None or args.model is not None:
         warn_on_data_mismatch(f"checkpoint:{args.init or args.model}", kwargs)
     turn, context = kwargs["max_turn_tokens"], kwargs["max_context_tokens"]
-    config = CommonConfig(
+    config = TrainConfig(
         init=args.init,
         model=args.model,
         tokenizer=args.tokenizer,
@@ -141,7 +140,13 @@ def measure(args: argparse.Namespace, settings: HeadroomSettings) -> dict[str, A
         progress=False,
         tensorboard=False,
     )
-    built, _ = build_policy(config, max_turn_tokens=turn)
+    built, _ = build_policy(
+        config.model,
+        device=config.run.device,
+        weights_seed=config.run.seed,
+        max_context_tokens=config.env.max_context_tokens,
+        max_turn_tokens=turn,
+    )
     built.model.eval()
     policy = LLMHeadroomPolicy(built.model, built.tokenizer, turn)
     kwargs["tokenizer"] = built.tokenizer

@@ -7,7 +7,10 @@ import json
 import math
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from searchgym.agents.grpo.config import GRPOConfig
 
 COMMAND = ("bench", "step")
 HELP = (
@@ -131,10 +134,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(GRPOConfig, args)
     other = compare_config(args, args.compare) if args.compare is not None else None
-    if config.threads:
+    if config.run.threads:
         import torch
 
-        torch.set_num_threads(config.threads)
+        torch.set_num_threads(config.run.threads)
     figures = run_step_benchmark(
         config,
         other,
@@ -150,15 +153,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_report(figures: dict[str, Any], config: Any, compare: str | None) -> str:
+def format_report(figures: dict[str, Any], config: GRPOConfig, compare: str | None) -> str:
     """The report: one row per phase that took time (median seconds; with ``--compare``, the ratio), then
     steps per hour, the rollout metrics that precision moves, and the update's FLOP rate."""
     base = figures["base"]
     other = figures.get("other")
     lines = [
-        f"{config.questions_per_step} questions x {config.group_size}, {config.updates_per_step} updates a step, "
-        f"probes every {config.probe_every}, {config.eval.questions} evaluation questions every "
-        f"{config.eval.every or config.steps} steps; median of {len(base['repeats'])} repetitions (s)",
+        f"{config.batch.questions_per_step} questions x {config.batch.group_size}, {config.batch.updates_per_step} updates a step, "
+        f"probes every {config.probes.probe_every}, {config.eval.questions} evaluation questions every "
+        f"{config.eval.every or config.batch.steps} steps; median of {len(base['repeats'])} repetitions (s)",
     ]
     header = f"{'phase':22s}{'base':>9s}"
     if other is not None:
@@ -170,7 +173,9 @@ def format_report(figures: dict[str, Any], config: Any, compare: str | None) -> 
         ):
             continue
         if phase in ("probes", "evaluation"):
-            every = config.probe_every if phase == "probes" else config.eval.every or config.steps
+            every = (
+                config.probes.probe_every if phase == "probes" else config.eval.every or config.batch.steps
+            )
             label = f"{label} (1/{every})"
         lines.append(_row(label, base, other, figures, phase))
     hours = f"{'steps per hour':22s}{base['steps_per_hour']:9.0f}"

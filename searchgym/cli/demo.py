@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from searchgym.cli._common import format_table
+
+if TYPE_CHECKING:
+    from searchgym.agents.training.config import TrainConfig
 
 COMMAND = ("demo",)
 HELP = "generate the default world, warm-start a tiny model, train GRPO vs GRPO+LLDS, compare on test"
@@ -116,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         )
         metrics = train_grpo(cfg)
         rows.append(_row(name, metrics, time.perf_counter() - t0))
-        runs.append(cfg.run_dir)
+        runs.append(cfg.run.run_dir)
 
     plot.run(
         argparse.Namespace(
@@ -195,25 +198,39 @@ def wilson(p: float, n: int) -> tuple[float, float]:
     return (interval.low, interval.high)
 
 
-def _evaluate_untrained(config: Any) -> dict[str, float]:
+def _evaluate_untrained(config: TrainConfig) -> dict[str, float]:
     """Greedy play of the freshly initialised tiny model (the SFT run's starting point) on the eval questions."""
     from searchgym.agents.training.policy import build_policy
     from searchgym.agents.training.rollout import evaluate_greedy
 
-    policy, _ = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=config.seed)
+    policy, _ = build_policy(
+        config.model,
+        device=config.run.device,
+        weights_seed=config.run.seed,
+        max_context_tokens=config.env.max_context_tokens,
+        max_turn_tokens=config.env.max_turn_tokens,
+        seed=config.run.seed,
+    )
     return {
         f"eval/{k}": v
         for k, v in evaluate_greedy(policy.model, policy.tokenizer, config.env, config.eval).items()
     }
 
 
-def _headroom(config: Any, questions: int, seed: int, samples: int = 4) -> dict[str, Any]:
+def _headroom(config: TrainConfig, questions: int, seed: int, samples: int = 4) -> dict[str, Any]:
     """``bench headroom`` on the warm-start: its greedy EM against ``samples`` samples at temperature 1 on
     the first ``questions`` test questions (what RL can find that greedy play misses)."""
     from searchgym.agents.training.policy import build_policy
     from searchgym.bench.headroom import HeadroomSettings, LLMHeadroomPolicy, headroom_figures, run_headroom
 
-    policy, _ = build_policy(config, max_turn_tokens=config.env.max_turn_tokens, seed=seed)
+    policy, _ = build_policy(
+        config.model,
+        device=config.run.device,
+        weights_seed=config.run.seed,
+        max_context_tokens=config.env.max_context_tokens,
+        max_turn_tokens=config.env.max_turn_tokens,
+        seed=seed,
+    )
     policy.model.eval()
     settings = HeadroomSettings(questions=max(questions, 1), samples=samples, temperatures=(1.0,), seed=seed)
     env = {"spec": config.eval_env, "tokenizer": policy.tokenizer}

@@ -30,5 +30,5 @@ def run(args: argparse.Namespace) -> int:
     metrics = train_grpo(config)
     write_config_manifest(config, "train grpo")
     final = {k: v for k, v in metrics.items() if k.startswith(("eval/", "rollout/reward", "rollout/em"))}
-    print(json.dumps({"run_dir": config.run_dir, **final}))
+    print(json.dumps({"run_dir": config.run.run_dir, **final}))
     return 0

@@ -27,13 +27,17 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(SFTConfig, args)
     check_splits(config)
-    if config.demos is None:
+    if config.sft.demos is None:
         print(
-            f"note: training on {config.demonstrator} demonstrations generated from split {config.env.split!r} "
+            f"note: training on {config.sft.demonstrator} demonstrations generated from split {config.env.split!r} "
             "(--demos FILE trains on a file written by `searchgym demos`)",
             file=sys.stderr,
         )
     metrics = train_sft(config)
     write_config_manifest(config, "train sft")
-    print(json.dumps({"run_dir": config.run_dir, "checkpoint": f"{config.run_dir}/checkpoint.pt", **metrics}))
+    print(
+        json.dumps(
+            {"run_dir": config.run.run_dir, "checkpoint": f"{config.run.run_dir}/checkpoint.pt", **metrics}
+        )
+    )
     return 0

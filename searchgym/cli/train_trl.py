@@ -44,6 +44,6 @@ def run(args: argparse.Namespace) -> int:
         write_config_manifest(config, "train trl")
         keep = ("eval/", "reward", "rollout/", "train/llds", "lld/")
         summary = {k: v for k, v in metrics.items() if k.startswith(keep)}
-        print(json.dumps({"run_dir": config.run_dir, **summary}))
+        print(json.dumps({"run_dir": config.run.run_dir, **summary}))
     end_processes()
     return 0

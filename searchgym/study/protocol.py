@@ -7,8 +7,8 @@ The tables (docs/study.md gives a worked example):
   protocol file;
 * ``[warmstart]``: ``path`` (relative to the protocol file) and ``sha256`` (the digest or a prefix of at
   least 8 hex digits), checked before any run;
-* ``[train]``: the options every arm shares, named as :class:`~searchgym.agents.grpo.config.GRPOConfig`'s
-  fields (``questions_per_step``, not ``--questions-per-step``);
+* ``[train]``: the options every arm shares, by :class:`~searchgym.agents.grpo.config.GRPOConfig`'s option
+  names (``questions_per_step``, not ``--questions-per-step``);
 * ``[evaluation]``: greedy evaluations, ``steps`` (evenly spaced, ending at the last step; 0 is the
   warm-start's evaluation), ``questions``, ``split``, ``batch``;
 * ``[arms.NAME]``: each arm's own options over ``[train]``; a custom loss term is an arm with
@@ -200,9 +200,11 @@ class Protocol:
 
 
 def _field_default(cls: type, name: str) -> Any:
-    from searchgym.options import flat_options
+    """An option's default in ``cls``: its section's default value of it (a config may give a section other
+    defaults than the section's class, e.g. GRPO's weight decay)."""
+    from searchgym.options import flat_values
 
-    return flat_options(cls)[name][1].default
+    return flat_values(cls())[name]
 
 
 def _table(doc: Mapping[str, Any], key: str, where: str, required: bool = False) -> dict[str, Any]:

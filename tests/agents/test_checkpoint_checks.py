@@ -4,13 +4,13 @@ range (also when ``eval`` loads it)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from searchgym.errors import CheckpointError
+from searchgym.options import flat_options
 
 from .conftest import grpo_payload
 
@@ -23,7 +23,7 @@ from searchgym.agents.training.checkpoint_checks import MAX_CONTEXT_TOKENS, chec
 
 
 def test_a_small_checkpoint_describing_a_huge_tiny_model_is_refused(tmp_path: Path) -> None:
-    from searchgym.agents.training.config import SFTConfig
+    from searchgym.agents.training.config import ModelConfig
     from searchgym.agents.training.policy import build_policy
 
     arch = {"kind": "tiny", "layers": 65536, "hidden": 65536, "tokenizer": None}
@@ -35,7 +35,7 @@ def test_a_small_checkpoint_describing_a_huge_tiny_model_is_refused(tmp_path: Pa
     arch = {"kind": "tiny", "layers": 2, "hidden": 65536, "tokenizer": None}
     path = save_checkpoint(tmp_path / "c.pt", grpo_payload(arch=arch))
     with pytest.raises(CheckpointError, match=r"at least 17,179,869,184 parameters.*stores 72 weights"):
-        build_policy(SFTConfig(init=str(path)))
+        build_policy(ModelConfig(init=str(path)))
 
 
 def test_a_config_architecture_is_bounded_before_it_is_built(tmp_path: Path) -> None:
@@ -58,21 +58,21 @@ def test_a_config_architecture_is_bounded_before_it_is_built(tmp_path: Path) -> 
 
 
 def test_a_real_tiny_checkpoint_passes_the_size_check(tmp_path: Path) -> None:
-    from searchgym.agents.training.config import SFTConfig
+    from searchgym.agents.training.config import ModelConfig
     from searchgym.agents.training.policy import build_policy
 
-    policy, arch = build_policy(SFTConfig(tiny_layers=2, tiny_hidden=32))
+    policy, arch = build_policy(ModelConfig(tiny_layers=2, tiny_hidden=32))
     path = save_checkpoint(
         tmp_path / "c.pt", {"kind": "sft", "step": 0, "model": policy.model.state_dict(), "arch": arch}
     )
-    loaded, _ = build_policy(SFTConfig(init=str(path)))
+    loaded, _ = build_policy(ModelConfig(init=str(path)))
     assert all(
         torch.equal(a, b) for a, b in zip(policy.model.parameters(), loaded.model.parameters(), strict=True)
     )
 
 
 def test_a_crafted_architecture_is_refused_before_building_a_model(tmp_path: Path) -> None:
-    from searchgym.agents.training.config import SFTConfig
+    from searchgym.agents.training.config import ModelConfig
     from searchgym.agents.training.policy import build_policy
 
     path = save_checkpoint(
@@ -85,7 +85,7 @@ def test_a_crafted_architecture_is_refused_before_building_a_model(tmp_path: Pat
         },
     )
     with pytest.raises(CheckpointError, match="'layers'"):
-        build_policy(SFTConfig(init=str(path)))
+        build_policy(ModelConfig(init=str(path)))
 
 
 # -- the config ------------------------------------------------------------------------------------------------
@@ -120,9 +120,8 @@ def test_a_bad_checkpoint_config_field_is_named(tmp_path: Path, field: str, valu
 def test_fields_added_to_the_config_dataclass_are_checked_by_their_type_hint() -> None:
     from searchgym.agents.grpo.config import GRPOConfig
 
-    hints = {f.name: f.type for f in dataclasses.fields(GRPOConfig)}
-    # Every int field refuses a string: no hard-coded list decides which fields are checked.
-    int_fields = [name for name, hint in hints.items() if hint == "int"]
+    # Every int option, in every section, refuses a string: no hard-coded list decides which are checked.
+    int_fields = [name for name, (_, _, hint) in flat_options(GRPOConfig).items() if hint is int]
     assert len(int_fields) >= 10
     for name in int_fields:
         with pytest.raises(CheckpointError, match=repr(name)):

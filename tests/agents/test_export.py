@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from searchgym.agents.training.checkpoint import save_checkpoint  # noqa: E402
-from searchgym.agents.training.config import SFTConfig  # noqa: E402
+from searchgym.agents.training.config import ModelConfig  # noqa: E402
 from searchgym.agents.training.export import export_pretrained, load_policy  # noqa: E402
 from searchgym.agents.training.policy import build_policy  # noqa: E402
 from searchgym.cli import main  # noqa: E402
@@ -25,7 +25,7 @@ from .conftest import RunsCode  # noqa: E402
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    policy, arch = build_policy(SFTConfig(seed=3, tiny_layers=1, tiny_hidden=32))
+    policy, arch = build_policy(ModelConfig(tiny_layers=1, tiny_hidden=32), weights_seed=3)
     path = tmp_path_factory.mktemp("ckpt") / "checkpoint.pt"
     save_checkpoint(path, {"kind": "sft", "model": policy.model.state_dict(), "arch": arch, "step": 0})
     return path

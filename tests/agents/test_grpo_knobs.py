@@ -3,6 +3,7 @@ advantage, filtered groups, Adam's betas, the noise-scale log, the logged rate, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
@@ -146,7 +147,7 @@ def test_filter_groups_samples_more_batches_for_informative_groups(
     }
 
     # Out of draws: topped up with the first draw's uninformative groups, and the metric says so.
-    trainer.config.max_gen_batches = 1
+    trainer.config.batch = dataclasses.replace(trainer.config.batch, max_gen_batches=1)
     draws.clear()
     batch, metrics = trainer.sample_step()
     assert draws == [0] and len(batch) == 4
@@ -162,14 +163,14 @@ def test_adam_betas_and_eps_reach_the_optimizer(tmp_path: Path, tiny: Callable[.
 def test_train_lr_is_the_rate_each_step_ran_at(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     cfg = tiny(tmp_path, steps=3, lr=3e-3, warmup_steps=3, warmup_start_lr=1e-3)
     GRPOTrainer(cfg).train()
-    rates = [r["train/lr"] for r in read_metrics(cfg.run_dir) if r["step"] > 0]
+    rates = [r["train/lr"] for r in read_metrics(cfg.run.run_dir) if r["step"] > 0]
     assert rates == pytest.approx([1e-3, 2e-3, 3e-3])
 
 
 def test_log_gns_logs_the_noise_scale_every_step(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     cfg = tiny(tmp_path, steps=2, minibatch_size=4, micro_batch_size=2, length_buckets=False, log_gns=True)
     GRPOTrainer(cfg).train()
-    steps = [r for r in read_metrics(cfg.run_dir) if r["step"] > 0]
+    steps = [r for r in read_metrics(cfg.run.run_dir) if r["step"] > 0]
     assert all("train/gns_groups" in r for r in steps)
     assert all(r["train/gns_small_groups"] == 1.0 and r["train/gns_big_groups"] == 2.0 for r in steps)
 
@@ -177,7 +178,7 @@ def test_log_gns_logs_the_noise_scale_every_step(tmp_path: Path, tiny: Callable[
 def test_probe_every_skips_the_probes_between(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     cfg = tiny(tmp_path, steps=5, probe_size=2, probe_every=2)
     GRPOTrainer(cfg).train()
-    probed = [r["step"] for r in read_metrics(cfg.run_dir) if "lld/probe_logp" in r]
+    probed = [r["step"] for r in read_metrics(cfg.run.run_dir) if "lld/probe_logp" in r]
     assert probed == [0, 1, 2, 4, 5]
 
 

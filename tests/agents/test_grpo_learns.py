@@ -84,11 +84,11 @@ def plant(monkeypatch: pytest.MonkeyPatch, change: str) -> None:
     are off, so that is the policy loss), or a loss mask with none of the policy's tokens."""
     real = trainer_module.grpo_llds_loss
 
-    def planted(logp: Any, logp_old: Any, advantages: Any, mask: Any, **kwargs: Any) -> Any:
+    def planted(logp: Any, logp_old: Any, advantages: Any, mask: Any, *args: Any, **kwargs: Any) -> Any:
         if change == "flipped_sign":
-            loss, metrics = real(logp, logp_old, advantages, mask, **kwargs)
+            loss, metrics = real(logp, logp_old, advantages, mask, *args, **kwargs)
             return -loss, metrics
-        return real(logp, logp_old, advantages, torch.zeros_like(mask), **kwargs)
+        return real(logp, logp_old, advantages, torch.zeros_like(mask), *args, **kwargs)
 
     monkeypatch.setattr(trainer_module, "grpo_llds_loss", planted)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from searchgym.agents.grpo.advantages import broadcast_advantages
-from searchgym.agents.grpo.config import GATES
+from searchgym.agents.grpo.config import GATES, GRPOLossConfig, LLDSConfig
 from searchgym.agents.grpo.losses import (
     action_ids,
     adaptive_answer_weight,
@@ -29,6 +29,9 @@ from searchgym.protocol import Source
 from .conftest import close
 
 P, T, PAD, PR = int(Source.POLICY), int(Source.TOOL), int(Source.PAD), int(Source.PROMPT)
+
+NO_LLDS = LLDSConfig(gate=None)
+"""The LLDS section without its term."""
 
 
 def test_masked_mean_ignores_garbage_outside_mask() -> None:
@@ -138,9 +141,9 @@ def test_cap_frac_counts_tokens_at_either_cap() -> None:
     logp_old = torch.zeros(1, 4)
     logp = torch.tensor([[math.log(200.0), 0.0, 0.0, 0.0]])
     ref = torch.tensor([[0.0, 5.0, 0.0, 0.0]])  # token 1 is beyond the k3 cap; token 0 beyond the ratio cap
-    _, m = grpo_llds_loss(logp, logp_old, torch.tensor([-1.0]), torch.ones(1, 4), llds_coef=0.0, ref_logp=ref)
+    _, m = grpo_llds_loss(logp, logp_old, torch.tensor([-1.0]), torch.ones(1, 4), llds=NO_LLDS, ref_logp=ref)
     assert m["cap_frac"] == 0.5 and m["ratio_cap_frac"] == 0.25 and m["kl_cap_frac"] == 0.25
-    _, m = grpo_llds_loss(logp, logp_old, torch.tensor([-1.0]), torch.ones(1, 4), llds_coef=0.0)
+    _, m = grpo_llds_loss(logp, logp_old, torch.tensor([-1.0]), torch.ones(1, 4), llds=NO_LLDS)
     assert m["cap_frac"] == 0.25
 
 
@@ -285,8 +288,9 @@ def test_grpo_llds_loss_combines_terms() -> None:
     logp = logp_old + 0.3 * torch.randn(3, 5)
     ref = -torch.rand(3, 5)
     ent = torch.rand(3, 5)
+    weights = GRPOLossConfig(kl_coef=0.001, entropy_coef=0.01)
     loss, metrics = grpo_llds_loss(
-        logp, logp_old, ADV, MASK, llds_coef=0.2, ref_logp=ref, kl_coef=0.001, entropy=ent, entropy_coef=0.01
+        logp, logp_old, ADV, MASK, weights, LLDSConfig(coef=0.2), ref_logp=ref, entropy=ent
     )
     pg, _ = policy_loss(logp, logp_old, ADV, MASK, 0.2)
     llds, _ = llds_loss(logp, logp_old, ADV, MASK, "action")
@@ -303,7 +307,7 @@ def test_grpo_llds_loss_combines_terms() -> None:
         "entropy",
         "loss",
     } <= set(metrics)
-    plain, metrics = grpo_llds_loss(logp, logp_old, ADV, MASK, llds_coef=0.0)
+    plain, metrics = grpo_llds_loss(logp, logp_old, ADV, MASK, llds=NO_LLDS)
     assert close(plain, float(pg)) and "llds_loss" not in metrics and "kl_ref" not in metrics
 
 
@@ -355,12 +359,11 @@ def test_grpo_llds_loss_adds_sapo_with_its_own_denominator() -> None:
     torch.manual_seed(1)
     logp_old = -torch.rand(3, 5)
     logp = logp_old + 0.5 * torch.randn(3, 5)
-    loss, metrics = grpo_llds_loss(
-        logp, logp_old, ADV, MASK, llds_coef=0.0, kl_coef=0.0, sapo_coef=0.5, sapo_tokens=7
-    )
+    sapo_on = GRPOLossConfig(kl_coef=0.0, sapo_coef=0.5)
+    loss, metrics = grpo_llds_loss(logp, logp_old, ADV, MASK, sapo_on, NO_LLDS, sapo_tokens=7)
     pg, _ = policy_loss(logp, logp_old, ADV, MASK, 0.2)
     sapo, _ = sapo_loss(logp, logp_old, ADV, MASK, num_tokens=7)
     assert float(sapo) > 0 and close(loss, float(pg + 0.5 * sapo))
     assert {"sapo_loss", "sapo_frac"} <= set(metrics)
-    _, metrics = grpo_llds_loss(logp, logp_old, ADV, MASK, llds_coef=0.0, kl_coef=0.0)
+    _, metrics = grpo_llds_loss(logp, logp_old, ADV, MASK, GRPOLossConfig(kl_coef=0.0), NO_LLDS)
     assert "sapo_loss" not in metrics

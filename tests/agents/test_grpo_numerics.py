@@ -122,7 +122,7 @@ def fixture_checkpoint(folder: Path) -> tuple[Path, Path]:
         **MODEL,
     )
     train_sft(sft)
-    return dataset, Path(sft.run_dir) / "checkpoint.pt"
+    return dataset, Path(sft.run.run_dir) / "checkpoint.pt"
 
 
 def run_metrics(folder: Path) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ sampler's log-probs, and makes the same update as a separate re-scoring pass."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -42,7 +43,7 @@ def config(grpo_config: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
 def run_update(
     trainer: GRPOTrainer, start: Any, batch: Any, adv: Any, rescore: bool | None
 ) -> dict[str, Any]:
-    trainer.config.rescore_pi_old = rescore
+    trainer.config.loss = dataclasses.replace(trainer.config.loss, rescore_pi_old=rescore)
     trainer.model.load_state_dict(start[0])
     trainer.optimizer.load_state_dict(start[1])
     metrics = trainer.update(batch, adv)
@@ -74,7 +75,7 @@ def setup(
 
 def test_default_makes_the_update_a_rescoring_pass_makes(setup: Any) -> None:
     trainer, start, batch, adv = setup
-    assert GRPOConfig.__dataclass_fields__["rescore_pi_old"].default is None
+    assert GRPOConfig().loss.rescore_pi_old is None
     auto = run_update(trainer, start, batch, adv, None)
     rescored = run_update(trainer, start, batch, adv, True)
     # The first update is exactly on-policy either way: its own forward is pi_old.

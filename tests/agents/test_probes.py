@@ -26,8 +26,8 @@ def test_sampling_the_onpolicy_probes_shows_its_progress(
         max_turn_tokens=6,
         progress=progress,
     )
-    policy, _ = build_policy(cfg)
-    probes, summary = onpolicy_probes(cfg, policy)
+    policy, _ = build_policy(cfg.model)
+    probes, summary = onpolicy_probes(cfg.probes, cfg.env, policy, progress=cfg.run.progress)
     assert set(probes) == {"train", "heldout"} and summary["episodes"] == 4
     err = capsys.readouterr().err
     shown = "on-policy probe (train)" in err and "on-policy probe (heldout)" in err

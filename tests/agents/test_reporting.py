@@ -126,19 +126,19 @@ def test_wandb_receives_every_logged_step_and_a_resumed_run_continues_it(
     tmp_path: Path, fake_wandb: list[FakeWandbRun]
 ) -> None:
     config = SFTConfig(run_dir=str(tmp_path / "run"), report_to="wandb", tensorboard=False)
-    logger = MetricLogger(config.run_dir, config=config)
+    logger = MetricLogger(config.run.run_dir, config=config)
     logger.log(1, {"train/loss": 2.0, "rollout/em": float("nan")})
     logger.log(2, {"train/loss": 1.5})
     logger.close()
     [run] = fake_wandb
     assert run.finished and run.logged == [(1, {"train/loss": 2.0}), (2, {"train/loss": 1.5})]
     assert run.settings["project"] == "searchgym" and run.settings["name"] == "run"
-    assert run.settings["dir"] == config.run_dir and run.settings["config"]["lr"] == config.optim.lr
-    assert (Path(config.run_dir) / "wandb" / f"offline-run-{run.settings['id']}").is_dir()
-    assert (Path(config.run_dir) / WANDB_RUN_ID).read_text().strip() == run.settings["id"]
-    assert not (Path(config.run_dir) / "tb").exists()  # wandb replaces the TensorBoard default
+    assert run.settings["dir"] == config.run.run_dir and run.settings["config"]["lr"] == config.optim.lr
+    assert (Path(config.run.run_dir) / "wandb" / f"offline-run-{run.settings['id']}").is_dir()
+    assert (Path(config.run.run_dir) / WANDB_RUN_ID).read_text().strip() == run.settings["id"]
+    assert not (Path(config.run.run_dir) / "tb").exists()  # wandb replaces the TensorBoard default
 
-    resumed = MetricLogger(config.run_dir, resume_step=1, config=config)
+    resumed = MetricLogger(config.run.run_dir, resume_step=1, config=config)
     resumed.log(2, {"train/loss": 1.25})
     resumed.close()
     assert fake_wandb[1].settings["id"] == run.settings["id"]  # the same W&B run goes on

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from searchgym.agents.training.config import SFTConfig  # noqa: E402
+from searchgym.agents.training.config import ModelConfig  # noqa: E402
 from searchgym.agents.training.metrics import MetricLogger, read_metrics  # noqa: E402
 from searchgym.agents.training.policy import build_policy  # noqa: E402
 from searchgym.agents.training.run import prepare_run_dir  # noqa: E402
@@ -22,7 +22,7 @@ from searchgym.errors import ConfigError, DataFormatError  # noqa: E402
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_cuda_without_a_usable_gpu_is_a_config_error(device: str) -> None:
     with pytest.raises(ConfigError, match=f"--device {device}") as caught:
-        build_policy(SFTConfig(device=device, tiny_layers=1, tiny_hidden=32))
+        build_policy(ModelConfig(tiny_layers=1, tiny_hidden=32), device=device)
     if torch.version.cuda is None:  # the CPU build: the message says what to install, in one command
         assert "pip install torch --index-url https://download.pytorch.org/whl/cu" in str(caught.value)
         assert "constraints.txt" in str(caught.value)
@@ -54,13 +54,15 @@ def _llama_config(tmp_path: Any) -> Any:
 
 def test_model_config_builds_that_architecture_seeded_and_sized_to_the_tokenizer(tmp_path: Any) -> None:
     path = _llama_config(tmp_path)
-    policy, arch = build_policy(SFTConfig(model=f"config:{path}", seed=3))
+    policy, arch = build_policy(ModelConfig(name=f"config:{path}"), weights_seed=3)
     assert type(policy.model).__name__ == "LlamaForCausalLM"
     assert policy.model.config.num_hidden_layers == 2 and policy.model.config.hidden_size == 32
     assert policy.model.get_input_embeddings().weight.shape[0] == policy.tokenizer.vocab_size
     assert arch["kind"] == "config" and arch["config"]["model_type"] == "llama"
-    again, _ = build_policy(SFTConfig(model=f"config:{tmp_path}", seed=3))  # a folder holding config.json
-    other, _ = build_policy(SFTConfig(model=f"config:{path}", seed=4))
+    again, _ = build_policy(
+        ModelConfig(name=f"config:{tmp_path}"), weights_seed=3
+    )  # a folder holding config.json
+    other, _ = build_policy(ModelConfig(name=f"config:{path}"), weights_seed=4)
     same = [
         torch.equal(a, b) for a, b in zip(policy.model.parameters(), again.model.parameters(), strict=True)
     ]
@@ -73,12 +75,14 @@ def test_model_config_builds_that_architecture_seeded_and_sized_to_the_tokenizer
 def test_a_config_model_checkpoint_rebuilds_it(tmp_path: Any) -> None:
     from searchgym.agents.training.checkpoint import save_checkpoint
 
-    policy, arch = build_policy(SFTConfig(model=f"config:{_llama_config(tmp_path)}", seed=3))
+    policy, arch = build_policy(ModelConfig(name=f"config:{_llama_config(tmp_path)}"), weights_seed=3)
     ckpt = save_checkpoint(
         tmp_path / "checkpoint.pt",
         {"kind": "sft", "step": 1, "model": policy.model.state_dict(), "arch": arch, "config": {}},
     )
-    loaded, loaded_arch = build_policy(SFTConfig(init=str(ckpt), seed=99))  # the weights come from the file
+    loaded, loaded_arch = build_policy(
+        ModelConfig(init=str(ckpt)), weights_seed=99
+    )  # the weights come from the file
     assert loaded_arch == arch
     for a, b in zip(policy.model.parameters(), loaded.model.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -108,7 +112,7 @@ def test_a_checkpoint_with_a_malformed_config_arch_is_refused(tmp_path: Any) -> 
             tmp_path / "c.pt", {"kind": "sft", "step": 1, "model": {}, "arch": arch, "config": {}}
         )
         with pytest.raises(CheckpointError, match="'model_type'"):
-            build_policy(SFTConfig(init=str(ckpt)))
+            build_policy(ModelConfig(init=str(ckpt)))
 
 
 # -- the run folder --------------------------------------------------------------------------------------------

@@ -204,7 +204,7 @@ def test_a_greedy_run_checkpoints_and_resumes_and_keeps_its_advantage(
 
     GRPOTrainer(tiny(tmp_path, advantage="greedy", save_every=1)).train()
     payload = load_checkpoint(tmp_path / "run" / "checkpoint.pt")  # its saved config passes check_config
-    assert payload["config"]["advantage"] == "greedy"
+    assert payload["config"]["loss"]["advantage"] == "greedy"
     GRPOTrainer(tiny(tmp_path, advantage="greedy", steps=2, resume=True)).train()
     last = read_metrics(tmp_path / "run")[-1]
     assert last["step"] == 2 and "rollout/greedy_reward" in last and last["time/greedy_s"] > 0

@@ -18,7 +18,7 @@ from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer, minibatch_plan  # noqa: E402
 from searchgym.agents.llm import ScoringOptions  # noqa: E402
 from searchgym.agents.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from searchgym.agents.training.config import SFTConfig  # noqa: E402
+from searchgym.agents.training.config import ModelConfig, SFTConfig  # noqa: E402
 from searchgym.agents.training.rollout import RolloutBatch  # noqa: E402
 from searchgym.errors import CheckpointError, ConfigError  # noqa: E402
 from searchgym.protocol import Source  # noqa: E402
@@ -47,7 +47,7 @@ def rollout_with_rewards(trainer: GRPOTrainer, rewards: list[float]) -> tuple[Ro
     trainer.step = 1
     batch = trainer.rollout()
     batch.rewards = torch.tensor(rewards, dtype=torch.float32)
-    return batch, group_advantages(batch.rewards, trainer.config.group_size)
+    return batch, group_advantages(batch.rewards, trainer.config.batch.group_size)
 
 
 def test_tool_and_prompt_positions_get_no_gradient(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
@@ -222,12 +222,15 @@ def test_config_errors_are_actionable(
 
 def test_sft_config_and_derived_values(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
     cfg = tiny(tmp_path, questions_per_step=4, group_size=5, minibatch_size=10, epochs=3)
-    assert cfg.batch_size == 20 and cfg.updates_per_step == 6 and cfg.llds.enabled
+    assert cfg.batch.batch_size == 20 and cfg.batch.updates_per_step == 6 and cfg.llds.enabled
     # The reference recipe by default: one pass, one whole group per update (10 updates for 10 questions).
     default = GRPOConfig()
-    assert default.epochs == 1 and default.minibatch_plan == "groups"
-    assert default.minibatch_responses == default.group_size and default.updates_per_step == 10
-    assert (default.ratio_cap, default.kl_value_cap, default.entropy_coef, default.optim.weight_decay) == (
+    assert default.batch.epochs == 1 and default.batch.minibatch_plan == "groups"
+    assert (
+        default.batch.minibatch_responses == default.batch.group_size and default.batch.updates_per_step == 10
+    )
+    loss = default.loss
+    assert (loss.ratio_cap, loss.kl_value_cap, loss.entropy_coef, default.optim.weight_decay) == (
         100.0,
         10.0,
         0.001,
@@ -316,7 +319,7 @@ def _init_checkpoint(tmp_path: Path) -> Path:
     """An SFT-style checkpoint of a tiny model whose weights differ from a fresh seed-0 model."""
     from searchgym.agents.training.policy import build_policy
 
-    policy, arch = build_policy(SFTConfig(seed=7))
+    policy, arch = build_policy(ModelConfig(), weights_seed=7)
     path = tmp_path / "init.pt"
     save_checkpoint(path, {"kind": "sft", "model": policy.model.state_dict(), "arch": arch, "step": 0})
     return path

@@ -10,11 +10,11 @@ import pytest
 
 from searchgym.agents.grpo.config import GRPOConfig
 from searchgym.agents.integrations.config import TRLConfig
-from searchgym.agents.training.config import CommonConfig, SFTConfig
+from searchgym.agents.training.config import SFTConfig, TrainConfig
 from searchgym.errors import ConfigError, MissingDependencyError
 from searchgym.options import flat_options, literal_choices, option, section
 
-CONFIGS = (CommonConfig, SFTConfig, GRPOConfig, TRLConfig)
+CONFIGS = (TrainConfig, SFTConfig, GRPOConfig, TRLConfig)
 CASES = [
     (cls, name, literal_choices(hint))
     for cls in CONFIGS
@@ -26,7 +26,7 @@ CASES = [
 def test_every_trainer_has_choice_fields() -> None:
     names = {(cls.__name__, name) for cls, name, _ in CASES}
     assert {("GRPOConfig", "llds"), ("GRPOConfig", "advantage"), ("TRLConfig", "loss_type")} <= names
-    assert {("SFTConfig", "lr_schedule"), ("CommonConfig", "dtype"), ("TRLConfig", "prompt_style")} <= names
+    assert {("SFTConfig", "lr_schedule"), ("TrainConfig", "dtype"), ("TRLConfig", "prompt_style")} <= names
 
 
 @pytest.mark.parametrize(("cls", "name", "choices"), CASES, ids=[f"{c.__name__}.{n}" for c, n, _ in CASES])

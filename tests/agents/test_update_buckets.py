@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import itertools
 from collections.abc import Callable
@@ -85,7 +86,7 @@ def test_bucketed_and_plain_micro_batches_make_the_same_update(
     start = (copy.deepcopy(trainer.model.state_dict()), copy.deepcopy(trainer.optimizer.state_dict()))
     params, first = {}, {}
     for bucketed in (False, True):
-        trainer.config.length_buckets = bucketed
+        trainer.config.batch = dataclasses.replace(trainer.config.batch, length_buckets=bucketed)
         trainer.model.load_state_dict(start[0])
         trainer.optimizer.load_state_dict(start[1])
         metrics = trainer.update(batch, adv)

@@ -127,8 +127,8 @@ def test_compare_options_are_parsed_over_the_command_line() -> None:
 
     args = build_parser().parse_args(["bench", "step", *TINY, "--lr", "3e-4"])
     other = compare_config(args, "--precision bf16-autocast --group-size 4 --minibatch-size 4")
-    assert other.precision == "bf16-autocast" and other.group_size == 4
-    assert other.optim.lr == 3e-4 and other.questions_per_step == 2  # the rest is the base's
+    assert other.model.precision == "bf16-autocast" and other.batch.group_size == 4
+    assert other.optim.lr == 3e-4 and other.batch.questions_per_step == 2  # the rest is the base's
     with pytest.raises(ConfigError, match=r"^--compare: unrecognized arguments: --bogus$"):
         compare_config(args, "--bogus")
     with pytest.raises(ConfigError, match="--compare: argument --precision: invalid choice"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -17,7 +18,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from searchgym.agents.grpo.config import GRPOConfig
+from searchgym.agents.integrations.config import TRLConfig
+from searchgym.agents.training.config import SFTConfig
 from searchgym.cli import build_parser, main
+from searchgym.options import flat_values, is_section
 
 TINY = [
     "--max-turns", "2",
@@ -55,6 +60,25 @@ def test_help_reads_in_sections(capsys: pytest.CaptureFixture[str], command: str
     ]
     assert titles[:4] == ["options", "run", "model", "environment"] and "other options" not in titles
     assert ("LLDS" in titles) == (command != "sft")
+    cls = {"grpo": GRPOConfig, "trl": TRLConfig, "sft": SFTConfig}[command]
+    sections = [f.metadata["section"] for f in dataclasses.fields(cls) if is_section(f)]
+    assert titles == ["options", *sections]  # one group per section, titled by it, in the config's order
+
+
+def test_each_option_is_in_its_sections_group(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "grpo", "--help"])
+    group, where = "", {}
+    for line in capsys.readouterr().out.splitlines():
+        if line.endswith(":") and line[0].isalpha():
+            group = line[:-1]
+        elif line.startswith("  --"):
+            where[line.split()[0].rstrip(",")] = group
+    assert where["--group-size"] == where["--steps"] == "batches"
+    assert where["--model"] == where["--precision"] == "model"
+    assert where["--clip-eps"] == where["--rescore-pi-old"] == "loss"
+    assert where["--ledger-size"] == where["--log-gns"] == "diagnostics"
+    assert where["--save-every"] == where["--seed"] == "run"
 
 
 SHARED_IDEAS = ("--epochs", "--micro-batch-size", "--save-every", "--minibatch-size", "--questions-per-step")
@@ -90,7 +114,7 @@ def test_old_train_trl_option_names_still_work_and_say_their_new_name(
     from searchgym.cli._options import config_from_args
 
     args = build_parser().parse_args(["train", "trl", old, str(value)])
-    assert getattr(config_from_args(TRLConfig, args), field) == value
+    assert flat_values(config_from_args(TRLConfig, args))[field] == value
     assert f"searchgym: {old} is deprecated; use {new}" in capsys.readouterr().err
     build_parser().parse_args(["train", "trl", new, str(value)])
     assert "deprecated" not in capsys.readouterr().err

@@ -488,13 +488,13 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from searchgym.agents.training.checkpoint import save_checkpoint
-    from searchgym.agents.training.config import SFTConfig
+    from searchgym.agents.training.config import ModelConfig
     from searchgym.agents.training.policy import build_policy
 
     folder = tmp_path_factory.mktemp("ckpt")
     paths = []
     for seed in (3, 4):
-        policy, arch = build_policy(SFTConfig(seed=seed, tiny_layers=1, tiny_hidden=32))
+        policy, arch = build_policy(ModelConfig(tiny_layers=1, tiny_hidden=32), weights_seed=seed)
         path = folder / f"s{seed}.pt"
         save_checkpoint(path, {"kind": "sft", "model": policy.model.state_dict(), "arch": arch, "step": 0})
         paths.append(path)

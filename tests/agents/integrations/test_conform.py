@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="the train extra is part of `all`: `make test` installs it")
 
 from searchgym.agents.grpo.advantages import compute_advantages  # noqa: E402
+from searchgym.agents.grpo.config import GRPOLossConfig, LLDSConfig  # noqa: E402
 from searchgym.agents.grpo.losses import entropy_bonus, grpo_llds_loss, kl_penalty, policy_loss  # noqa: E402
 from searchgym.agents.integrations.conform import (  # noqa: E402
     CHECKS,
@@ -203,7 +204,9 @@ def _loss_reads_the_mask_late(batch: RolloutBatch, adv: torch.Tensor, setup: Set
     logp, _ = token_logprobs(
         setup.model, batch.tokens, batch.attention_mask, vocab_size=setup.tokenizer.vocab_size
     )
-    loss, _ = grpo_llds_loss(logp, batch.logp_old, adv, late, llds_coef=0.0, kl_coef=0.0)
+    loss, _ = grpo_llds_loss(
+        logp, batch.logp_old, adv, late, GRPOLossConfig(kl_coef=0.0), LLDSConfig(gate=None)
+    )
     return LossOutput(loss, logp)
 
 
@@ -220,10 +223,10 @@ def _kl_over_tool_tokens(batch: RolloutBatch, adv: torch.Tensor, setup: Setup) -
         score_mask=response,
     )
     ent = entropy if setup.entropy_coef else None
+    weights = GRPOLossConfig(kl_coef=0.0, entropy_coef=setup.entropy_coef)
     loss, _ = grpo_llds_loss(
-        logp, batch.logp_old, adv, batch.loss_mask, llds_coef=0.0, kl_coef=0.0, entropy=ent,
-        entropy_coef=setup.entropy_coef,
-    )  # fmt: skip
+        logp, batch.logp_old, adv, batch.loss_mask, weights, LLDSConfig(gate=None), entropy=ent
+    )
     if setup.kl_coef:
         with torch.no_grad():
             ref, _ = token_logprobs(

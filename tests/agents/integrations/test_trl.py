@@ -299,19 +299,19 @@ def test_llds_under_gradient_accumulation_adds_up_to_the_whole_update(
 def test_batch_sizes_keep_their_meaning_across_processes() -> None:
     """questions_per_step and minibatch_size count responses over all processes; TRL's sizes are divided."""
     config = TRLConfig(questions_per_step=4, group_size=2, minibatch_size=4, progress=False)
-    assert config.process_batches(1) == (4, 1, 2)  # (per device, accumulation, steps per generation)
-    assert config.process_batches(2) == (2, 1, 2)
-    assert config.process_batches(4) == (1, 1, 2)
+    assert config.batch.process_batches(1) == (4, 1, 2)  # (per device, accumulation, steps per generation)
+    assert config.batch.process_batches(2) == (2, 1, 2)
+    assert config.batch.process_batches(4) == (1, 1, 2)
     micro = TRLConfig(
         questions_per_step=4, group_size=2, minibatch_size=4, micro_batch_size=1, progress=False
     )
-    assert micro.process_batches(2) == (1, 2, 4)
+    assert micro.batch.process_batches(2) == (1, 2, 4)
     for processes in (1, 2):
-        per_device, accumulation, steps = micro.process_batches(processes)
-        assert per_device * processes * steps == micro.batch_size  # TRL's generation batch
-        assert per_device * processes * accumulation == micro.minibatch_responses  # one update
+        per_device, accumulation, steps = micro.batch.process_batches(processes)
+        assert per_device * processes * steps == micro.batch.batch_size  # TRL's generation batch
+        assert per_device * processes * accumulation == micro.batch.minibatch_responses  # one update
     with pytest.raises(ConfigError, match="multiple of the number of processes"):
-        config.process_batches(3)
+        config.batch.process_batches(3)
     with pytest.raises(ConfigError, match="micro_batch_size 3 must be >= 1 and divide"):
         TRLConfig(questions_per_step=4, group_size=2, minibatch_size=4, micro_batch_size=3)
     args = trl_args(config, num_processes=1)

@@ -35,6 +35,7 @@ from verl.workers.config import ActorConfig  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 import searchgym.envs  # noqa: E402 - registers SearchQA-v0
+from searchgym.agents.grpo.config import LLDSConfig  # noqa: E402
 from searchgym.agents.grpo.losses import grpo_llds_loss, llds_loss  # noqa: E402
 from searchgym.agents.integrations.trajectories import EpisodeTokens, to_record  # noqa: E402
 from searchgym.agents.integrations.verl import (  # noqa: E402
@@ -125,8 +126,9 @@ def test_registered_loss_equals_searchgyms_grpo_llds_loss(gate: str) -> None:
     loss, _ = fn(
         b["old_log_prob"], b["log_prob"], b["advantages"], b["response_mask"], config=_actor_config(0.3)
     )
+    llds = LLDSConfig(gate=gate, coef=0.3)
     ours, _ = grpo_llds_loss(
-        b["log_prob"], b["old_log_prob"], b["per_response"], b["response_mask"], llds_coef=0.3, gate=gate
+        b["log_prob"], b["old_log_prob"], b["per_response"], b["response_mask"], llds=llds
     )
     torch.testing.assert_close(loss, ours)
     torch.testing.assert_close(_grad(loss, b["log_prob"]), _grad(ours, b["log_prob"]))
