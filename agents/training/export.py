@@ -15,7 +15,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.spec import EnvSpec, make_spec
+from searchgym.envs.spec import TRAINING, EnvSpec, make_spec
 from searchgym.errors import CheckpointError, ConfigError
 
 from ..llm import LLMPolicy
@@ -47,7 +47,7 @@ def load_policy(
     tokenizer: Any = None,
     device: str = "cpu",
     greedy: bool = True,
-    max_turn_tokens: int = 48,
+    max_turn_tokens: int = TRAINING.max_turn_tokens,
     temperature: float = 1.0,
 ) -> LLMPolicy:
     """A trained model as a policy: a searchgym checkpoint file or a saved Hugging Face folder.
@@ -58,7 +58,7 @@ def load_policy(
         tokenizer: Override the tokenizer (default: the checkpoint's, or the folder's own).
         device: Torch device of the model.
         greedy: Take the most likely token (evaluation) instead of sampling.
-        max_turn_tokens: The env's per-turn token cap.
+        max_turn_tokens: The env's per-turn token cap (default: the trainers' env's, ``TRAINING``).
         temperature: Sampling temperature when not greedy.
 
     Raises:

@@ -46,13 +46,16 @@ FILES = (
     "agents/integrations/verl_tool.py",
     "agents/scripted.py",
     "agents/llm/policy.py",
+    "agents/training/export.py",
 )
 
 
 NAMES = EnvSpec.field_names()
-DECLARED = re.compile(rf"^\s+({'|'.join(NAMES)})\s*:\s*[^=\n`'(]+=(?!\s*(EnvSpec\.\1|None)\b)", re.M)
+DECLARED = re.compile(
+    rf"^\s+({'|'.join(NAMES)})\s*:\s*[^=\n`'(]+=(?!\s*((EnvSpec|TRAINING)\.\1|None)\b)", re.M
+)
 """A field or argument with a default of its own, named as an env field (``topk: int = 3``). The spec's own
-default (``topk: int = EnvSpec.topk``) is no second declaration, nor is ``None`` (not given: an object passed
+default (``topk: int = EnvSpec.topk``, or the trainers' ``TRAINING.max_turn_tokens``) is no second declaration, nor is ``None`` (not given: an object passed
 in, e.g. ``retriever: Retriever | None = None``, or the env's value)."""
 FLAG = re.compile(rf"add_argument\(\s*\"--({'|'.join(n.replace('_', '-') for n in NAMES)})\"")
 """An option of an env field's flag added by hand (``add_argument("--topk", ...)``)."""
