@@ -22,7 +22,7 @@ from .grpo.losses import masked_mean
 from .training.checkpoint import save_checkpoint
 from .training.config import SFTConfig
 from .training.metrics import MetricLogger
-from .training.policy import build_policy
+from .training.policy import config_policy
 from .training.rollout import evaluate_greedy, pad_transcripts
 from .training.run import append_eval_episodes, make_optimizer, prepare_run_dir
 
@@ -81,14 +81,7 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     torch.manual_seed(config.run.seed)
-    policy, arch = build_policy(
-        config.model,
-        device=config.run.device,
-        weights_seed=config.run.seed,
-        max_context_tokens=config.env.max_context_tokens,
-        max_turn_tokens=config.env.max_turn_tokens,
-        seed=config.run.seed,
-    )
+    policy, arch = config_policy(config)
     model = policy.model
     demos = load_sft_demonstrations(config, policy.tokenizer)
     if not demos:

@@ -36,7 +36,7 @@ from ..llm import DEFAULT_SCORING, ScoringOptions
 from ..llm.precision import resolve_precision
 from ..training.clock import PhaseClock
 from ..training.metrics import MetricLogger, read_metrics
-from ..training.policy import build_policy
+from ..training.policy import config_policy
 from ..training.rollout import (
     RolloutBatch,
     collect_rollouts,
@@ -121,14 +121,9 @@ class GRPOTrainer:
         self.run_dir, self.device = Path(run.run_dir), run.device
         # bf16-autocast where the machine has it; else one line says so, and the run is fp32
         bf16 = resolve_precision(cfg.model.precision, run.device) == "bf16-autocast"
-        self.policy, self.arch = build_policy(
-            cfg.model,
-            device=run.device,
-            weights_seed=run.seed,
-            max_context_tokens=cfg.env.max_context_tokens,
+        self.policy, self.arch = config_policy(
+            cfg,
             temperature=cfg.loss.temperature,
-            max_turn_tokens=cfg.env.max_turn_tokens,
-            seed=run.seed,
             scoring=dataclasses.replace(scoring, autocast_bf16=bf16, group_prefixes=batch.shared_prefix),
         )
         self.model, tok = self.policy.model, self.policy.tokenizer

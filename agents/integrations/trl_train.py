@@ -24,7 +24,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     raise MissingDependencyError(getattr(e, "name", None) or "trl", "trl", "The TRL integration") from e
 
 from searchgym.agents.training.metrics import MetricLogger, read_metrics
-from searchgym.agents.training.policy import build_policy
+from searchgym.agents.training.policy import config_policy
 from searchgym.agents.training.rollout import evaluate_greedy
 from searchgym.agents.training.run import prepare_run_dir
 from searchgym.errors import ConfigError
@@ -191,15 +191,7 @@ def train_trl(config: TRLConfig, **trl_overrides: Any) -> dict[str, float]:
     resume_step = int(checkpoint.name.split("-")[1]) if checkpoint is not None else None
     if config.run.threads is not None:
         torch.set_num_threads(config.run.threads)
-    policy, _ = build_policy(
-        config.model,
-        device=config.run.device,
-        weights_seed=config.run.seed,
-        max_context_tokens=config.env.max_context_tokens,
-        temperature=config.loss.temperature,
-        max_turn_tokens=config.env.max_turn_tokens,
-        seed=config.run.seed,
-    )
+    policy, _ = config_policy(config, temperature=config.loss.temperature)
     tokenizer = policy.tokenizer
     if config.loss.kl_coef > 0 and (config.model.name is None or config.model.init is not None):
         # TRL builds its reference model from model.config.name_or_path: give it the initial weights.

@@ -16,9 +16,9 @@ from ..llm import LLMPolicy, tiny_causal_lm
 from ..llm.model import causal_lm_from_config
 from .checkpoint import load_checkpoint
 from .checkpoint_checks import check_arch
-from .config import ModelConfig
+from .config import ModelConfig, TrainConfig
 
-__all__ = ["CONFIG_PREFIX", "build_policy", "read_model_config"]
+__all__ = ["CONFIG_PREFIX", "build_policy", "config_policy", "read_model_config"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -117,6 +117,21 @@ def build_policy(
 
 CONFIG_PREFIX = "config:"
 """``--model config:SPEC``: a model of that architecture with random weights (see :func:`read_model_config`)."""
+
+
+def config_policy(config: TrainConfig, **policy_kwargs: Any) -> tuple[LLMPolicy, dict[str, Any]]:
+    """The policy a training config starts from (:func:`build_policy`): its model section on the run's
+    device, new weights seeded by the run's seed, sized for the env's context, turns of the env's
+    ``max_turn_tokens``, sampling seeded by the run's seed. ``policy_kwargs`` add to or override what goes to
+    :class:`LLMPolicy` (e.g. ``temperature``, ``seed``)."""
+    defaults = {"max_turn_tokens": config.env.max_turn_tokens, "seed": config.run.seed}
+    return build_policy(
+        config.model,
+        device=config.run.device,
+        weights_seed=config.run.seed,
+        max_context_tokens=config.env.max_context_tokens,
+        **{**defaults, **policy_kwargs},
+    )
 
 
 def read_model_config(spec: str) -> dict[str, Any]:

@@ -156,7 +156,7 @@ def run_rollout_benchmark(
     """
     import torch
 
-    from searchgym.agents.training.policy import build_policy
+    from searchgym.agents.training.policy import config_policy
     from searchgym.agents.training.rollout import collect_rollouts
     from searchgym.envs.vector import SearchQAVectorEnv
 
@@ -170,15 +170,7 @@ def run_rollout_benchmark(
             group_size=group_size,
             **(overrides or {}),
         )
-    policy, _ = build_policy(
-        cfg.model,
-        device=cfg.run.device,
-        weights_seed=cfg.run.seed,
-        max_context_tokens=cfg.env.max_context_tokens,
-        temperature=cfg.loss.temperature,
-        max_turn_tokens=cfg.env.max_turn_tokens,
-        seed=0,
-    )
+    policy, _ = config_policy(cfg, temperature=cfg.loss.temperature, seed=0)
     env = SearchQAVectorEnv(
         questions * group_size, cfg.env, autoreset_mode="Disabled", tokenizer=policy.tokenizer
     )

@@ -200,17 +200,10 @@ def wilson(p: float, n: int) -> tuple[float, float]:
 
 def _evaluate_untrained(config: TrainConfig) -> dict[str, float]:
     """Greedy play of the freshly initialised tiny model (the SFT run's starting point) on the eval questions."""
-    from searchgym.agents.training.policy import build_policy
+    from searchgym.agents.training.policy import config_policy
     from searchgym.agents.training.rollout import evaluate_greedy
 
-    policy, _ = build_policy(
-        config.model,
-        device=config.run.device,
-        weights_seed=config.run.seed,
-        max_context_tokens=config.env.max_context_tokens,
-        max_turn_tokens=config.env.max_turn_tokens,
-        seed=config.run.seed,
-    )
+    policy, _ = config_policy(config)
     return {
         f"eval/{k}": v
         for k, v in evaluate_greedy(policy.model, policy.tokenizer, config.env, config.eval).items()
@@ -220,17 +213,10 @@ def _evaluate_untrained(config: TrainConfig) -> dict[str, float]:
 def _headroom(config: TrainConfig, questions: int, seed: int, samples: int = 4) -> dict[str, Any]:
     """``bench headroom`` on the warm-start: its greedy EM against ``samples`` samples at temperature 1 on
     the first ``questions`` test questions (what RL can find that greedy play misses)."""
-    from searchgym.agents.training.policy import build_policy
+    from searchgym.agents.training.policy import config_policy
     from searchgym.bench.headroom import HeadroomSettings, LLMHeadroomPolicy, headroom_figures, run_headroom
 
-    policy, _ = build_policy(
-        config.model,
-        device=config.run.device,
-        weights_seed=config.run.seed,
-        max_context_tokens=config.env.max_context_tokens,
-        max_turn_tokens=config.env.max_turn_tokens,
-        seed=seed,
-    )
+    policy, _ = config_policy(config, seed=seed)
     policy.model.eval()
     settings = HeadroomSettings(questions=max(questions, 1), samples=samples, temperatures=(1.0,), seed=seed)
     env = {"spec": config.eval_env, "tokenizer": policy.tokenizer}

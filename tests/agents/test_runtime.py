@@ -10,12 +10,25 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from searchgym.agents.training.config import ModelConfig  # noqa: E402
+from searchgym.agents.training.config import ModelConfig, SFTConfig  # noqa: E402
 from searchgym.agents.training.metrics import MetricLogger, read_metrics  # noqa: E402
-from searchgym.agents.training.policy import build_policy  # noqa: E402
+from searchgym.agents.training.policy import build_policy, config_policy  # noqa: E402
 from searchgym.agents.training.run import prepare_run_dir  # noqa: E402
 from searchgym.cli import main  # noqa: E402
 from searchgym.errors import ConfigError, DataFormatError  # noqa: E402
+
+
+def test_a_configs_policy_has_its_model_seed_and_env_sizes() -> None:
+    config = SFTConfig(tiny_layers=1, tiny_hidden=32, seed=5, max_turn_tokens=17, max_context_tokens=700)
+    policy, arch = config_policy(config, temperature=0.5)
+    assert (policy.max_turn_tokens, policy.temperature) == (17, 0.5)
+    assert config_policy(config, max_turn_tokens=9)[0].max_turn_tokens == 9
+    same, _ = build_policy(config.model, weights_seed=5, max_context_tokens=700)
+    other, _ = build_policy(config.model, weights_seed=6, max_context_tokens=700)
+    weights = [list(m.model.parameters()) for m in (policy, same, other)]
+    assert all(torch.equal(a, b) for a, b in zip(weights[0], weights[1], strict=True))
+    assert not all(torch.equal(a, c) for a, c in zip(weights[0], weights[2], strict=True))
+    assert arch == build_policy(config.model, weights_seed=5, max_context_tokens=700)[1]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: --device cuda is valid here")
