@@ -17,6 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("eval",): (),
+    ("train", "grpo"): (),
+    ("train", "trl"): (),
+    ("train", "sft"): (),
+    ("train", "sb3"): (),
     ("demos",): (),
     ("export-trajectories",): (),
     ("bench", "headroom"): (),
