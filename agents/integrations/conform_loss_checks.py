@@ -30,8 +30,15 @@ ADVANTAGE_FIX = "compute each group's advantages from its own rewards, as the de
 AGGREGATION_FIX = "declare the aggregation the loss uses, or aggregate the per-token loss as declared"
 
 
-def _undeclared(name: str, field: str, value: str, valid: Iterable[str]) -> Result:
-    """The check's failure for a ``TrainBatch`` declaring a ``field`` value that is not one of ``valid``."""
+def _failed_declaration(name: str, built: Built, field: str, valid: Iterable[str]) -> Result | None:
+    """The check's failure when the build failed (:func:`._failed_build`), or when its ``TrainBatch``
+    declares a ``field`` value that is not one of ``valid``; ``None`` when there is something to check."""
+    failed = _failed_build(name, built)
+    if failed or built.batch is None:
+        return failed
+    value = getattr(built.batch, field)
+    if value in valid:
+        return None
     return Result(
         name,
         "fail",
@@ -43,13 +50,11 @@ def _undeclared(name: str, field: str, value: str, valid: Iterable[str]) -> Resu
 def check_advantages(built: Built, episodes: Sequence[Episode]) -> Result:
     """Each row's advantage equals the declared estimator's on its episode's group rewards."""
     name = "advantages"
-    failed = _failed_build(name, built)
+    failed = _failed_declaration(name, built, "estimator", ESTIMATORS)
     if failed:
         return failed
     batch = built.batch
     assert batch is not None
-    if batch.estimator not in ESTIMATORS:
-        return _undeclared(name, "estimator", batch.estimator, ESTIMATORS)
     ordered = sorted(episodes, key=lambda ep: ep.index)
     group_size = Counter(ep.group for ep in ordered).most_common(1)[0][1]
     rewards = torch.tensor([ep.reward for ep in ordered], dtype=torch.float32)
@@ -95,13 +100,11 @@ def check_aggregation(built: Built, clip_eps: float) -> Result:
     gradient ``-A_i * ratio_t * w_t`` with respect to its log-prob; ``w_t`` is the aggregation's weight.
     """
     name = "aggregation"
-    failed = _failed_build(name, built)
+    failed = _failed_declaration(name, built, "aggregation", AGGREGATIONS)
     if failed:
         return failed
     batch = built.batch
     assert batch is not None
-    if batch.aggregation not in AGGREGATIONS:
-        return _undeclared(name, "aggregation", batch.aggregation, AGGREGATIONS)
     failed = _failed_loss(name, built)
     if failed:
         return failed
