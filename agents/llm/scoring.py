@@ -25,9 +25,15 @@ from .prefix_groups import prefix_levels
 __all__ = ["DEFAULT_SCORING", "ScoringOptions", "token_logprobs"]
 
 
+def score_dtype(t: Tensor) -> torch.dtype:
+    """The dtype log-probabilities are computed and kept in: float32, or float64 for a float64 model (whose
+    runs must not round to float32 anywhere on the way to a sample: see ``tests/agents/test_grpo_numerics.py``)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
 def _scaled_logits(logits: Tensor, vocab_size: int, temperature: float) -> Tensor:
     # Dropping the ids beyond the real vocabulary is the same as setting their logits to -inf, and cheaper.
-    z = logits[..., :vocab_size].float()
+    z = logits[..., :vocab_size].to(score_dtype(logits))
     return z if temperature == 1.0 else z / temperature
 
 
@@ -202,7 +208,7 @@ def token_logprobs(
     picked, ent_inner = scoring.pick(
         logits[:, :-1], torch.where(valid, target, 0), vocab, temperature, with_entropy
     )
-    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    logp = torch.zeros(input_ids.shape, dtype=picked.dtype, device=input_ids.device)
     logp[:, 1:] = torch.where(valid, picked, 0.0)
     if ent_inner is None:
         return logp, None
@@ -391,12 +397,12 @@ def _selected_logprobs(
     picked, ent_sel = scoring.pick(
         logits, torch.where(valid, target, 0)[real], vocab, temperature, with_entropy
     )
-    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    inner = torch.zeros(real.shape, dtype=torch.float32, device=input_ids.device)
+    logp = torch.zeros(input_ids.shape, dtype=picked.dtype, device=input_ids.device)
+    inner = torch.zeros(real.shape, dtype=picked.dtype, device=input_ids.device)
     inner = inner.masked_scatter(real, torch.where(valid[real], picked, 0.0))
     logp = torch.cat([logp[:, :1], inner], dim=1)
     if ent_sel is None:
         return logp, None
-    ent = torch.zeros(real.shape, dtype=torch.float32, device=input_ids.device)
+    ent = torch.zeros(real.shape, dtype=ent_sel.dtype, device=input_ids.device)
     ent = ent.masked_scatter(real, ent_sel)
     return logp, torch.cat([torch.zeros_like(logp[:, :1]), ent], dim=1)

@@ -79,7 +79,9 @@ class ModelConfig:
     )
     tokenizer: str | None = option(None, "tokenizer name or path (default: the model's, else built-in)")
     init: str | None = option(None, "checkpoint to start from (e.g. the SFT model's checkpoint.pt)")
-    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "model parameter dtype")
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = option(
+        "float32", "model parameter dtype (float64: a reference run whose samples no CPU's rounding can flip)"
+    )
     tiny_layers: int = option(2, "layers of the tiny model (ignored with --model or --init)")
     tiny_hidden: int = option(128, "hidden size of the tiny model (ignored with --model or --init)")
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,12 @@ from .config import ModelConfig, TrainConfig
 
 __all__ = ["CONFIG_PREFIX", "build_policy", "config_policy", "read_model_config"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 
 
 def build_policy(
@@ -87,6 +94,39 @@ def build_policy(
             "tokenizer": model.tokenizer,
         }
     tokenizer = load_tokenizer(arch["tokenizer"])
+    with _new_weights_dtype(model.dtype):
+        net = _build_net(arch, model, tokenizer, weights_seed, max_context_tokens)
+    if state is not None:
+        try:
+            net.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"{model.init}: the model state does not fit its architecture ({e})"
+            ) from None
+    net = net.to(device=device, dtype=_DTYPES[model.dtype])
+    return LLMPolicy(net, tokenizer, **policy_kwargs), arch
+
+
+@contextlib.contextmanager
+def _new_weights_dtype(dtype: str) -> Iterator[None]:
+    """Random weights of a float64 model are drawn in float64: torch's float32 normal sampler rounds
+    differently on each CPU kernel (AVX-512, AVX2, scalar), so weights drawn in float32 and then widened
+    would differ by machine. Other dtypes draw in float32, as torch does, and are cast after."""
+    if dtype != "float64":
+        yield
+        return
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _build_net(
+    arch: dict[str, Any], model: ModelConfig, tokenizer: Any, weights_seed: int, max_context_tokens: int
+) -> Any:
+    """The network ``arch`` describes, at new random weights (or a pretrained model's own)."""
     if arch["kind"] == "tiny":
         net = tiny_causal_lm(
             tokenizer.vocab_size,
@@ -104,15 +144,7 @@ def build_policy(
 
         tf = import_transformers(f"Loading model {arch['name']!r}")
         net = tf.AutoModelForCausalLM.from_pretrained(arch["name"], dtype=_DTYPES[model.dtype])
-    if state is not None:
-        try:
-            net.load_state_dict(state)
-        except (RuntimeError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(
-                f"{model.init}: the model state does not fit its architecture ({e})"
-            ) from None
-    net = net.to(device=device, dtype=_DTYPES[model.dtype])
-    return LLMPolicy(net, tokenizer, **policy_kwargs), arch
+    return net
 
 
 CONFIG_PREFIX = "config:"

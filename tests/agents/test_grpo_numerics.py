@@ -3,23 +3,29 @@ oracle and on-policy probes, the ledger and ledger-LLDS, a final greedy evaluati
 checkpoint, every logged metric compared with committed values.
 
 Every metric of ``metrics.jsonl`` except ``time/*`` (wall clock) must equal its value in
-``grpo_numerics_expected.json`` within 1e-5, at every step (0 to 3), and the set of metrics must be the same.
-A refactoring of the trainer passes unchanged; a change that moves a number fails here, and the new values
-are written with
+``grpo_numerics_expected.json`` within 1e-9, at every step (0 to 3), and the set of metrics must be the same.
+A refactoring of the trainer passes unchanged; a change that moves a number fails here (the planted changes
+below show that it does), and the new values are written with
 
     .venv/bin/python tests/agents/test_grpo_numerics.py
 
 (which says in its output what changed; the reason belongs in the commit).
 
+The pin means the same on every CPU. The run is in float64 (``--dtype float64``: weights drawn, trained and
+scored in float64, sampling probabilities included): two CPU instruction sets (AVX-512, AVX2, torch's scalar
+``default`` kernels) round float64 kernels differently by about 1e-15, far too little to move a sampled
+token, so every CPU draws the same tokens and every metric agrees to about 1e-14 (measured under all three
+``ATEN_CPU_CAPABILITY`` settings; ``make test-portable`` runs it under each). In float32 the same rounding
+differences (about 1e-7) flip a sample within a step and every later number moves. The tolerance, 1e-9, is
+five orders of magnitude above that agreement and far below what a change of the maths moves.
+
 The fixture checkpoint is built inside the test instead of being committed: a two-answer dataset (one
 question text, "What does the coin show?", whose golden answer is "yes" or "no" by question), a tiny model
 (1 layer, hidden 32) at seeded random weights, and 128 supervised updates on the oracle's demonstrations
 (search "Coin", read the passage, answer). Each of these is a deterministic function of its seed on one
-thread, so the checkpoint is the same bytes in every run on a machine and build, which is what a committed
-file would guarantee; built, it costs a few seconds and no binary in the repository (a model over the built-in
-tokenizer's 8,192 ids is ~1 MB). The policy it gives searches once and answers "yes" or "no" about half and
-half, so groups have mixed rewards at temperature 1: advantages, LLDS's gates, SAPO, the on-policy probes
-and the ledger all see non-trivial values.
+thread; built, it costs a few seconds and no binary in the repository. The policy it gives searches once and
+answers "yes" or "no" about half and half, so groups have mixed rewards at temperature 1: advantages, LLDS's
+gates, SAPO, the on-policy probes and the ledger all see non-trivial values.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 EXPECTED = Path(__file__).with_name("grpo_numerics_expected.json")
-TOLERANCE = 1e-5
+TOLERANCE = 1e-9
 
 PASSAGES = (
     ("coin", "Coin", "The coin lands on yes or on no, never on its edge."),
@@ -46,6 +52,7 @@ PASSAGES = (
 )
 SPLITS = {"train": 64, "validation": 16, "test": 16}
 MODEL = {
+    "dtype": "float64",
     "tiny_layers": 1,
     "tiny_hidden": 32,
     "max_turns": 3,
@@ -187,11 +194,50 @@ def test_three_grpo_steps_reproduce_the_committed_metrics(tmp_path: Path) -> Non
     )
 
 
+def _flipped_action_gate(d: Any, m: Any) -> Any:
+    """LLDS's action gate with its sign planted wrong: open where the action *gained* likelihood."""
+    from searchgym.agents.grpo.losses import _segment_sums, action_ids
+
+    per_token, per_action = _segment_sums(d, action_ids(m))
+    return ((per_token < 0) & m).to(d.dtype), per_action < 0, torch.ones_like(per_action, dtype=torch.bool)
+
+
+def _clip_off_by_a_hundredth(monkeypatch: pytest.MonkeyPatch) -> None:
+    from searchgym.agents.grpo import losses
+
+    original = losses.policy_loss
+
+    def planted(logp: Any, logp_old: Any, advantages: Any, loss_mask: Any, clip_eps: float, **kw: Any) -> Any:
+        return original(logp, logp_old, advantages, loss_mask, clip_eps + 0.01, **kw)
+
+    monkeypatch.setattr(losses, "policy_loss", planted)
+
+
+def _gate_sign_flipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from searchgym.agents.grpo import losses
+
+    monkeypatch.setitem(losses._GATE_FNS, "action", _flipped_action_gate)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "plant", [_clip_off_by_a_hundredth, _gate_sign_flipped], ids=["clip+0.01", "gate-sign"]
+)
+def test_the_pin_fails_on_a_planted_change_of_the_maths(
+    plant: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each planted change moves some metric by far more than the tolerance (and than any CPU's rounding)."""
+    expected = json.loads(EXPECTED.read_text(encoding="utf-8"))
+    plant(monkeypatch)
+    found = differences(run_metrics(tmp_path), expected)
+    assert found, "the pin did not see a planted change of the maths"
+
+
 def test_differences_sees_a_moved_value_a_missing_metric_and_nan() -> None:
     base = [{"step": 1, "a": 1.0, "b": float("nan")}]
-    assert differences([{"step": 1, "a": 1.0 + 5e-6, "b": float("nan")}], base) == []
-    assert differences([{"step": 1, "a": 1.0 + 5e-5, "b": float("nan")}], base) == [
-        "step 1: a = 1.00005, expected 1.0"
+    assert differences([{"step": 1, "a": 1.0 + 5e-10, "b": float("nan")}], base) == []
+    assert differences([{"step": 1, "a": 1.0 + 5e-8, "b": float("nan")}], base) == [
+        "step 1: a = 1.00000005, expected 1.0"
     ]
     assert differences([{"step": 1, "a": 1.0}], base) == ["step 1: b only in the expected values"]
     assert differences([{"step": 1, "a": 1.0, "b": 0.0}], base) == ["step 1: b = 0.0, expected nan"]
