@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-fast lint typecheck browser unit test-verl clean
+.PHONY: venv demo test test-fast test-portable lint typecheck browser unit test-verl clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,19 @@ unit: venv browser
 # under load, benchmarks); under 3 minutes on an idle 2-core machine. `make test` is the whole suite, as CI runs.
 test-fast: lint
 	$(BIN)/pytest -m "not slow and not fuzz and not install"
+
+# The numeric tests under each set of CPU kernels torch may pick on the project's machines: the native one,
+# AVX2 only and torch's scalar `default` (MKL and oneDNN limited to match). Float32 kernels round differently
+# on each; these tests must pass on all three (docs/dev/portability.md).
+PORTABLE_TESTS ?= tests/agents/test_grpo_numerics.py tests/agents/test_grpo_losses.py tests/agents/test_mismatch.py \
+	tests/agents/test_advantages.py tests/agents/test_displacement.py tests/test_stats.py tests/test_rewards.py
+
+test-portable: venv
+	$(BIN)/pytest -m "not fuzz and not install" -k "not another_cpu_kernel_set" $(PORTABLE_TESTS)
+	ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+		$(BIN)/pytest -m "not fuzz and not install" -k "not another_cpu_kernel_set" $(PORTABLE_TESTS)
+	ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41 \
+		$(BIN)/pytest -m "not fuzz and not install" -k "not another_cpu_kernel_set" $(PORTABLE_TESTS)
 
 # verl 0.9.1 pins transformers < 5.11, so the verl integration is tested in its own virtualenv (a clean build
 # took 8-11 minutes on a busy two-core machine, 2.5 of them CPU; nothing once built). SEARCHGYM_REQUIRE_VERL=1

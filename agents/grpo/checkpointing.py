@@ -15,6 +15,7 @@ from ..training.run import check_resume_config
 from ..training.state import get_rng_state, load_training_state, set_rng_state
 from .config import GRPOConfig
 from .ledger import Ledger
+from .mismatch import Sampler
 
 __all__ = ["restore_grpo_checkpoint", "save_grpo_checkpoint"]
 
@@ -29,6 +30,7 @@ def save_grpo_checkpoint(
     scheduler: Any,
     config: GRPOConfig,
     ledger: Ledger | None,
+    sampler: dict[str, Any] | None = None,
 ) -> Path:
     """Writes the checkpoint atomically, with the RNG states of this moment."""
     return save_checkpoint(
@@ -43,12 +45,19 @@ def save_grpo_checkpoint(
             "rng": get_rng_state(),
             "config": config.to_dict(),
             **({"ledger": ledger.state_dict()} if ledger is not None else {}),
+            **({"sampler": sampler} if sampler is not None else {}),
         },
     )
 
 
 def restore_grpo_checkpoint(
-    path: Path, config: GRPOConfig, model: Any, optimizer: Any, scheduler: Any, ledger: Ledger | None
+    path: Path,
+    config: GRPOConfig,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    ledger: Ledger | None,
+    sampler: Sampler | None = None,
 ) -> int:
     """Loads a GRPO run's checkpoint into the given objects, sets the RNG states, returns its step.
 
@@ -73,6 +82,8 @@ def restore_grpo_checkpoint(
         set_rng_state(payload["rng"])
         if ledger is not None and "ledger" in payload:
             ledger.load_state_dict(payload["ledger"])
+        if sampler is not None:  # a stale sampler's weight history (a run saved before the dial: none)
+            sampler.load_state(payload.get("sampler", {}))
         return int(payload["step"])
     except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as e:
         raise CheckpointError(f"cannot resume from {path}: {e}") from None

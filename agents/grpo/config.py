@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeAlias, get_args
 
 from searchgym.errors import ConfigError
-from searchgym.options import check_choices, option, section
+from searchgym.options import check_bounds, check_choices, option, section
 
 from ..training.config import RUN_DIR_HELP, EvalConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig
 from .loss_term import check_loss_term_spec
@@ -30,6 +30,7 @@ __all__ = [
     "MA_SCHEDULES",
     "MINIBATCH_PLANS",
     "PRECISIONS",
+    "ROLLOUT_CORRECTIONS",
     "SAPO_THRESHOLD",
     "BatchConfig",
     "GRPOBatchConfig",
@@ -42,6 +43,7 @@ __all__ = [
     "LLDSConfig",
     "LossConfig",
     "ProbesConfig",
+    "SamplerConfig",
 ]
 
 Gate: TypeAlias = Literal["action", "response", "token"]
@@ -61,6 +63,11 @@ ADVANTAGE_CHOICES: tuple[str, ...] = get_args(Advantage)
 Precision: TypeAlias = Literal["fp32", "bf16-autocast"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 """``--precision`` values: the arithmetic of a run's rollouts and updates."""
+
+SamplerDtype: TypeAlias = Literal["same", "bfloat16"]
+RolloutCorrection: TypeAlias = Literal["none", "tis", "mis"]
+ROLLOUT_CORRECTIONS: tuple[str, ...] = get_args(RolloutCorrection)
+"""``--rollout-correction`` values (see :func:`searchgym.agents.grpo.mismatch.rollout_correction`)."""
 
 DIAGNOSTIC_GATE: Gate = "action"
 """The gate of what LLDS would measure when it is off (``train/llds_*`` of vanilla GRPO), and of ledger-LLDS
@@ -410,6 +417,54 @@ class ProbesConfig:
 
 
 @dataclass(frozen=True)
+class SamplerConfig:
+    """The sampler–learner mismatch dial (:mod:`searchgym.agents.grpo.mismatch`): rollouts sampled by a
+    policy that differs from the learner's in a controlled way, as an inference engine's does, and the
+    optional correction of the loss for it. All off (the default): the learner samples its own rollouts."""
+
+    sampler_dtype: SamplerDtype = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
+        "same", "the sampler's weights: the learner's (same), or the learner's rounded to bfloat16"
+    )
+    sampler_noise: float = option(
+        0.0,
+        "standard deviation of Gaussian noise added to the sampler's logits (0: none)",
+        bounds=(0.0, 100.0),
+    )
+    sampler_stale: int = option(
+        0,
+        "the sampler's weights are the learner's of this many optimizer updates ago (0: current)",
+        bounds=(0, 1000),
+    )
+    rollout_correction: RolloutCorrection = option(  # noqa: RUF009 - a Literal alias: immutable str
+        "none",
+        "correct the policy-gradient term for the sampler: tis = token weights min(pi_learner/pi_sampler, C); "
+        "mis = drop responses whose geometric-mean ratio lies outside [1/C, C] (C: the threshold)",
+    )
+    rollout_correction_threshold: float = option(
+        2.0, "C of --rollout-correction (tis: the weight cap; mis: the ratio bound)", bounds=(1.0, 1e6)
+    )
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        check_bounds(self)
+        if self.rollout_correction != "none" and self.rollout_correction_threshold <= 1.0:
+            raise ConfigError(
+                f"rollout_correction_threshold must be > 1 (got {self.rollout_correction_threshold}): it bounds "
+                "a ratio that is 1 where the sampler and the learner agree"
+            )
+
+    @property
+    def dial_on(self) -> bool:
+        """Whether the sampler differs from the learner (any of the three dials away from its default)."""
+        return self.sampler_dtype != "same" or self.sampler_noise > 0 or self.sampler_stale > 0
+
+    @property
+    def active(self) -> bool:
+        """Whether the trainer samples with a separate sampler or corrects for one."""
+        return self.dial_on or self.rollout_correction != "none"
+
+
+@dataclass(frozen=True)
 class GRPOEvalConfig(EvalConfig):
     """GRPO's evaluations: also of the initial policy, and every N steps."""
 
@@ -449,6 +504,7 @@ class GRPOConfig(GroupedConfig):
     batch: GRPOBatchConfig = section(GRPOBatchConfig(), "batches")  # noqa: RUF009 - a frozen dataclass
     loss: GRPOLossConfig = section(GRPOLossConfig(), "loss")  # noqa: RUF009 - a frozen dataclass
     probes: ProbesConfig = section(ProbesConfig(), "diagnostics")  # noqa: RUF009 - a frozen dataclass
+    sampler: SamplerConfig = section(SamplerConfig(), "sampler-learner mismatch")  # noqa: RUF009 - frozen
 
     FROZEN_CONTROL: ClassVar[bool] = True
 

@@ -119,6 +119,7 @@ def policy_loss(
     clip_eps_high: float | None = None,
     num_tokens: float | None = None,
     ratio_cap: float = RATIO_CAP,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The PPO-clipped surrogate on token ratios ``rho = exp(logp - logp_old)``, token-mean aggregated.
 
@@ -136,6 +137,9 @@ def policy_loss(
         clip_eps_high: Upper clip range (DAPO's "clip higher"); defaults to ``clip_eps``.
         num_tokens: Token-mean denominator override.
         ratio_cap: Largest importance ratio that reaches the loss (``inf``: no cap).
+        is_weights: ``(B, T)`` non-negative per-token weights of the surrogate (constants): the rollout
+            correction's importance weights ``pi_old / pi_sampler`` when another engine sampled the tokens
+            (:func:`searchgym.agents.grpo.mismatch.rollout_correction`); ``None``: 1.
 
     Returns:
         ``(loss, metrics)`` with metrics ``pg_loss``, ``clip_frac`` (fraction of policy tokens whose clipped
@@ -154,7 +158,10 @@ def policy_loss(
     ratio = log_ratio.exp()
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + high)
-    loss = masked_mean(torch.maximum(unclipped, clipped), m, num_tokens)
+    surrogate = torch.maximum(unclipped, clipped)
+    if is_weights is not None:  # w >= 0, so w * max(a, b) = max(w * a, w * b): the weight scales the token
+        surrogate = surrogate * is_weights.detach()
+    loss = masked_mean(surrogate, m, num_tokens)
     with torch.no_grad():
         clip_frac = masked_mean((clipped > unclipped).float(), m)
         approx_kl = masked_mean((ratio - 1.0) - log_ratio, m)
@@ -522,6 +529,7 @@ def grpo_llds_loss(
     entropy: Tensor | None = None,
     num_tokens: float | None = None,
     sapo_tokens: float | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """``L = L_GRPO + lambda * L_LLDS + sapo_coef * L_SAPO + kl_coef * KL(pi || ref) - entropy_coef * H``.
 
@@ -543,13 +551,21 @@ def grpo_llds_loss(
         entropy: ``(B, T)`` per-token entropies of the policy, or ``None``.
         num_tokens: Token-mean denominator override for every term.
         sapo_tokens: SAPO's denominator override (the ``A >= 0`` policy tokens of the whole mini-batch).
+        is_weights: ``(B, T)`` the policy-gradient term's per-token weights (:func:`policy_loss`).
 
     Returns:
         ``(loss, metrics)``: the metrics of every active term, plus ``loss`` and ``cap_frac`` (fraction of
         policy tokens at the ratio cap or the k3 cap).
     """
     total, metrics = policy_loss(
-        logp, logp_old, advantages, loss_mask, loss.clip_eps, num_tokens=num_tokens, ratio_cap=loss.ratio_cap
+        logp,
+        logp_old,
+        advantages,
+        loss_mask,
+        loss.clip_eps,
+        num_tokens=num_tokens,
+        ratio_cap=loss.ratio_cap,
+        is_weights=is_weights,
     )
     if llds.gate is not None and llds.coef:
         term, m = llds_loss(logp, logp_old, advantages, loss_mask, llds.gate, llds_weights, num_tokens)

@@ -15,7 +15,14 @@ from searchgym.protocol import ACTION_PATTERN, Source
 
 from .losses import action_ids, adaptive_answer_weight, answer_weights
 
-__all__ = ["PROBE_ACTIONS", "answer_span_mask", "llds_ma_weights", "probe_masks"]
+__all__ = [
+    "PROBE_ACTIONS",
+    "PROTOCOL_TAGS",
+    "answer_span_mask",
+    "llds_ma_weights",
+    "probe_masks",
+    "tag_masks",
+]
 
 # Same pattern as the environment's parser, on bytes so that offsets map to tokens exactly.
 _ACTION_PATTERN_BYTES = re.compile(ACTION_PATTERN.pattern.encode(), re.DOTALL)
@@ -116,3 +123,59 @@ def probe_masks(tokens: Tensor, sources: Tensor, token_bytes: Sequence[bytes]) -
         "search": search.to(policy.device),
         "answer": answer_span_mask(tokens, sources, token_bytes),
     }
+
+
+PROTOCOL_TAGS: dict[str, bytes] = {
+    "search_open": b"<search>",
+    "search_close": b"</search>",
+    "answer_open": b"<answer>",
+    "answer_close": b"</answer>",
+}
+"""The protocol's tags a policy writes, by the name its diagnostics take."""
+
+
+def tag_masks(
+    tokens: Tensor, sources: Tensor, token_bytes: Sequence[bytes], eos_id: int | None
+) -> dict[str, Tensor]:
+    """The policy tokens that write each protocol tag (:data:`PROTOCOL_TAGS`), and its end-of-sequence token.
+
+    Each action's policy tokens are joined as bytes; a token belongs to a tag when any of its bytes lies in
+    one of the tag's occurrences (a tag may take several tokens, or share one with text). ``eos`` marks the
+    policy tokens that are ``eos_id``.
+
+    Args:
+        tokens: ``(B, T)`` token ids of the transcripts.
+        sources: ``(B, T)`` who wrote each token (``Source``).
+        token_bytes: The tokenizer's bytes of every id.
+        eos_id: The end-of-sequence id (``None``: no ``eos`` mask is all false).
+
+    Returns:
+        ``{"search_open": …, "search_close": …, "answer_open": …, "answer_close": …, "eos": …}``, each
+        ``(B, T)`` bool.
+    """
+    policy = sources == int(Source.POLICY)
+    ids = action_ids(policy).cpu().tolist()
+    out = {name: torch.zeros(tokens.shape, dtype=torch.bool) for name in PROTOCOL_TAGS}
+    tok = tokens.cpu().tolist()
+    for b, row in enumerate(ids):
+        actions: dict[int, list[int]] = {}
+        for t, k in enumerate(row):
+            if k >= 0:
+                actions.setdefault(k, []).append(t)
+        for positions in actions.values():
+            pieces = [token_bytes[tok[b][t]] for t in positions]
+            starts, at = [], 0
+            for piece in pieces:
+                starts.append(at)
+                at += len(piece)
+            text = b"".join(pieces)
+            for name, tag in PROTOCOL_TAGS.items():
+                lo = text.find(tag)
+                while lo >= 0:
+                    hi = lo + len(tag)
+                    for t, start, piece in zip(positions, starts, pieces, strict=True):
+                        if start < hi and start + len(piece) > lo:
+                            out[name][b, t] = True
+                    lo = text.find(tag, hi)
+    eos = policy & (tokens == eos_id) if eos_id is not None else torch.zeros_like(policy)
+    return {name: mask.to(policy.device) for name, mask in out.items()} | {"eos": eos}

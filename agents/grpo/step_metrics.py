@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 
 import numpy as np
 from torch import Tensor
@@ -12,8 +13,9 @@ from torch import Tensor
 from ..training.rollout import RolloutBatch, summarize_episodes
 from .displacement import likelihood_metrics
 from .noise import noise_scale_two_batch
+from .spans import tag_masks
 
-__all__ = ["add_micro_metrics", "finite_mean", "rollout_metrics", "update_summary"]
+__all__ = ["add_micro_metrics", "collapse_metrics", "finite_mean", "rollout_metrics", "update_summary"]
 
 
 def finite_mean(values: list[float]) -> float:
@@ -47,6 +49,37 @@ def rollout_metrics(
     # The sampler's likelihood of fresh responses: context, not LLD (that is the displacement's).
     lik = likelihood_metrics(batch.logp_old, batch.loss_mask, batch.rewards > 0)
     return metrics | {f"rollout/{k}": v for k, v in lik.items()}
+
+
+def collapse_metrics(
+    batch: RolloutBatch, logp: Tensor, token_bytes: Sequence[bytes], eos_id: int | None
+) -> dict[str, float]:
+    """The step's collapse diagnostics (``collapse/``), from its rollouts and the policy's log-probabilities.
+
+    * ``p_search_open``, ``p_search_close``, ``p_answer_open``, ``p_answer_close``, ``p_eos``: the mean
+      probability the policy gives the tokens of each protocol tag where its responses write one (NaN when
+      none does): a policy forgetting its protocol loses these first;
+    * ``malformed_frac``: the share of episodes with at least one invalid turn (no well-formed tag pair);
+    * ``answer_without_search_frac``: the share of episodes that answered without any search.
+
+    Args:
+        batch: The step's rollouts.
+        logp: ``(B, T)`` the policy's log-probability of each taken token (``pi_old``: before the updates).
+        token_bytes: The tokenizer's bytes of every id.
+        eos_id: The tokenizer's end-of-sequence id.
+    """
+    out: dict[str, float] = {}
+    masks = tag_masks(batch.tokens, batch.sources, token_bytes, eos_id)
+    for name, mask in masks.items():
+        m = mask & batch.loss_mask
+        out[f"p_{name}"] = float(logp[m].double().exp().mean()) if bool(m.any()) else float("nan")
+    infos = batch.infos
+    n = max(len(infos), 1)
+    out["malformed_frac"] = sum(int(i.get("invalid_turns", 0)) > 0 for i in infos) / n
+    out["answer_without_search_frac"] = (
+        sum(i.get("answer") is not None and int(i.get("searches", 0)) == 0 for i in infos) / n
+    )
+    return {f"collapse/{k}": v for k, v in out.items()}
 
 
 def add_micro_metrics(sums: dict[str, float], metrics: dict[str, float], share: float) -> None:

@@ -71,11 +71,12 @@ from .losses import (
     llds_loss,
     masked_mean,
 )
+from .mismatch import Sampler, mismatch_metrics, rollout_correction
 from .noise import MicroGradients
 from .pi_old import PI_OLD_TOLERANCE
 from .probes import onpolicy_probes, oracle_probe
 from .spans import llds_ma_weights, probe_masks
-from .step_metrics import add_micro_metrics, rollout_metrics, update_summary
+from .step_metrics import add_micro_metrics, collapse_metrics, rollout_metrics, update_summary
 
 __all__ = ["GRPOTrainer", "length_buckets", "minibatch_plan", "train_grpo"]
 
@@ -88,6 +89,9 @@ class _Fixed(NamedTuple):
     ref_logp: Tensor | None  # the reference's log-probs (None without KL)
     weights: Tensor | None  # LLDS-MA's per-token weights (None without --llds-ma)
     beta: float | None  # LLDS-MA's answer weight
+    is_weights: Tensor | None  # the rollout correction's token weights (None unless tis)
+    keep: Tensor  # (B,) the responses the updates train on (all but those mis drops)
+    metrics: dict[str, float]  # what the step measured of pi_old: collapse/ and mismatch/ metrics
 
 
 class GRPOTrainer:
@@ -127,6 +131,8 @@ class GRPOTrainer:
             scoring=dataclasses.replace(scoring, autocast_bf16=bf16, group_prefixes=batch.shared_prefix),
         )
         self.model, tok = self.policy.model, self.policy.tokenizer
+        # The mismatch dial: a separate sampler plays the rollouts (None: the learner samples its own).
+        self.sampler = Sampler(self.policy, cfg.sampler, run.seed) if cfg.sampler.dial_on else None
         # The reference is the initial policy; skipped entirely (no copy, no forward) when kl_coef == 0.
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.loss.kl_coef else None
         # As in verl, the learning rate changes once per rollout step (all of a step's updates share it).
@@ -240,8 +246,12 @@ class GRPOTrainer:
         ``(seed, step, draw)``, so a resumed run draws what the uninterrupted run would have drawn, and the
         first draw of a step is the same in every arm of a seed (the frozen control's included)."""
         seed = step_seed(self.config.run.seed, self.step, 500 + draw if draw else None)
-        self.policy.reset({}, seed=seed)
-        return collect_rollouts(self.env, self.policy, seed=seed, group_size=self.config.batch.group_size)
+        policy = self.policy
+        if self.sampler is not None:
+            self.sampler.sync()
+            policy = self.sampler.policy
+        policy.reset({}, seed=seed)
+        return collect_rollouts(self.env, policy, seed=seed, group_size=self.config.batch.group_size)
 
     def rollout(self) -> RolloutBatch:
         """The step's rollout batch (:meth:`sample_step` without its metrics)."""
@@ -345,10 +355,16 @@ class GRPOTrainer:
         self.model.eval()  # dropout off: pi_old and pi_theta must be the same function of the parameters
         fixed = self._before_updates(batch, plan, first_epoch)
         self.update_metrics = []
+        if not bool(fixed.keep.all()):  # --rollout-correction mis: the dropped responses leave every update
+            plan = [
+                kept for mb in plan if (kept := [idx[fixed.keep[idx]] for idx in mb if fixed.keep[idx].any()])
+            ]
         for n, micro_batches in enumerate(plan):  # one optimizer update per mini-batch
             self.update_metrics.append(
                 self._update_minibatch(batch, micro_batches, advantages, fixed, self._ledger_rows(n))
             )
+            if self.sampler is not None:
+                self.sampler.record()
         metrics = self._after_updates(batch, advantages, fixed, first_epoch)
         self.model.train(model_mode)
         return metrics
@@ -363,7 +379,19 @@ class GRPOTrainer:
         with self.clock("reference"):
             ref_logp = self._reference_logprobs(batch, first_epoch)
         weights, beta = self._llds_weights(batch)
-        return _Fixed(logp_old, gap, ref_logp, weights, beta)
+        tok, sampler = self.policy.tokenizer, self.config.sampler
+        metrics = collapse_metrics(batch, logp_old, tok.token_bytes, tok.eos_token_id)
+        is_weights, keep, correction = rollout_correction(
+            logp_old,
+            batch.logp_old,
+            batch.loss_mask,
+            sampler.rollout_correction,
+            sampler.rollout_correction_threshold,
+        )
+        if sampler.active:  # batch.logp_old is the sampler's: the gap on the tokens it drew
+            gap_metrics = mismatch_metrics(batch.logp_old, logp_old, batch.loss_mask) | correction
+            metrics |= {f"mismatch/{k}": v for k, v in gap_metrics.items()}
+        return _Fixed(logp_old, gap, ref_logp, weights, beta, is_weights, keep, metrics)
 
     def _after_updates(
         self, batch: RolloutBatch, advantages: Tensor, fixed: _Fixed, first_epoch: list[Tensor]
@@ -373,6 +401,7 @@ class GRPOTrainer:
         if not self.config.frozen:  # the frozen control's rate is 0 throughout, it never steps the optimizer
             self.scheduler.step()
         metrics = update_summary(self.update_metrics, rate, fixed.gap, fixed.beta, self.config.probes.log_gns)
+        metrics |= fixed.metrics
         with self.clock("displacement"):
             metrics |= self.displacement(batch, advantages, fixed.logp_old, first_epoch)
         return metrics
@@ -407,7 +436,8 @@ class GRPOTrainer:
         update-free step then measures exactly zero displacement); ``False`` keeps the sampler's throughout
         (the first update then sees float noise, which LLDS's ``max(d, 0)`` turns into a gradient).
         """
-        rule = self.config.loss.rescore_pi_old
+        # With the mismatch dial or a correction, batch.logp_old is another policy's: pi_old is the learner's.
+        rule = True if self.config.sampler.active else self.config.loss.rescore_pi_old
         logp = batch.logp_old.clone()
         if rule is False:
             return logp, torch.full((1,), float("nan"))
@@ -484,6 +514,9 @@ class GRPOTrainer:
                     None if weights is None else weights[idx, :width].to(self.device),
                     num_tokens,
                     sapo_tokens=sapo_tokens,
+                    is_weights=None
+                    if fixed.is_weights is None
+                    else fixed.is_weights[idx, :width].to(self.device),
                 )
             finite = finite and bool(torch.isfinite(loss))
             if finite and not cfg.frozen:
@@ -535,6 +568,7 @@ class GRPOTrainer:
         num_tokens: float | None = None,
         *,
         sapo_tokens: float | None = None,
+        is_weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         """The GRPO(+LLDS) loss of one micro-batch; the policy's output layer runs on policy tokens only, so
         prompt and tool positions get no gradient at all.
@@ -542,7 +576,8 @@ class GRPOTrainer:
         ``logp_old=None`` takes this forward's own log-probs as ``pi_old`` (an on-policy loss: the gradient
         noise measurement's). ``num_tokens`` and
         ``sapo_tokens`` are the whole mini-batch's token counts (all policy tokens; those of ``A >= 0``
-        responses) when a mini-batch is split into micro-batches.
+        responses) when a mini-batch is split into micro-batches. ``is_weights`` are the rollout correction's
+        token weights of the policy-gradient term.
         """
         cfg = self.config
         mask = mb.loss_mask
@@ -564,6 +599,7 @@ class GRPOTrainer:
             entropy=entropy if cfg.loss.entropy_coef else None,
             num_tokens=num_tokens,
             sapo_tokens=sapo_tokens,
+            is_weights=is_weights,
         )
         if self.loss_term is not None:  # --loss-term, weighted by the micro-batch's share of the tokens
             inputs = LossTermInputs.of(mb, logp, logp_old, advantages, entropy, ref_logp, self.step)
@@ -674,11 +710,12 @@ class GRPOTrainer:
             scheduler=self.scheduler,
             config=self.config,
             ledger=self.ledger,
+            sampler=None if self.sampler is None else self.sampler.state(),
         )
 
     def _restore(self, path: Path) -> None:
         self.step = restore_grpo_checkpoint(
-            path, self.config, self.model, self.optimizer, self.scheduler, self.ledger
+            path, self.config, self.model, self.optimizer, self.scheduler, self.ledger, self.sampler
         )
 
 

@@ -9,6 +9,7 @@ model, the sampler, the scoring and the kept KV cache are in :mod:`.model`, :mod
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,9 @@ class LLMPolicy(SegmentAgent):
             tool observation feeds the model only the new tokens (see :meth:`generate_segments`).
         scoring: How :meth:`token_logprobs` computes log-probabilities (a trainer scores through it too);
             its ``autocast_bf16`` also sets the precision of generation's forward passes.
+        logit_noise: Standard deviation of Gaussian noise added to the logits before each sampled token (a
+            sampler that disagrees with the model it samples for; 0: none). The reported log-probabilities
+            are the noisy distribution's; greedy play and :meth:`token_logprobs` never see the noise.
     """
 
     name = "llm"
@@ -91,6 +95,7 @@ class LLMPolicy(SegmentAgent):
         top_p: float = 1.0,
         reuse_cache: bool = True,
         scoring: ScoringOptions = DEFAULT_SCORING,
+        logit_noise: float = 0.0,
     ) -> None:
         super().__init__()
         self.model = model
@@ -101,6 +106,8 @@ class LLMPolicy(SegmentAgent):
             raise ConfigError(f"max_turn_tokens must be >= 1, got {max_turn_tokens}")
         if not 0.0 < top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+        if not (logit_noise >= 0 and math.isfinite(logit_noise)):
+            raise ConfigError(f"logit_noise must be a finite number >= 0, got {logit_noise}")
         size = _output_size(model)
         if size < self.tokenizer.vocab_size:
             raise ConfigError(
@@ -118,6 +125,9 @@ class LLMPolicy(SegmentAgent):
         self._prefill = _Prefill(self._io, self.tokenizer.pad_token_id)
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed)
+        self.logit_noise = logit_noise
+        self._noise_generator = torch.Generator(device=self.device)
+        self._noise_generator.manual_seed(_noise_seed(seed))
         self._cache: Any = None
         self._cached_ids = np.zeros(0, dtype=np.int64)
 
@@ -178,7 +188,11 @@ class LLMPolicy(SegmentAgent):
     # -- sampling ----------------------------------------------------------------------------------------
 
     def _sample(self, logits: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """Draws one id per row of ``logits`` (B, V_model); returns ids (B,) and their log-probs (B,)."""
+        """Draws one id per row of ``logits`` (B, V_model); returns ids (B,) and their log-probs (B,) under the
+        distribution it drew from (with ``logit_noise``, the noisy one: what an engine would report)."""
+        if self.logit_noise and not self.greedy:
+            noise = torch.randn(logits.shape, generator=self._noise_generator, device=logits.device)
+            logits = logits + self.logit_noise * noise.to(logits.dtype)
         return sample_tokens(
             logits,
             self.vocab_size,
@@ -199,6 +213,7 @@ class LLMPolicy(SegmentAgent):
         self._session = None
         if seed is not None:
             self._generator.manual_seed(seed)
+            self._noise_generator.manual_seed(_noise_seed(seed))
 
     @torch.no_grad()
     def act(self, observation: Observation, info: dict[str, Any]) -> int:
@@ -408,3 +423,8 @@ class LLMPolicy(SegmentAgent):
             score_mask=score_mask,
             scoring=self.scoring if scoring is None else scoring,
         )
+
+
+def _noise_seed(seed: int) -> int:
+    """The logit noise's seed: apart from the sampling draws' (the same seed would tie the two streams)."""
+    return (seed + 0x9E3779B97F4A7C15) % (1 << 63)

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import torch
 
 from searchgym.errors import CheckpointError, ConfigError
+from searchgym.failures import episode_stage
 from searchgym.integrity import file_sha256, remove_stale_temp_files
 
 from .config import OptimConfig, TrainConfig
@@ -44,13 +45,15 @@ resumed run appends, so the last line of a (step, question) pair is the one that
 
 def append_eval_episodes(run_dir: str | Path, step: int, episodes: list[dict[str, Any]], reward: str) -> None:
     """Appends one evaluation's per-question outcomes to ``RUN_DIR/eval_episodes.jsonl``: step, question id,
-    EM, F1, the run's ``reward``, searches, and whether the episode answered; two evaluations can then be
-    compared question by question."""
+    EM, F1, the run's ``reward``, searches, whether the episode answered, the question's kind and the stage
+    it failed at (:func:`searchgym.failures.episode_stage`: ``correct``, ``no_answer``, ``not_retrieved``,
+    ``misread``); two evaluations can then be compared question by question, and a fall placed by stage."""
     with open(Path(run_dir) / EVAL_EPISODES, "a", encoding="utf-8") as f:
         for info in episodes:
             record = {"step": step, "question_id": info["question_id"], "em": info["em"], "f1": info["f1"]}
             record |= {"reward": info[reward], "searches": info["searches"]}
-            f.write(json.dumps(record | {"answered": info["answer"] is not None}) + "\n")
+            record |= {"answered": info["answer"] is not None, "kind": info.get("question_kind")}
+            f.write(json.dumps(record | {"stage": episode_stage(info)}) + "\n")
 
 
 RUN_FILES = (CHECKPOINT, "metrics.jsonl", "tb", EVAL_EPISODES)

@@ -7,9 +7,10 @@ Every metric of ``metrics.jsonl`` except ``time/*`` (wall clock) must equal its 
 A refactoring of the trainer passes unchanged; a change that moves a number fails here (the planted changes
 below show that it does), and the new values are written with
 
-    .venv/bin/python tests/agents/test_grpo_numerics.py
+    .venv/bin/python tests/agents/test_grpo_numerics.py --write
 
-(which says in its output what changed; the reason belongs in the commit).
+(which says in its output what changed; the reason belongs in the commit; without ``--write`` it only
+compares).
 
 The pin means the same on every CPU. The run is in float64 (``--dtype float64``: weights drawn, trained and
 scored in float64, sampling probabilities included): two CPU instruction sets (AVX-512, AVX2, torch's scalar
@@ -43,6 +44,16 @@ pytest.importorskip("transformers")
 
 EXPECTED = Path(__file__).with_name("grpo_numerics_expected.json")
 TOLERANCE = 1e-9
+
+CPU_KERNELS = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "default": {
+        "ATEN_CPU_CAPABILITY": "default",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+    },
+}
+"""The environment that limits torch (and MKL and oneDNN) to AVX2 kernels, or to torch's scalar ones."""
 
 PASSAGES = (
     ("coin", "Coin", "The coin lands on yes or on no, never on its edge."),
@@ -189,9 +200,24 @@ def test_three_grpo_steps_reproduce_the_committed_metrics(tmp_path: Path) -> Non
     found = differences(run_metrics(tmp_path), expected)
     assert not found, (
         f"{len(found)} metric(s) moved; if intended, regenerate with "
-        "`.venv/bin/python tests/agents/test_grpo_numerics.py` and give the reason in the commit:\n"
+        "`.venv/bin/python tests/agents/test_grpo_numerics.py --write` and give the reason in the commit:\n"
         + "\n".join(found[:40])
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", ["avx2", "default"])
+def test_the_pin_holds_under_another_cpu_kernel_set(isa: str) -> None:
+    """The pinned run under torch's AVX2 or scalar kernels (and MKL's and oneDNN's matching limits) gives the
+    committed values: the pin does not depend on the machine's instruction set (``make test-portable``)."""
+    import os
+    import subprocess
+
+    env = os.environ | CPU_KERNELS[isa]
+    done = subprocess.run(
+        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, f"under {CPU_KERNELS[isa]}:\n{done.stderr[-4000:]}"
 
 
 def _flipped_action_gate(d: Any, m: Any) -> Any:
@@ -244,20 +270,22 @@ def test_differences_sees_a_moved_value_a_missing_metric_and_nan() -> None:
     assert differences([{"step": 2, "a": 1.0, "b": 0.0}], base) == ["steps [2] != [1]"]
 
 
-def _regenerate() -> int:
-    """Writes :data:`EXPECTED` from a fresh run (in a temporary folder), and prints what changed."""
+def _main(argv: list[str]) -> int:
+    """Runs the pinned steps (in a temporary folder) and prints what differs from :data:`EXPECTED`; with
+    ``--write``, writes the run's values into it. Exit status 1 when a value differs and nothing was written."""
     import tempfile
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="searchgym-numerics-") as tmp:
         got = run_metrics(Path(tmp))
-    if EXPECTED.exists():
-        changed = differences(got, json.loads(EXPECTED.read_text(encoding="utf-8")))
-        print("\n".join(changed) if changed else "no metric moved", file=sys.stderr)
+    changed = differences(got, json.loads(EXPECTED.read_text(encoding="utf-8"))) if EXPECTED.exists() else []
+    print("\n".join(changed) if changed else "no metric moved", file=sys.stderr)
+    if "--write" not in argv:
+        return 1 if changed else 0
     EXPECTED.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"wrote {EXPECTED} ({len(got)} steps, {len(got[-1])} metrics at the last)", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_regenerate())
+    sys.exit(_main(sys.argv[1:]))
