@@ -230,3 +230,15 @@ def test_the_study_page_quotes_the_report_of_the_committed_summaries(study: str)
     assert start in doc and end in doc
     quoted = doc.split(start)[1].split(end)[0].strip().removeprefix("```text").removesuffix("```").strip()
     assert quoted == report([study, str(ROOT / "docs" / "experiments" / study)]).strip()
+
+
+def test_lld5_dial_levels_at_a_tiny_size(tmp_path: Path) -> None:
+    """docs/experiments/lld5.md's dial levels: one short run per level, and a table of the gap each opened
+    (the bfloat16 sampler and the noisy one open a gap on the first step; a sampler one update stale does
+    once the learner has moved)."""
+    env = small_env(tmp_path, LEVELS="bf16:--sampler-dtype=bfloat16 noise1:--sampler-noise=1.0")
+    stdout = run_stage("lld5_dial_levels.sh", [], env)
+    rows = [line for line in stdout.splitlines() if line.startswith("| bf16") or line.startswith("| noise1")]
+    assert len(rows) == 2, stdout
+    kl = {row.split("|")[1].strip(): float(row.split("|")[3]) for row in rows}
+    assert kl["noise1"] > 0 and kl["bf16"] >= 0

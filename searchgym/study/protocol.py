@@ -16,7 +16,8 @@ The tables (docs/study.md gives a worked example):
 * ``[definitions.NAME]`` and ``[signals.NAME]``: per-run findings of a kind (:mod:`.rules`); signals are
   the warning signals whose lead the report measures;
 * ``[[criteria]]``: ``id``, ``name``, ``kind`` and its parameters;
-* ``[report]``: ``event`` (the definition leads are measured against), ``figure`` (a path).
+* ``[report]``: ``event`` (the definition leads are measured against), ``figure`` (a path), ``losses`` (arms
+  whose questions lost between their peak and their end are counted by kind and failure stage).
 
 Every problem is one :class:`~searchgym.errors.ConfigError` line naming the file, the table and the key.
 """
@@ -36,7 +37,7 @@ from typing import Any
 from searchgym.errors import ConfigError
 
 from .criteria import CRITERION_KINDS
-from .rules import DEFINITION_KINDS, EVAL_EM, check_definition, read_params
+from .rules import DEFINITION_KINDS, EVAL_EM, as_names, check_definition, read_params
 
 if sys.version_info >= (3, 11):  # noqa: UP036 - the package installs on Python 3.10 too
     import tomllib
@@ -146,6 +147,7 @@ class Protocol:
     criteria: tuple[Criterion, ...]
     event: str | None
     figure: Path | None
+    losses: tuple[str, ...] = ()
 
     @property
     def steps(self) -> int:
@@ -285,7 +287,11 @@ def load_protocol(path: str | Path) -> Protocol:
         if n in definitions:
             raise ConfigError(f"{where}: {n!r} is both a definition and a signal; rename one")
     report = _table(doc, "report", where)
-    _unknown(report, ("event", "figure"), f"{where}: [report]")
+    _unknown(report, ("event", "figure", "losses"), f"{where}: [report]")
+    losses = as_names(report["losses"], f"{where}: [report] losses") if "losses" in report else ()
+    for arm in losses:
+        if arm not in arms:
+            raise ConfigError(f"{where}: [report] losses: no arm named {arm!r}; arms: {', '.join(arms)}")
     protocol = Protocol(
         path=path,
         name=str(name),
@@ -303,6 +309,7 @@ def load_protocol(path: str | Path) -> Protocol:
         criteria=_criteria(doc.get("criteria", []), where),
         event=report.get("event"),
         figure=here / report["figure"] if "figure" in report else None,
+        losses=losses,
     )
     _check_references(protocol, where)
     if evaluation is not None and evaluation.steps[-1] != protocol.steps:
@@ -454,11 +461,23 @@ def _check_references(p: Protocol, where: str) -> None:
         if name not in known:
             raise ConfigError(f"{here}: no definition or signal named {name!r}; defined: {', '.join(known)}")
         if event is not None and known[name].event != event:
-            raise ConfigError(f"{here}: {name!r} must be an event kind (a step), not {known[name].kind!r}")
+            sort = "an event kind (a step)" if event else "a test (met or not), not an event"
+            raise ConfigError(f"{here}: {name!r} must be {sort}, not {known[name].kind!r}")
 
     for d in p.definitions.values():
         if d.kind == "phases":
             need(d.params["event"], f"{where}: [definitions.{d.name}] event", event=True)
+        if d.kind == "earlier":
+            need(d.params["event"], f"{where}: [definitions.{d.name}] event", event=True)
+            if d.params["against"] not in p.arms:
+                raise ConfigError(
+                    f"{where}: [definitions.{d.name}] against must be an arm, got {d.params['against']!r}"
+                )
+        if d.kind == "either":
+            for name in d.params["of"]:
+                need(name, f"{where}: [definitions.{d.name}] of", event=False)
+                if name == d.name:
+                    raise ConfigError(f"{where}: [definitions.{d.name}] of names the definition itself")
         if d.kind == "em_gain" and d.params["against"] not in ("warmstart", *p.arms):
             raise ConfigError(
                 f"{where}: [definitions.{d.name}] against must be warmstart or an arm, got {d.params['against']!r}"

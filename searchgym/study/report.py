@@ -13,7 +13,7 @@ from searchgym.errors import ConfigError
 from .criteria import CRITERION_KINDS, Verdict
 from .protocol import Protocol
 from .rules import EVAL_EM, RunView, level
-from .summary import em_vector, eval_series, load_summaries, series
+from .summary import KIND_CODES, STAGE_CODES, em_vector, eval_series, load_summaries, series
 
 __all__ = ["Judge", "plot", "report"]
 
@@ -114,12 +114,96 @@ def report(protocol: Protocol, summaries_dir: Path | None = None, figure: Path |
                 f"control s{seed}: greedy EM by step {{{', '.join(f'{t}: {v:.4g}' for t, v in evals.items())}}} "
                 f"(weights frozen: {frozen})"
             )
-    lines += ["", *_runs_table(judge), "", *_signals_table(judge), "", "verdict:"]
+    lines += ["", *_runs_table(judge), "", *_signals_table(judge)]
+    for arm in protocol.losses:
+        lines += ["", *_losses_table(judge, arm)]
+    lines += ["", "verdict:"]
     lines += ["  " + v.line() for v in judge.verdicts()] or ["  (no criteria)"]
     if figure is not None:
         plot(judge, figure)
         lines.append(f"figure: {figure}")
     return "\n".join(lines)
+
+
+def lost_questions(s: dict[str, Any]) -> dict[str, Any] | None:
+    """The questions a run had right at its greedy-EM peak and wrong at its end, with each one's kind and the
+    stage it failed at in the end (``None`` when the summary lacks the per-question records or never fell).
+
+    Returns:
+        ``peak`` and ``end`` (steps), ``lost`` and ``gained`` (counts between them), ``by_kind`` and
+        ``by_stage`` (counts of the lost questions, by letter code of :data:`.summary.KIND_CODES` and
+        :data:`.summary.STAGE_CODES`).
+    """
+    evals = eval_series(s)
+    if not evals:
+        return None
+    end = max(evals)
+    peak = max(evals, key=lambda t: (evals[t], -t))
+    if peak == end:
+        return None
+    a, b = s["eval"][str(peak)], s["eval"][str(end)]
+    if "stage_by_question" not in b or "kind_by_question" not in b:
+        return None
+    was, now = a["em_by_question"], b["em_by_question"]
+    lost = [i for i, (x, y) in enumerate(zip(was, now, strict=True)) if x == "1" and y == "0"]
+    gained = sum(x == "0" and y == "1" for x, y in zip(was, now, strict=True))
+    by_kind: dict[str, int] = {}
+    by_stage: dict[str, int] = {}
+    for i in lost:
+        by_kind[b["kind_by_question"][i]] = by_kind.get(b["kind_by_question"][i], 0) + 1
+        by_stage[b["stage_by_question"][i]] = by_stage.get(b["stage_by_question"][i], 0) + 1
+    return {
+        "peak": peak,
+        "end": end,
+        "lost": len(lost),
+        "gained": gained,
+        "by_kind": by_kind,
+        "by_stage": by_stage,
+    }
+
+
+def _losses_table(judge: Judge, arm: str) -> list[str]:
+    """``arm``'s questions lost between its peak and its end, per seed and pooled: by kind and by stage."""
+    kinds = {code: name for name, code in KIND_CODES.items()} | {"?": "other"}
+    stages = {code: name for name, code in STAGE_CODES.items()}
+    header = ["seed", "peak → end", "lost / gained", *kinds.values(), *(stages[c] for c in "arm")]
+    rows, pooled = [], {"lost": 0, "gained": 0, "by_kind": {}, "by_stage": {}}
+    for v in judge.views(arm):
+        found = lost_questions(v.summary)
+        if found is None:
+            rows.append(
+                [
+                    f"s{v.seed}",
+                    "no fall, or no per-question records",
+                    "–",
+                    *("–" for _ in kinds),
+                    "–",
+                    "–",
+                    "–",
+                ]
+            )
+            continue
+        pooled["lost"] += found["lost"]
+        pooled["gained"] += found["gained"]
+        for key in ("by_kind", "by_stage"):
+            for code, n in found[key].items():
+                pooled[key][code] = pooled[key].get(code, 0) + n
+        rows.append(_loss_row(f"s{v.seed}", f"{found['peak']} → {found['end']}", found, kinds))
+    rows.append(_loss_row("pooled", "", pooled, kinds))
+    return [
+        f"{arm}: questions right at the peak and wrong at the end, by kind and by the end's failure stage",
+        *_table(header, rows),
+    ]
+
+
+def _loss_row(seed: str, steps: str, found: dict[str, Any], kinds: dict[str, str]) -> list[str]:
+    return [
+        seed,
+        steps,
+        f"{found['lost']} / {found['gained']}",
+        *(str(found["by_kind"].get(c, 0)) for c in kinds),
+        *(str(found["by_stage"].get(c, 0)) for c in "arm"),
+    ]
 
 
 def _runs_table(judge: Judge) -> list[str]:

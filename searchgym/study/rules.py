@@ -317,8 +317,9 @@ def peak(view: RunView, p: Mapping[str, Any]) -> Finding:
 
 def em_gain(view: RunView, p: Mapping[str, Any]) -> Finding:
     """Greedy EM at ``at`` (``"end"``: the run's last step) minus the warm-start's (``against =
-    "warmstart"``) or another arm's of the same seed at the same point: above ``above``, or at least
-    ``at_least``; with ``interval``, the paired bootstrap 95 % interval over questions must also lie above 0."""
+    "warmstart"``) or another arm's of the same seed at the same point: above ``above``, at least
+    ``at_least``, or at most ``at_most`` (an arm that ends below another); with ``interval``, the paired
+    bootstrap 95 % interval over questions must also lie above 0 (below 0 with ``at_most``)."""
     s = view.summary
     mine_step = view.steps if p["at"] == "end" else p["at"]
     if p["against"] == "warmstart":
@@ -332,7 +333,11 @@ def em_gain(view: RunView, p: Mapping[str, Any]) -> Finding:
     if mine is None or base is None:
         return Finding(None, values={"gain": None})
     gain = float(mine) - float(base)
-    met = gain > p["above"] if p["above"] is not None else gain >= p["at_least"]
+    below = p["at_most"] is not None
+    if below:
+        met = gain <= p["at_most"]
+    else:
+        met = gain > p["above"] if p["above"] is not None else gain >= p["at_least"]
     values: dict[str, float | None] = {"gain": gain}
     if p["interval"]:
         from searchgym.stats import bootstrap_mean
@@ -342,11 +347,42 @@ def em_gain(view: RunView, p: Mapping[str, Any]) -> Finding:
             return Finding(None, values={"gain": gain, "lo": None, "hi": None})
         interval = bootstrap_mean([x - y for x, y in zip(a, b, strict=True)])
         values |= {"lo": interval.low, "hi": interval.high}
-        met = met and interval.low > 0
+        met = met and (interval.high < 0 if below else interval.low > 0)
         return Finding(
             met, values=values, cell=f"{fmt(gain)} [{fmt(interval.low)}, {fmt(interval.high)}] {_tick(met)}"
         )
     return Finding(met, values=values, cell=f"{fmt(gain)} {_tick(met)}")
+
+
+def earlier(view: RunView, p: Mapping[str, Any]) -> Finding:
+    """The run's ``event`` happens at least ``by`` steps before the same event in arm ``against`` of the same
+    seed, or happens where the other arm's never does."""
+    other = view.peers.get(p["against"])
+    mine = view.find(p["event"]).step
+    if other is None:
+        return Finding(None, values={"lead": None})
+    peer = RunView(p["against"], view.seed, other, view.control, view.peers, view.definitions)
+    theirs = peer.find(p["event"]).step
+    if mine is None:
+        return Finding(
+            False, values={"lead": None}, cell=f"never ({theirs if theirs is not None else 'never'}) ✗"
+        )
+    if theirs is None:
+        return Finding(True, values={"lead": None}, cell=f"{mine} (never) ✓")
+    met = theirs - mine >= p["by"]
+    return Finding(met, values={"lead": float(theirs - mine)}, cell=f"{mine} ({theirs}) {_tick(met)}")
+
+
+def either(view: RunView, p: Mapping[str, Any]) -> Finding:
+    """Any of the definitions ``of`` is met (``None`` when none is met and one cannot be decided)."""
+    found = [view.find(name) for name in p["of"]]
+    if any(f.met for f in found):
+        return Finding(
+            True, cell="✓ (" + ", ".join(n for n, f in zip(p["of"], found, strict=True) if f.met) + ")"
+        )
+    if any(f.met is None for f in found):
+        return Finding(None)
+    return Finding(False, cell="✗")
 
 
 def phases(view: RunView, p: Mapping[str, Any]) -> Finding:
@@ -489,9 +525,12 @@ DEFINITION_KINDS: dict[str, Kind] = {
             "at": Param(_at, "end"),
             "above": Param(as_real, None),
             "at_least": Param(as_real, None),
+            "at_most": Param(as_real, None),
             "interval": Param(as_flag, False),
         },
     ),
+    "earlier": Kind(earlier, {"event": Param(as_text), "against": Param(as_text), "by": Param(as_count, 1)}),
+    "either": Kind(either, {"of": Param(as_names)}),
     "phases": Kind(phases, {"event": Param(as_text), "windows": Param(_windows), "rules": Param(_rules)}),
     "trailing_below": Kind(
         trailing_below,
@@ -546,8 +585,8 @@ def check_definition(kind: str, params: Mapping[str, Any], where: str) -> None:
     """Cross-parameter checks of one definition (after each parameter's own)."""
     if kind == "threshold" and (params["at_most"] is None) == (params["at_least"] is None):
         raise ConfigError(f"{where}: a threshold needs exactly one of at_most and at_least")
-    if kind == "em_gain" and (params["above"] is None) == (params["at_least"] is None):
-        raise ConfigError(f"{where}: em_gain needs exactly one of above and at_least")
+    if kind == "em_gain" and sum(params[k] is not None for k in ("above", "at_least", "at_most")) != 1:
+        raise ConfigError(f"{where}: em_gain needs exactly one of above, at_least and at_most")
     if kind == "peak" and all(
         params[k] is None for k in ("rise_at_least", "fall_at_least", "keeps_at_least")
     ):

@@ -115,6 +115,12 @@ def number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+STAGE_CODES = {"correct": "c", "no_answer": "a", "not_retrieved": "r", "misread": "m"}
+"""One letter per failure stage (:data:`searchgym.failures.OUTCOMES`) in a summary's ``stage_by_question``."""
+KIND_CODES = {"attribute": "a", "bridge": "b", "comparison": "c"}
+"""One letter per question kind in a summary's ``kind_by_question`` (``?``: another or none)."""
+
+
 def run_summary(
     run: Path, commit: str | None, curves: Sequence[str] = CURVES, keys: Sequence[str] = CONFIG_KEYS
 ) -> dict[str, Any]:
@@ -127,7 +133,9 @@ def run_summary(
     Returns:
         ``arm``, ``seed``, ``commit``, ``config``, ``steps`` (the last step logged), ``wall_s``, ``curves``
         (``step`` and each of ``curves`` per step > 0; ``None`` where not logged), ``probe_step0``,
-        ``eval`` (by step: ``em``, ``questions``, ``em_by_question`` as a string of 0/1) and
+        ``eval`` (by step: ``em``, ``questions``, ``em_by_question`` as a string of 0/1, and where the
+        records carry them ``stage_by_question`` and ``kind_by_question``, one letter a question:
+        :data:`STAGE_CODES`, :data:`KIND_CODES`) and
         ``sampled_test``.
     """
     from searchgym.agents.training.metrics import read_metrics
@@ -141,9 +149,11 @@ def run_summary(
     path = run / EVAL_EPISODES
     if path.is_file():
         by_step: dict[int, dict[str, float]] = {}
+        records: dict[int, dict[str, dict[str, Any]]] = {}
         for line in path.read_text().splitlines():
             r = json.loads(line)
             by_step.setdefault(int(r["step"]), {})[r["question_id"]] = float(r["em"])
+            records.setdefault(int(r["step"]), {})[r["question_id"]] = r
         for step, outcomes in sorted(by_step.items()):
             ids = list(outcomes)
             evals[str(step)] = {
@@ -151,6 +161,12 @@ def run_summary(
                 "questions": ids[0] + ".." + ids[-1] + f" ({len(ids)})",
                 "em_by_question": "".join("1" if outcomes[q] > 0 else "0" for q in ids),
             }
+            rows = [records[step][q] for q in ids]
+            if all("stage" in r and "kind" in r for r in rows):  # what each question's evaluation was
+                evals[str(step)] |= {
+                    "stage_by_question": "".join(STAGE_CODES.get(str(r["stage"]), "?") for r in rows),
+                    "kind_by_question": "".join(KIND_CODES.get(str(r["kind"]), "?") for r in rows),
+                }
     sampled = run / "sampled_test.json"
     wall = run / "wall_s"
     return {

@@ -105,7 +105,7 @@ def test_a_crafted_architecture_is_refused_before_building_a_model(tmp_path: Pat
         ("lr", "0.1", r"'lr' is '0.1' \(str\), expected float"),
         ("progress", 1, r"'progress' is 1 \(int\), expected bool"),
         ("seed", 10**30, "does not fit in 64 bits"),
-        ("dtype", "float64", r"'dtype' is 'float64'.*Literal\['float32', 'bfloat16', 'float16'\]"),
+        ("dtype", "float8", r"'dtype' is 'float8'.*Literal\['float32', 'bfloat16', 'float16', 'float64'\]"),
     ],
 )
 def test_a_bad_checkpoint_config_field_is_named(tmp_path: Path, field: str, value: Any, message: str) -> None:

@@ -219,6 +219,102 @@ resamples = 1000
     assert words == {"D1": "MET", "D2": "MET", "L2": "MET"}  # pooled: 0.625 - 0.25 = +0.375 >= 0.25
 
 
+def test_an_arm_that_falls_earlier_or_ends_below_another(
+    tmp_path: Path, write_protocol: Callable[..., Path]
+) -> None:
+    """LLD-5's L3 kinds: ``earlier`` (the event at least ``by`` steps before another arm's, or where the other's
+    never comes), ``em_gain`` with ``at_most`` (ends below another arm, its paired interval below 0), and
+    ``either`` (any of them); the report counts the questions lost between peak and end by kind and stage."""
+    extra = """
+[arms.mismatch]
+lr = 1e-3
+llds = "none"
+
+[definitions.em_fall]
+kind = "drawdown"
+metric = "eval/em"
+drop = 0.1
+
+[definitions.falls_earlier]
+kind = "earlier"
+event = "em_fall"
+against = "grpo"
+by = 2
+
+[definitions.ends_below]
+kind = "em_gain"
+against = "grpo"
+at_most = -0.05
+interval = true
+
+[definitions.hurts]
+kind = "either"
+of = ["falls_earlier", "ends_below"]
+
+[[criteria]]
+id = "L3"
+kind = "seeds"
+arms = ["mismatch"]
+when = ["hurts"]
+at_least = 2
+
+[report]
+event = "em_fall"
+losses = ["grpo"]
+"""
+    path = four_step_protocol(write_protocol, extra)
+    warm, top, low = "1" * 10 + "0" * 30, "1" * 30 + "0" * 10, "1" * 5 + "0" * 35
+    mid = "1" * 22 + "0" * 18
+    grpo_end = summary("grpo", 0, [0.5] * 4, evals={2: top, 4: low})
+    # the end's records: the 25 lost questions are bridge questions failing retrieval, the rest misread
+    grpo_end["eval"]["4"] |= {
+        "stage_by_question": "c" * 5 + "r" * 25 + "m" * 10,
+        "kind_by_question": "b" * 40,
+    }
+    write(
+        tmp_path / "summaries",
+        [
+            *(summary("control", s, [0.5] * 4, evals={0: warm, 2: warm, 4: warm}) for s in (0, 1)),
+            grpo_end,
+            summary("grpo", 1, [0.5] * 4, evals={2: top, 4: top}),  # never falls
+            summary("mismatch", 0, [0.5] * 4, evals={2: low, 4: low}),  # falls at 2 (0.25 -> 0.125), grpo at 4
+            summary("mismatch", 1, [0.5] * 4, evals={2: mid, 4: mid}),  # no fall, ends 0.2 below grpo
+        ],
+    )
+    judge = Judge(load_protocol(path), load_summaries(tmp_path / "summaries"))
+    m0, m1 = judge.view("mismatch", 0), judge.view("mismatch", 1)
+    assert m0 is not None and m1 is not None
+    assert m0.find("falls_earlier").met and m0.find("falls_earlier").values == {"lead": 2.0}
+    assert not m1.find("falls_earlier").met
+    below = m1.find("ends_below")
+    assert below.met and below.values["gain"] == pytest.approx(-0.2) and below.values["hi"] < 0
+    assert m0.find("hurts").met and m1.find("hurts").met
+    assert [v.word for v in judge.verdicts() if v.id == "L3"] == ["MET"]
+    text = report(load_protocol(path), tmp_path / "summaries")
+    assert "| s0 | 2 → 4 | 25 / 0 | 0 | 25 | 0 | 0 | 0 | 25 | 0 |" in text
+    assert "| s1 | no fall, or no per-question records |" in text
+
+
+@pytest.mark.parametrize(
+    ("definition", "message"),
+    [
+        ('kind = "earlier"\nevent = "collapse"\nagainst = "nope"', "against must be an arm"),
+        ('kind = "earlier"\nevent = "learned"\nagainst = "grpo"', "must be an event kind"),
+        ('kind = "either"\nof = ["collapse"]', "must be a test"),
+        ('kind = "em_gain"\nat_least = 0.1\nat_most = 0.2', "exactly one of above, at_least and at_most"),
+    ],
+)
+def test_a_malformed_l3_definition_is_one_line(
+    tmp_path: Path, write_protocol: Callable[..., Path], definition: str, message: str
+) -> None:
+    from searchgym.errors import ConfigError
+
+    path = write_protocol()
+    path.write_text(path.read_text() + f"\n[definitions.x]\n{definition}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_protocol(path)
+
+
 def test_the_figure_is_drawn(tmp_path: Path, write_protocol: Callable[..., Path]) -> None:
     path = four_step_protocol(write_protocol)
     probe = {"lld/probe_onpolicy_heldout": [-1.0, -1.1, -1.2, -1.3], "train/entropy": [0.3, 0.3, 0.4, 0.5]}
