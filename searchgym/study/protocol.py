@@ -63,7 +63,7 @@ STUDY_OPTIONS = {
 STUDY_PATHS = ("shared_prefix", "precision")
 """Options that change a step's float rounding, not what it computes: every arm of a study runs on one path,
 so an arm may not set them (they go in ``[train]``)."""
-ARM_NAME = re.compile(r"[A-Za-z0-9.\-]+")
+ARM_NAME = re.compile(r"[A-Za-z0-9._\-]+")
 HEX = re.compile(r"[0-9a-f]{8,64}")
 
 DEFAULT_SIGNALS: dict[str, dict[str, Any]] = {
@@ -265,7 +265,7 @@ def load_protocol(path: str | Path) -> Protocol:
     arms = {}
     for arm, table in arms_table.items():
         if not ARM_NAME.fullmatch(arm):
-            raise ConfigError(f"{where}: arm name {arm!r}: use letters, digits, '.' and '-' only")
+            raise ConfigError(f"{where}: arm name {arm!r}: use letters, digits, '.', '_' and '-' only")
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: [arms.{arm}] must be a table of options")
         arms[arm] = _options(table, f"{where}: [arms.{arm}]")

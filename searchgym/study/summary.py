@@ -61,6 +61,18 @@ CURVES = (
     "lld/delta_adv_zero",
     "lld/delta_adv_neg",
     "lld/warning",
+    "collapse/p_search_open",
+    "collapse/p_search_close",
+    "collapse/p_answer_open",
+    "collapse/p_answer_close",
+    "collapse/p_eos",
+    "collapse/malformed_frac",
+    "collapse/answer_without_search_frac",
+    "mismatch/gap_mean",
+    "mismatch/gap_abs_p99",
+    "mismatch/kl_k3",
+    "mismatch/ratio_p01",
+    "mismatch/ratio_p99",
     "time/step_s",
     "time/rollout_s",
     "time/update_s",
@@ -68,7 +80,8 @@ CURVES = (
     "time/ledger_s",
 )
 """The curves a study's summary keeps by default: rewards and behaviour, the update's own figures, every LLD
-measurement and warning signal, the time split."""
+measurement and warning signal, the collapse diagnostics, the sampler–learner gap (where the mismatch dial
+logs it), the time split."""
 
 CONFIG_KEYS = (
     "init",
@@ -106,7 +119,7 @@ CONFIG_KEYS = (
 PROBE_KEYS = ("lld/probe_logp", "lld/probe_onpolicy_train", "lld/probe_onpolicy_heldout")
 """The probes whose step-0 value (the warm-start's) a summary keeps apart from the curves."""
 
-SUMMARY_NAME = re.compile(r"(?P<arm>[A-Za-z0-9.\-]+)_s(?P<seed>\d+)\.json")
+SUMMARY_NAME = re.compile(r"(?P<arm>[A-Za-z0-9._\-]+)_s(?P<seed>\d+)\.json")
 """A summary's file name, ``ARM_sSEED.json``; other files in a summaries folder are left alone."""
 
 
