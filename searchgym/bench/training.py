@@ -31,7 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["peak_memory_mb", "run_rollout_benchmark", "run_update_benchmark"]
@@ -245,6 +245,15 @@ def _prompts(env: Any, seed: int, group_size: int) -> Any:
         yield row, np.arange(row.shape[0]) < n
 
 
+def path_config(cfg: Any, setting: Mapping[str, Any]) -> Any:
+    """``cfg`` (a ``GRPOConfig``) with one update path's ``length_buckets`` and ``rescore_pi_old``: a new
+    config, checked as any other (the trainer's config is never changed in place)."""
+    from searchgym.options import flat_values
+
+    keys = ("length_buckets", "rescore_pi_old")
+    return type(cfg)(**(flat_values(cfg) | {k: setting[k] for k in keys}))
+
+
 def run_update_benchmark(
     *,
     repeats: int = 3,
@@ -348,9 +357,9 @@ def run_update_benchmark(
             for n, path in enumerate(order):
                 timed = not (r == 0 and n == 0)
                 setting = paths[path]
-                # Read by GRPOTrainer.update and _micro; the scoring options by every scoring pass.
-                setattr(cfg, "length_buckets", setting["length_buckets"])  # noqa: B010
-                setattr(cfg, "rescore_pi_old", setting["rescore_pi_old"])  # noqa: B010
+                # The path's options, in a config of its own (the trainer reads them there: _micro, _pi_old);
+                # the scoring options are the policy's, read by every scoring pass.
+                trainer.config = path_config(cfg, setting)
                 trainer.policy.scoring = setting["scoring"]
                 trainer.model.load_state_dict(model_state)
                 trainer.optimizer.load_state_dict(optim_state)

@@ -72,6 +72,26 @@ def test_update_benchmark_reports_the_speedup_and_the_step_split() -> None:
     assert shares == pytest.approx(1.0)
 
 
+def test_the_update_benchmarks_paths_run_the_options_they_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each timed path reaches the trainer with its own options (a new config each, never a changed one):
+    "before" without length buckets, the others with them, and "before" and "after" never the same."""
+    from searchgym.agents.grpo.trainer import GRPOTrainer
+
+    seen: list[tuple[bool, bool | None]] = []
+    update = GRPOTrainer.update
+
+    def recording(self: GRPOTrainer, *args: Any) -> Any:
+        seen.append((self.config.batch.length_buckets, self.config.loss.rescore_pi_old))
+        return update(self, *args)
+
+    monkeypatch.setattr(GRPOTrainer, "update", recording)
+    run_update_benchmark(repeats=1, questions=2, group_size=2, overrides=SMALL)
+    options = set(seen)
+    assert (False, True) in options, "the 'before' path: no length buckets, every response re-scored"
+    assert any(buckets for buckets, _ in options), "today's paths bucket by length"
+    assert len(options) == 3, f"three paths, three sets of options: {options}"
+
+
 def test_eval_and_env_benchmarks(tmp_path: Path) -> None:
     figures = run_eval_benchmark(episodes=4, repeats=1, data_dir=tmp_path)  # no HotpotQA there
     positive(figures, "eval_episodes_per_s_world", "eval_episodes_per_s_world_repeat")
