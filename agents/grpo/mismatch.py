@@ -34,9 +34,10 @@ import torch
 from torch import Tensor
 
 from ..llm import LLMPolicy
+from ..training.rollout import RolloutBatch
 from .config import SamplerConfig
 
-__all__ = ["Sampler", "mismatch_metrics", "rollout_correction"]
+__all__ = ["Sampler", "correct_for_sampler", "mismatch_metrics", "rollout_correction"]
 
 
 class Sampler:
@@ -193,3 +194,30 @@ def rollout_correction(
         keep = (tokens == 0) | ((geo >= 1.0 / bound) & (geo <= bound))
         return None, keep, {"mis_dropped_frac": float((~keep).float().mean())}
     raise ValueError(f"unknown rollout correction {mode!r}; choose one of none, tis, mis")
+
+
+def correct_for_sampler(
+    batch: RolloutBatch, logp_learner: Tensor, config: SamplerConfig
+) -> tuple[Tensor | None, Tensor, dict[str, float]]:
+    """A step's rollout correction (:func:`rollout_correction`) and, where a sampler other than the learner
+    drew the batch (or a correction is asked), the gap it drew with (:func:`mismatch_metrics`).
+
+    Args:
+        batch: The step's rollouts; ``batch.logp_old`` holds the log-probs the sampler reported.
+        logp_learner: ``(B, T)`` ``pi_old``: the learner's log-probs of the same tokens.
+        config: The dial and the correction.
+
+    Returns:
+        ``(is_weights, keep, metrics)`` as :func:`rollout_correction` gives them, ``metrics`` with the gap's
+        (empty when ``config`` is all off).
+    """
+    weights, keep, correction = rollout_correction(
+        logp_learner,
+        batch.logp_old,
+        batch.loss_mask,
+        config.rollout_correction,
+        config.rollout_correction_threshold,
+    )
+    if not config.active:
+        return weights, keep, {}
+    return weights, keep, mismatch_metrics(batch.logp_old, logp_learner, batch.loss_mask) | correction

@@ -71,9 +71,9 @@ from .losses import (
     llds_loss,
     masked_mean,
 )
-from .mismatch import Sampler, mismatch_metrics, rollout_correction
+from .mismatch import Sampler, correct_for_sampler
 from .noise import MicroGradients
-from .pi_old import PI_OLD_TOLERANCE
+from .pi_old import pi_old_logprobs
 from .probes import onpolicy_probes, oracle_probe
 from .spans import llds_ma_weights, probe_masks
 from .step_metrics import add_micro_metrics, collapse_metrics, rollout_metrics, update_summary
@@ -379,18 +379,10 @@ class GRPOTrainer:
         with self.clock("reference"):
             ref_logp = self._reference_logprobs(batch, first_epoch)
         weights, beta = self._llds_weights(batch)
-        tok, sampler = self.policy.tokenizer, self.config.sampler
+        tok = self.policy.tokenizer
         metrics = collapse_metrics(batch, logp_old, tok.token_bytes, tok.eos_token_id)
-        is_weights, keep, correction = rollout_correction(
-            logp_old,
-            batch.logp_old,
-            batch.loss_mask,
-            sampler.rollout_correction,
-            sampler.rollout_correction_threshold,
-        )
-        if sampler.active:  # batch.logp_old is the sampler's: the gap on the tokens it drew
-            gap_metrics = mismatch_metrics(batch.logp_old, logp_old, batch.loss_mask) | correction
-            metrics |= {f"mismatch/{k}": v for k, v in gap_metrics.items()}
+        is_weights, keep, gap_metrics = correct_for_sampler(batch, logp_old, self.config.sampler)
+        metrics |= {f"mismatch/{k}": v for k, v in gap_metrics.items()}
         return _Fixed(logp_old, gap, ref_logp, weights, beta, is_weights, keep, metrics)
 
     def _after_updates(
@@ -425,34 +417,12 @@ class GRPOTrainer:
     def _pi_old(
         self, batch: RolloutBatch, plan: list[list[Tensor]], first_epoch: list[Tensor]
     ) -> tuple[Tensor, Tensor]:
-        """``pi_old``'s log-probs for this step, and ``|pi_old - sampler|`` on the policy tokens it was scored
-        on (NaN where none was), by ``rescore_pi_old``'s rule.
-
-        The weights now *are* ``pi_old``. ``None`` (default) scores the first mini-batch in the shapes its
-        update will use, so that update starts exactly on-policy (ratio 1, LLDS 0, bit for bit); the other
-        responses keep the sampler's log-probs (cached, last-position forwards: equal up to float noise,
-        ``rollout/logp_mismatch`` measures it) unless that noise exceeds :data:`PI_OLD_TOLERANCE` (a bf16
-        model), when they are scored too. ``True`` scores every response with the first epoch's shapes (an
-        update-free step then measures exactly zero displacement); ``False`` keeps the sampler's throughout
-        (the first update then sees float noise, which LLDS's ``max(d, 0)`` turns into a gradient).
-        """
-        # With the mismatch dial or a correction, batch.logp_old is another policy's: pi_old is the learner's.
+        """``pi_old``'s log-probs and their gap to the sampler's (:func:`.pi_old.pi_old_logprobs`); with the
+        mismatch dial or a correction the sampler is another policy, so every response is re-scored."""
         rule = True if self.config.sampler.active else self.config.loss.rescore_pi_old
-        logp = batch.logp_old.clone()
-        if rule is False:
-            return logp, torch.full((1,), float("nan"))
-        scored = first_epoch if rule else plan[0]
-        fresh = self._score(self.model, batch, scored)
-        for idx in scored:
-            logp[idx] = fresh[idx]
-        rows = torch.cat(scored)
-        gap = (logp[rows] - batch.logp_old[rows]).abs()[batch.loss_mask[rows]]
-        rest = first_epoch[len(plan[0]) :]  # the first epoch's micro-batches after the first mini-batch's
-        if rule is None and rest and gap.numel() and float(gap.max()) > PI_OLD_TOLERANCE:
-            fresh = self._score(self.model, batch, rest)
-            for idx in rest:
-                logp[idx] = fresh[idx]
-        return logp, gap
+        return pi_old_logprobs(
+            batch, plan, first_epoch, rule, lambda rows: self._score(self.model, batch, rows)
+        )
 
     def _reference_logprobs(self, batch: RolloutBatch, first_epoch: list[Tensor]) -> Tensor | None:
         """The reference model's log-probs of the batch (``None`` without a KL term)."""

@@ -17,7 +17,8 @@ from typing import Any
 
 from searchgym.errors import ConfigError
 
-from .rules import WORDS, Kind, Param, as_count, as_names, as_real, as_text, fmt
+from .params import Param, as_count, as_names, as_real, as_text
+from .rules import WORDS, Kind, fmt
 from .summary import em_vector
 
 __all__ = ["CRITERION_KINDS", "Clause", "Verdict", "count_word"]

@@ -37,7 +37,8 @@ from typing import Any
 from searchgym.errors import ConfigError
 
 from .criteria import CRITERION_KINDS
-from .rules import DEFINITION_KINDS, EVAL_EM, as_names, check_definition, read_params
+from .params import as_names
+from .rules import DEFINITION_KINDS, EVAL_EM, check_definition, read_params
 
 if sys.version_info >= (3, 11):  # noqa: UP036 - the package installs on Python 3.10 too
     import tomllib

@@ -20,7 +20,6 @@ has none). ``paired = true`` takes the arm's value minus its control's at the sa
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,21 @@ from typing import Any
 
 from searchgym.errors import ConfigError
 
+from .params import (
+    COMPARISON,
+    REQUIRED,
+    Param,
+    as_count,
+    as_flag,
+    as_names,
+    as_real,
+    as_text,
+    at_step,
+    choice,
+    rules,
+    window,
+    windows,
+)
 from .summary import em_vector, eval_series, number, series
 
 __all__ = [
@@ -45,128 +59,8 @@ __all__ = [
 
 EVAL_EM = "eval/em"
 """The metric name of greedy evaluations (a summary's ``eval`` section) in definitions."""
-REQUIRED = object()
 WORDS = ("MET", "NOT MET", "undecided (seeds missing)", "not applicable")
 """Every word a verdict can say."""
-
-
-# -- parameters ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of a kind: how a protocol value is checked and converted, its default (or required)."""
-
-    convert: Callable[[Any, str], Any]
-    default: Any = REQUIRED
-    help: str = ""
-
-
-def as_text(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
-    return value
-
-
-def as_real(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
-    return float(value)
-
-
-def as_count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{where}: expected an integer >= 0, got {value!r}")
-    return value
-
-
-def as_flag(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    return value
-
-
-def as_names(value: Any, where: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{where}: expected a name or a list of names, got {value!r}")
-    return tuple(value)
-
-
-def _choice(*choices: str) -> Callable[[Any, str], str]:
-    def convert(value: Any, where: str) -> str:
-        if value not in choices:
-            raise ConfigError(f"{where}: expected one of {list(choices)}, got {value!r}")
-        return str(value)
-
-    return convert
-
-
-def _window(value: Any, where: str) -> tuple[int, int] | str:
-    """Steps ``[first, last]`` (both included) or ``"second_half"`` (steps after half the run)."""
-    if value == "second_half":
-        return "second_half"
-    if (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        and 0 <= value[0] <= value[1]
-    ):
-        return (value[0], value[1])
-    raise ConfigError(f'{where}: expected [first, last] steps or "second_half", got {value!r}')
-
-
-EVENT_BOUND = re.compile(r"event(?:\s*([+-])\s*(\d+))?")
-
-
-def _bound(value: Any, where: str) -> int | tuple[str, int]:
-    """A window bound: a step, or ``"event"``, ``"event-15"``, ``"event+14"`` (relative to the event)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    m = EVENT_BOUND.fullmatch(value.strip()) if isinstance(value, str) else None
-    if m is None:
-        raise ConfigError(f'{where}: expected a step or "event", "event-N", "event+N", got {value!r}')
-    offset = int(m.group(2) or 0) * (-1 if m.group(1) == "-" else 1)
-    return ("event", offset)
-
-
-def _windows(value: Any, where: str) -> tuple[tuple[Any, Any], ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f"{where}: expected a list of [first, last] windows, got {value!r}")
-    out = []
-    for i, w in enumerate(value):
-        if not isinstance(w, list) or len(w) != 2:
-            raise ConfigError(f"{where}[{i}]: expected [first, last], got {w!r}")
-        out.append((_bound(w[0], f"{where}[{i}]"), _bound(w[1], f"{where}[{i}]")))
-    return tuple(out)
-
-
-COMPARISON = {">": float.__gt__, "<": float.__lt__, ">=": float.__ge__, "<=": float.__le__}
-RULE = re.compile(r"\s*(?P<metric>[^:]+?)\s*:\s*(?P<chain>W\d+(?:\s*(?:>=|<=|>|<)\s*W\d+)+)\s*")
-
-
-def _rules(value: Any, where: str) -> tuple[tuple[str, tuple[tuple[int, str, int], ...]], ...]:
-    """Chained comparisons of window means, ``"lld/delta_adv_pos: W1 > W2 > W3"`` (W1 = the first window)."""
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f'{where}: expected rules such as "train/grad_norm: W3 > W2", got {value!r}')
-    out = []
-    for rule in value:
-        m = RULE.fullmatch(rule) if isinstance(rule, str) else None
-        if m is None:
-            raise ConfigError(f'{where}: cannot read the rule {rule!r}; write "METRIC: W1 > W2 > W3"')
-        parts = re.split(r"\s*(>=|<=|>|<)\s*", m.group("chain"))
-        idx = [int(p[1:]) - 1 for p in parts[0::2]]
-        out.append((m.group("metric"), tuple(zip(idx[:-1], parts[1::2], idx[1:], strict=True))))
-    return tuple(out)
-
-
-def _at(value: Any, where: str) -> int | str:
-    if value == "end" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        return value
-    raise ConfigError(f'{where}: expected "end" or a step, got {value!r}')
 
 
 # -- findings --------------------------------------------------------------------------------------------
@@ -506,7 +400,7 @@ _PAIRED = Param(as_flag, True, "the arm's value minus its control's at the same 
 DEFINITION_KINDS: dict[str, Kind] = {
     "window_gain": Kind(
         window_gain,
-        {"metric": _METRIC, "paired": _PAIRED, "steps": Param(_window), "at_least": Param(as_real, 0.0)},
+        {"metric": _METRIC, "paired": _PAIRED, "steps": Param(window), "at_least": Param(as_real, 0.0)},
     ),
     "change": Kind(change, {"metric": Param(as_text), "at_least": Param(as_real)}),
     "peak": Kind(
@@ -522,7 +416,7 @@ DEFINITION_KINDS: dict[str, Kind] = {
         em_gain,
         {
             "against": Param(as_text, "warmstart"),
-            "at": Param(_at, "end"),
+            "at": Param(at_step, "end"),
             "above": Param(as_real, None),
             "at_least": Param(as_real, None),
             "at_most": Param(as_real, None),
@@ -531,7 +425,7 @@ DEFINITION_KINDS: dict[str, Kind] = {
     ),
     "earlier": Kind(earlier, {"event": Param(as_text), "against": Param(as_text), "by": Param(as_count, 1)}),
     "either": Kind(either, {"of": Param(as_names)}),
-    "phases": Kind(phases, {"event": Param(as_text), "windows": Param(_windows), "rules": Param(_rules)}),
+    "phases": Kind(phases, {"event": Param(as_text), "windows": Param(windows), "rules": Param(rules)}),
     "trailing_below": Kind(
         trailing_below,
         {
@@ -549,7 +443,7 @@ DEFINITION_KINDS: dict[str, Kind] = {
             "metric": Param(as_text),
             "paired": Param(as_flag, False),
             "drop": Param(as_real),
-            "direction": Param(_choice("down", "up"), "down"),
+            "direction": Param(choice("down", "up"), "down"),
         },
         event=True,
     ),
@@ -569,10 +463,10 @@ DEFINITION_KINDS: dict[str, Kind] = {
         {
             "metric": Param(as_text),
             "paired": Param(as_flag, False),
-            "baseline": Param(_window, (1, 10)),
+            "baseline": Param(window, (1, 10)),
             "width": Param(as_count, 5),
             "fraction": Param(as_real),
-            "direction": Param(_choice("up", "down", "either"), "either"),
+            "direction": Param(choice("up", "down", "either"), "either"),
         },
         event=True,
     ),

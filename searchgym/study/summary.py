@@ -218,6 +218,8 @@ def load_summaries(folder: Path) -> dict[str, dict[int, dict[str, Any]]]:
         if not SUMMARY_NAME.fullmatch(path.name):
             continue
         s = json.loads(path.read_text())
+        if not isinstance(s, dict) or "arm" not in s or "seed" not in s:
+            continue  # another file whose name looks like one (e.g. gns_warmstart_s1.json)
         by_arm.setdefault(s["arm"], {})[int(s["seed"])] = s
     return by_arm
 
