@@ -423,7 +423,7 @@ def test_script_end_tags_in_the_data_cannot_end_the_data_element(
     assert json.loads(embed_json({"a": "</script>"})) == {"a": "</script>"}
 
 
-def test_the_cli_writes_the_page_in_the_current_directory_and_prints_its_path(
+def test_the_cli_writes_the_page_beside_the_records_and_prints_its_path(
     eval_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = tmp_path / "runs" / "first.jsonl"
@@ -433,12 +433,13 @@ def test_the_cli_writes_the_page_in_the_current_directory_and_prints_its_path(
     here.mkdir()
     monkeypatch.chdir(here)
     assert main(["view", str(first), str(eval_file)]) == 0
-    out = Path("first.html")
+    out = first.parent / "first.html"
     assert capsys.readouterr().out.strip() == str(out)
-    assert (here / "first.html").is_file() and not (first.parent / "first.html").exists()
-    assert not (here / "first.html.partial").exists()
-    data = page_data(here / out)
+    assert out.is_file() and not list(here.iterdir())  # nothing lands in the working folder
+    assert not (first.parent / "first.html.partial").exists()
+    data = page_data(out)
     assert len(data["episodes"]) == 40 and data["meta"]["files"] == ["first.jsonl", "heuristic.jsonl"]
+    assert data["meta"]["title"] is None  # the header names the files once, not again in a title
     # The eval's manifest names its agent and dataset; the copy without one is known by its name.
     assert {(e["agent"], e["dataset"]) for e in data["episodes"]} == {
         ("", "first.jsonl"),
