@@ -6,7 +6,8 @@ Per question, three checks:
 * ``gold_missing``: the question's named gold passages (the generated world's supporting passages, a
   FlashRAG folder's ``supporting_passage_ids`` or ``gold_passage_ids``) that are not in the corpus;
 * ``answer_in_corpus``: whether a golden answer occurs in some passage (title or text) as whole words after
-  SQuAD answer normalisation (:func:`searchgym.failures.answer_in_text`);
+  SQuAD answer normalisation — with punctuation deleted, as exact match does, or made a word break, so
+  that ``Warhol's`` holds ``Andy Warhol`` (:func:`holds_answer`);
 * ``answer_rank``: the 1-based rank of the first passage holding a golden answer among the results of the
   *oracle query* — the gold passages' titles joined, or the question itself where none are named — searched
   to :data:`DEPTH` results (``None``: not within them). The question is ``reachable`` at top-k when
@@ -20,22 +21,25 @@ other: ``"no"`` is a word of many passages, so for them ``answer_in_corpus`` say
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from searchgym.data.types import Dataset, Question
 from searchgym.errors import ConfigError
-from searchgym.failures import UNLABELLED, answer_in_text
+from searchgym.failures import UNLABELLED
 from searchgym.retrieval.base import Retriever
 from searchgym.rewards import normalize_answer
 
 __all__ = [
     "DEPTH",
+    "NORMALISATIONS",
     "SHARES",
     "AnswerIndex",
     "audit_questions",
     "audit_shares",
     "audit_table",
+    "holds_answer",
     "oracle_query",
 ]
 
@@ -48,31 +52,69 @@ whose golden answers occur in no passage, those with a named gold passage missin
 answerable but not reached by the retriever at top-k."""
 
 
+_PUNCTUATION = re.compile(r"[^\w\s]")
+"""Any character neither a word character nor white space: ASCII punctuation, dashes, quotes of any script."""
+
+
+def _spaced(text: str) -> str:
+    """SQuAD normalisation with punctuation made a word break first: ``Warhol's`` gives ``warhol s``, where
+    the plain normalisation's deletion gives ``warhols``, a word the answer ``Andy Warhol`` is not in."""
+    return normalize_answer(_PUNCTUATION.sub(" ", text))
+
+
+NORMALISATIONS = (normalize_answer, _spaced)
+"""The two ways text and answers are normalised before they are matched (the same one on both sides): SQuAD's
+(ASCII punctuation deleted, as exact match does) and SQuAD's after every punctuation mark, dashes and
+quotes included, becomes a space (so a possessive, a hyphen or a dash does not hide a name)."""
+
+
+def holds_answer(golden_answers: Iterable[str], text: str) -> bool:
+    """Whether ``text`` holds a golden answer as whole words under either of :data:`NORMALISATIONS`.
+
+    >>> holds_answer(["Andy Warhol"], "a print of Andy Warhol's"), holds_answer(["no"], "not now")
+    (True, False)
+    """
+    answers = list(golden_answers)
+    for normalise in NORMALISATIONS:
+        haystack = f" {normalise(text)} "
+        if any(needle and f" {needle} " in haystack for needle in (normalise(a) for a in answers)):
+            return True
+    return False
+
+
 class AnswerIndex:
-    """Whole-word search for an answer in a corpus: the passages' normalised text, and an inverted index
-    from each normalised word to the passages holding it, so that only candidates are scanned.
+    """Whole-word search for an answer in a corpus: the passages' text under each of
+    :data:`NORMALISATIONS`, with an inverted index from each word to the passages holding it, so that only
+    candidates are scanned.
 
     Args:
         passages: The corpus (each passage's title and text are searched together).
     """
 
     def __init__(self, passages: Sequence[Any]) -> None:
-        self.texts = [f" {normalize_answer(f'{p.title} {p.text}')} " for p in passages]
-        self.postings: dict[str, set[int]] = {}
-        for i, text in enumerate(self.texts):
-            for word in set(text.split()):
-                self.postings.setdefault(word, set()).add(i)
+        self.texts: list[list[str]] = []
+        self.postings: list[dict[str, set[int]]] = []
+        for normalise in NORMALISATIONS:
+            texts = [f" {normalise(f'{p.title} {p.text}')} " for p in passages]
+            postings: dict[str, set[int]] = {}
+            for i, text in enumerate(texts):
+                for word in set(text.split()):
+                    postings.setdefault(word, set()).add(i)
+            self.texts.append(texts)
+            self.postings.append(postings)
 
     def holds(self, answers: Iterable[str]) -> bool:
-        """Whether some passage holds one of ``answers`` as whole words (after normalisation)."""
-        for answer in answers:
-            needle = normalize_answer(answer)
-            words = needle.split()
-            if not words:
-                continue
-            candidates = set.intersection(*(self.postings.get(w, set()) for w in words))
-            if any(f" {needle} " in self.texts[i] for i in candidates):
-                return True
+        """Whether some passage holds one of ``answers`` as whole words (:func:`holds_answer`)."""
+        answers = list(answers)
+        for normalise, texts, postings in zip(NORMALISATIONS, self.texts, self.postings, strict=True):
+            for answer in answers:
+                needle = normalise(answer)
+                words = needle.split()
+                if not words:
+                    continue
+                candidates = set.intersection(*(postings.get(w, set()) for w in words))
+                if any(f" {needle} " in texts[i] for i in candidates):
+                    return True
         return False
 
 
@@ -123,7 +165,7 @@ def audit_questions(
             (
                 n
                 for n, hit in enumerate(found, start=1)
-                if answer_in_text(question.golden_answers, f"{hit.title} {hit.text}")
+                if holds_answer(question.golden_answers, f"{hit.title} {hit.text}")
             ),
             None,
         )

@@ -148,3 +148,13 @@ def test_a_folder_without_a_corpus_gets_one_line(tmp_path: Path, capsys: pytest.
     assert main(["audit", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "corpus.jsonl does not exist" in err and len(err.splitlines()) == 1
+
+
+def test_a_possessive_or_a_hyphen_does_not_hide_an_answer() -> None:
+    from searchgym.audit import holds_answer
+
+    assert holds_answer(["Andy Warhol"], "a print of Andy Warhol's studio")
+    assert holds_answer(["Jean-Jacques Rousseau"], "Jean-Jacques Rousseau's Emile")
+    assert holds_answer(["Jean Jacques Rousseau"], "Jean-Jacques Rousseau wrote")
+    assert not holds_answer(["Warhol"], "the Warholian style")
+    assert holds_answer(["Orwell"], "the narrator\u2014Orwell, writing")  # an em dash joins no words
