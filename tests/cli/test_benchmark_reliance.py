@@ -173,3 +173,25 @@ def test_view_names_a_class_agent_as_the_benchmark_does(
     assert main(["view", str(pair), "--out", str(page)]) == 0
     text = page.read_text()
     assert '"agent":"memory"' in text and "memorypkg:FromMemory" not in text
+
+
+def test_answerable_only_leaves_out_what_the_corpus_cannot_answer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ..test_audit import CORPUS, QUESTIONS
+
+    folder = tmp_path / "scripted"
+    folder.mkdir()
+    lines = [json.dumps({"id": i, "contents": f'"{t}"\n{x}'}) for i, t, x in CORPUS]
+    (folder / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    (folder / "test.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    argv = ["benchmark", "--no-progress", "--agent", "oracle", "--datasets", str(folder), "--answerable-only"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    audit = card_audit(report["datasets"][0]["card"])
+    assert audit is not None and audit["unanswerable_count"] == 2 and audit["unreachable_count"] == 1
+    (whole,) = report["results"]
+    (part,) = report["answerable"]["results"]
+    assert whole["questions"] == 4 and part["questions"] == 2  # "ok" and "deep"
+    # The oracle retrieves the gold where one is named; "deep" names none, so it answers without a search.
+    assert part["em"]["mean"] == 1.0

@@ -733,3 +733,21 @@ def test_the_page_works_in_a_headless_browser(
     assert errors == []
     with image.open(shot) as png:
         assert len(png.convert("RGB").getcolors(maxcolors=1 << 20) or ()) > 1
+
+
+def test_near_miss_pages_show_the_wrong_answers_that_hold_the_gold(
+    records: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    edited = [dict(r) for r in records[:6]]
+    edited[1].update(em=0.0, answer=f"{edited[1]['golden_answers'][0]} and more")  # holds the gold
+    edited[2].update(em=0.0, answer="nothing like it")
+    edited[3].update(em=1.0, answer=edited[3]["golden_answers"][0])
+    path = write_jsonl(tmp_path / "edited.jsonl", edited)
+    page = tmp_path / "all.html"
+    assert main(["view", str(path), "--out", str(page)]) == 0
+    kinds = [e["near_miss"] for e in page_data(page)["episodes"]]
+    assert kinds[1] == "contains_gold" and kinds[2] is None and kinds[3] is None
+    assert main(["view", str(path), "--near-miss", "--out", str(page)]) == 0
+    shown = page_data(page)["episodes"]
+    assert [e["answer"] for e in shown] == [e["answer"] for e, k in zip(edited, kinds, strict=True) if k]
+    assert all(e["near_miss"] for e in shown) and edited[1]["answer"] in [e["answer"] for e in shown]
