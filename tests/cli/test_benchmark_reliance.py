@@ -195,3 +195,22 @@ def test_answerable_only_leaves_out_what_the_corpus_cannot_answer(
     assert whole["questions"] == 4 and part["questions"] == 2  # "ok" and "deep"
     # The oracle retrieves the gold where one is named; "deep" names none, so it answers without a search.
     assert part["em"]["mean"] == 1.0
+
+
+def test_reliance_rows_on_hand_made_records() -> None:
+    from searchgym.errors import ConfigError
+    from searchgym.score_meaning import reliance_rows
+
+    def records(ems: list[float], searches: int = 1) -> list[dict[str, Any]]:
+        return [{"question_id": str(i // 2), "em": em, "searches": searches} for i, em in enumerate(ems)]
+
+    real = {"a": {"d": records([1, 1, 1, 0, 0, 0])}}
+    ablated = {"a": {"d": {"empty": records([1, 0, 0, 0, 0, 0], searches=0)}}}
+    (row,) = reliance_rows(real, ablated, ["d"], samples=2, resamples=200)
+    # mean@2 per question: real 1, 0.5, 0; empty 0.5, 0, 0 -> a drop of 1/3
+    assert row["reliance"]["mean"] == pytest.approx(1 / 3)
+    assert row["real"]["search_rate"]["mean"] == 1.0
+    assert row["ablations"]["empty"]["search_rate"]["mean"] == 0.0
+    moved = {"a": {"d": {"empty": records([1, 0, 0, 0, 0, 0, 0, 0])}}}
+    with pytest.raises(ConfigError, match="the empty ablation played other questions"):
+        reliance_rows(real, moved, ["d"], samples=2)
