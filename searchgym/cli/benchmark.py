@@ -471,6 +471,10 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "temperature": args.temperature,
         "samples": args.samples,
+        "world_seed": args.world_seed,
+        "ablate": kinds,
+        "audit": bool(args.audit),
+        "answerable_only": bool(args.answerable_only),
         # What each agent played with: a checkpoint: agent's training sizes where the command gave none.
         "agent_env": played,
     }
