@@ -663,6 +663,8 @@ def test_the_page_works_in_a_headless_browser(
             for value in ("correct", "wrong", "no_answer"):
                 page.click(f"#filter-outcome button[data-value='{value}']")
                 assert count() == sum(e["outcome"] == value for e in episodes) > 0
+            page.click("#filter-outcome button[data-value='near_miss']")
+            assert count() == sum(bool(e["near_miss"]) for e in episodes)
             page.click("#filter-outcome button[data-value='all']")
             for searches in sorted({e["searches"] for e in episodes}):
                 page.select_option("#filter-searches", str(searches))
