@@ -480,13 +480,13 @@ def run(args: argparse.Namespace) -> int:
     }
     labels = agent_labels(list(args.agent))  # the tables name agents, not specs (settings keep those)
     audits = _audits(args, names, paths, retrievers, datasets) if args.audit else {}
-    if args.audit:
-        from searchgym.audit import audit_shares
-        from searchgym.result_card import with_audit
+    from searchgym.audit import audit_shares
+    from searchgym.result_card import with_audit
 
-        for agent in args.agent:
-            for name in names:
-                cards[agent][name] = with_audit(cards[agent][name], audit_shares(audits[name]))
+    for agent in args.agent:  # every card says whether its questions were audited, and what was found
+        for name in names:
+            shares = audit_shares(audits[name]) if args.audit else None
+            cards[agent][name] = with_audit(cards[agent][name], shares)
     report = build_report(
         {labels[a]: v for a, v in episodes.items()},
         datasets,

@@ -123,7 +123,7 @@ def test_an_unaudited_card_says_so(tmp_path: Path, capsys: pytest.CaptureFixture
     argv = ["benchmark", "--no-progress", "--agent", "heuristic", "--datasets", "world", "--episodes", "3"]
     assert main([*argv, "--split", "validation", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["datasets"][0]["card"].get("audit") is None  # played, not audited
+    assert report["datasets"][0]["card"]["audit"] == "not audited"
     assert report["datasets"][0]["card"]["split"] == "validation"
     assert main([*argv, "--split", "validation"]) == 0
     assert "- world: not audited" in capsys.readouterr().out
