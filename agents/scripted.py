@@ -132,8 +132,16 @@ def shortcut_turns(
     ]
 
 
+NO_EVIDENCE = "unknown"
+"""What the oracle answers when its searches did not bring the gold passages (an ablated or failing retriever)."""
+
+
 class OracleAgent(Agent):
-    """Searches for the gold supporting passages, then answers the first golden answer.
+    """Searches for the gold supporting passages, then answers the first golden answer — when the searches
+    retrieved every gold passage (the env's ``info["gold_all_retrieved"]``), else :data:`NO_EVIDENCE`: it is
+    the upper bound of an agent that answers from what it retrieves, so with an empty retriever it scores 0
+    and its reliance on search equals its exact match. A question that names no gold passages gets no search
+    and the golden answer.
 
     The upper bound of every table, and the source of token-level demonstrations for supervised
     warm-start. It reads the question's gold data from the dataset, so it needs the env's dataset and split.
@@ -150,6 +158,8 @@ class OracleAgent(Agent):
     """
 
     name = "oracle"
+    evidence_only = True
+    """Answer :data:`NO_EVIDENCE` when its searches did not retrieve every gold passage."""
 
     def __init__(
         self,
@@ -194,6 +204,9 @@ class OracleAgent(Agent):
             # The env closed the turn: move on, even if it closed before the script expected.
             self._turns.pop(0)
             self._pos = 0
+            if self.evidence_only and len(self._turns) == 1 and info.get("gold_all_retrieved") is False:
+                # Its searches did not bring every gold passage: it answers only what it found.
+                self._turns[0] = self.tokenizer.encode(f"<answer> {NO_EVIDENCE} </answer>")
         if not self._turns:
             eos = self.tokenizer.eos_token_id
             return int(eos if eos is not None else 0)
@@ -221,6 +234,7 @@ class ShortcutAgent(OracleAgent):
     def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
         texts = shortcut_turns(self.dataset, info["question_id"], self.split, self.retriever, self.topk)
         self.took_shortcut = texts is not None
+        self.evidence_only = texts is None  # the shortcut answers its bridge entity whatever it found
         if texts is None:
             super().reset(info, seed)
             return

@@ -149,6 +149,7 @@ def build_report(
     samples: int = 1,
     temperature: float = 0.0,
     cards: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    ablations: Mapping[str, Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]]] | None = None,
 ) -> dict[str, Any]:
     """The benchmark's figures from the episode records of every (agent, dataset) pair.
 
@@ -164,6 +165,9 @@ def build_report(
         cards: ``cards[agent][dataset]``: the result card each pair played under
             (:func:`searchgym.result_card.result_card`); agents are paired on a dataset only when their cards
             are equal, and the report gives each dataset its card.
+        ablations: ``ablations[agent][dataset][kind]``: the records the agent played on the same questions
+            with the retriever replaced by an ablation (:mod:`searchgym.retrieval.ablation`), for the
+            report's ``reliance`` rows.
 
     Returns:
         A JSON-ready dict: ``results`` (one row per agent and dataset: ``em``, ``f1``, ``searches``,
@@ -176,14 +180,17 @@ def build_report(
         difference of mean@K gets a paired bootstrap and no McNemar test), ``failures`` (per agent and
         dataset, the episodes counted by the stage they failed at, overall and per question kind:
         :func:`searchgym.failures.decompose`) and ``flips`` (each agent after the first against the first,
-        per dataset: the episodes gained and lost by stage, :func:`searchgym.failures.flip_table`).
+        per dataset: the episodes gained and lost by stage, :func:`searchgym.failures.flip_table`),
+        ``near_misses`` (per agent and dataset: :func:`searchgym.failures.near_misses`) and, with
+        ``ablations``, ``reliance`` (:func:`searchgym.score_meaning.reliance_rows`).
 
     Raises:
         ConfigError: two agents' episodes of a dataset are not the same questions, or were played under
             different result cards (the field named).
     """
-    from searchgym.failures import decompose, flip_table
+    from searchgym.failures import decompose, flip_table, near_misses
     from searchgym.result_card import check_cards
+    from searchgym.score_meaning import reliance_rows
 
     agents = list(episodes)
     names = [str(d["name"]) for d in datasets]
@@ -300,6 +307,10 @@ def build_report(
         "paired": paired,
         "failures": failures,
         "flips": flips,
+        "near_misses": [
+            {"agent": a, "dataset": d, **near_misses(episodes[a][d])} for a in agents for d in names
+        ],
+        "reliance": reliance_rows(episodes, ablations, names, samples, resamples) if ablations else [],
     }
 
 
@@ -386,7 +397,12 @@ def markdown_report(report: Mapping[str, Any]) -> str:
                 "⚠: the interval and McNemar's test disagree at the 5 % level (one excludes 0, the other does "
                 "not): the difference is at the edge of what these questions can show.",
             ]
+    from searchgym.score_meaning import answerable_lines, audit_lines, near_miss_lines, reliance_lines
+
     lines += _failure_lines(report, decoding)
+    lines += near_miss_lines(report)
+    lines += reliance_lines(report)
+    lines += answerable_lines(report)
     cards = {str(d["name"]): d["card"] for d in datasets if d.get("card")}
     if cards:
         from searchgym.result_card import card_table
@@ -399,6 +415,7 @@ def markdown_report(report: Mapping[str, Any]) -> str:
             "",
             *card_table(cards),
         ]
+        lines += audit_lines(report)
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from searchgym.rewards import normalize_answer
+from searchgym.rewards import f1_score, normalize_answer
 
 __all__ = [
     "MISSES",
@@ -34,6 +34,8 @@ __all__ = [
     "failure_table",
     "flip_table",
     "flips_table",
+    "near_miss",
+    "near_misses",
     "retrieval_rule",
     "tool_text",
 ]
@@ -211,3 +213,44 @@ def failure_rows(decomposition: Mapping[str, Any]) -> list[dict[str, Any]]:
             {"kind": kind, "episodes": total, **{LABELS[o]: _share(int(counts[o]), total) for o in OUTCOMES}}
         )
     return rows
+
+
+NEAR_F1 = 0.8
+"""The token F1 against a golden answer from which an EM-0 answer counts as a near miss."""
+
+
+def near_miss(record: Mapping[str, Any]) -> str | None:
+    """Why an answered EM-0 episode may be right after all: ``"contains_gold"`` (a golden answer occurs in
+    the answer as whole words, after SQuAD normalisation) or ``"high_f1"`` (token F1 of at least
+    :data:`NEAR_F1` against a golden answer); ``None`` for a correct, unanswered or plainly wrong one.
+
+    >>> near_miss({"em": 0.0, "answer": "the city of Paris", "golden_answers": ["Paris"]})
+    'contains_gold'
+    >>> near_miss({"em": 0.0, "answer": "Lyon", "golden_answers": ["Paris"]}) is None
+    True
+    """
+    answer = record.get("answer")
+    if float(record["em"]) >= 1.0 or answer is None:
+        return None
+    golden = list(record.get("golden_answers") or [])
+    if answer_in_text(golden, str(answer)):
+        return "contains_gold"
+    if golden and f1_score(str(answer), golden) >= NEAR_F1:
+        return "high_f1"
+    return None
+
+
+def near_misses(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Exact match's near misses among the episodes: of the answered EM-0 ones (``wrong``), how many hold a
+    golden answer (``contains_gold``), how many more reach F1 >= :data:`NEAR_F1` (``high_f1``), both together
+    (``near``) and ``share`` = ``near / wrong`` (0 with none wrong)."""
+    wrong = [r for r in records if float(r["em"]) < 1.0 and r.get("answer") is not None]
+    why = [near_miss(r) for r in wrong]
+    near = sum(w is not None for w in why)
+    return {
+        "wrong": len(wrong),
+        "contains_gold": why.count("contains_gold"),
+        "high_f1": why.count("high_f1"),
+        "near": near,
+        "share": near / len(wrong) if wrong else 0.0,
+    }

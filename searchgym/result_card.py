@@ -16,7 +16,16 @@ from typing import Any
 
 from searchgym.errors import ConfigError
 
-__all__ = ["CARD_FIELDS", "card_differences", "card_table", "check_cards", "result_card"]
+__all__ = [
+    "CARD_FIELDS",
+    "NOT_AUDITED",
+    "card_audit",
+    "card_differences",
+    "card_table",
+    "check_cards",
+    "result_card",
+    "with_audit",
+]
 
 CARD_FIELDS = (
     "env",
@@ -84,6 +93,38 @@ def result_card(
         "seed": int(seed),
     }
     return {name: card[name] for name in CARD_FIELDS}
+
+
+NOT_AUDITED = "not audited"
+"""A card's ``audit`` when its questions were not audited."""
+
+AUDIT_KEYS = (
+    "questions",
+    "topk",
+    "unanswerable",
+    "answer_absent",
+    "gold_missing",
+    "unreachable",
+    "unanswerable_count",
+    "answer_absent_count",
+    "gold_missing_count",
+    "unreachable_count",
+)
+"""The audit figures a card carries (:func:`searchgym.audit.audit_shares`, less the per-kind ones)."""
+
+
+def with_audit(card: Mapping[str, Any], shares: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``card`` carrying the audited shares of its questions (:func:`searchgym.audit.audit_shares`), or
+    :data:`NOT_AUDITED` for ``None``. The audit is not a field two cards compare on: it follows from the
+    fields (the questions, corpus, retriever and top-k)."""
+    audit: Any = NOT_AUDITED if shares is None else {k: shares[k] for k in AUDIT_KEYS}
+    return {**card, "audit": audit}
+
+
+def card_audit(card: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The audited shares a card carries (:func:`with_audit`), or ``None`` when it was not audited."""
+    audit = card.get("audit")
+    return dict(audit) if isinstance(audit, Mapping) else None
 
 
 def card_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

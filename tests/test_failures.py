@@ -194,3 +194,27 @@ def test_tool_text_and_whole_word_matches() -> None:
     assert answer_in_text(["The Who"], "a band, who played")
     assert not answer_in_text(["Ann"], "Anna and Annabel")
     assert not answer_in_text(["", "..."], "anything")
+
+
+def test_near_misses_are_counted_exactly_on_hand_made_records() -> None:
+    from searchgym.failures import near_miss, near_misses
+
+    def record(answer: str | None, gold: list[str], em: float = 0.0) -> dict[str, Any]:
+        return {"em": em, "answer": answer, "golden_answers": gold}
+
+    records = [
+        record("Paris", ["Paris"], em=1.0),  # right: not a miss
+        record(None, ["Paris"]),  # no answer: not counted
+        record("the city of Paris, France", ["Paris"]),  # holds the gold
+        record("Paris Hilton", ["Hilton"]),  # holds the gold (whole words)
+        record("Johann Sebastian Bach jr", ["Johann Sebastian Bach"]),  # holds it as well
+        record("Johann Sebastian Bach", ["Johann Sebastian Bach Leipzig"]),  # F1 6/7, gold not contained
+        record("Lyon", ["Paris"]),  # plainly wrong
+        record("Parisian", ["Paris"]),  # part of a word: neither
+    ]
+    assert [near_miss(r) for r in records] == [
+        None, None, "contains_gold", "contains_gold", "contains_gold", "high_f1", None, None,
+    ]  # fmt: skip
+    counts = near_misses(records)
+    assert counts == {"wrong": 6, "contains_gold": 3, "high_f1": 1, "near": 4, "share": 4 / 6}
+    assert near_misses([])["share"] == 0.0

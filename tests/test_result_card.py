@@ -118,3 +118,22 @@ def test_benchmark_reports_the_card_and_refuses_a_pair_played_under_another(
     assert "pair oracle on flashrag_quickstart_nq: cached" in err
     assert "cannot pair heuristic with oracle on dataset flashrag_quickstart_nq" in err
     assert "differ in normaliser_sha256" in err
+
+
+def test_the_audited_shares_round_trip_through_json() -> None:
+    import json
+
+    from searchgym.result_card import NOT_AUDITED, card_audit, with_audit
+
+    shares = {
+        "questions": 40, "topk": 3, "unanswerable": 0.05, "answer_absent": 0.025, "gold_missing": 0.025,
+        "unreachable": 0.1, "unanswerable_count": 2, "answer_absent_count": 1, "gold_missing_count": 1,
+        "unreachable_count": 4, "kinds": {"bridge": {}},
+    }  # fmt: skip
+    card = {"env": "SearchQA-v0", "split": "test"}
+    audited = with_audit(card, shares)
+    back = json.loads(json.dumps(audited))
+    assert card_audit(back) == {k: v for k, v in shares.items() if k != "kinds"}
+    assert card_differences(back, card) == []  # the audit follows from the fields: no card differs by it
+    plain = with_audit(card, None)
+    assert plain["audit"] == NOT_AUDITED and card_audit(json.loads(json.dumps(plain))) is None

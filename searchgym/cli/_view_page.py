@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Episode",
     "Segment",
+    "episode_near_miss",
     "file_labels",
     "page_episodes",
     "read_episodes",
@@ -383,6 +384,7 @@ def page_episodes(
 
     Each holds ``index``, ``dataset``, ``source`` (``FILE:LINE``), ``question_id``, ``question``,
     ``golden_answers``, ``answer``, ``outcome`` (:func:`outcome`), ``em``, ``f1``, ``reward``, ``searches``,
+    ``near_miss`` (:func:`searchgym.failures.near_miss`: why a wrong answer may be right, else ``None``),
     ``end_reason``, ``gold_retrieved``, ``gold_ids`` (``None`` when unknown), ``prompt``, ``turns``, ``agent``
     and ``peers`` (the indices of the other episodes of the same question id and text, of other agents). A
     turn holds the policy's ``text``, its ``kind`` (``"search"``, ``"answer"``, ``"invalid"``), its ``query``
@@ -433,6 +435,7 @@ def page_episodes(
                 "golden_answers": f.get("golden_answers") or [],
                 "answer": f.get("answer"),
                 "outcome": outcome(f.get("answer"), f.get("em") or 0.0),
+                "near_miss": episode_near_miss(f),
                 "em": f.get("em"),
                 "f1": f.get("f1"),
                 "reward": f.get("reward"),
@@ -460,6 +463,15 @@ def page_episodes(
             "shown as the transcript has them, gold unmarked"
         )
     return pages
+
+
+def episode_near_miss(fields: dict[str, Any]) -> str | None:
+    """The record's near miss (:func:`searchgym.failures.near_miss`), ``None`` where it has no EM."""
+    from searchgym.failures import near_miss
+
+    if fields.get("em") is None:
+        return None
+    return near_miss({**fields, "golden_answers": fields.get("golden_answers") or []})
 
 
 def _turn_segments(segments: Sequence[Segment]) -> list[tuple[Segment | None, Segment | None]]:

@@ -39,8 +39,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar="DIR",
-        help="FlashRAG folders (corpus.jsonl, SPLIT.jsonl), or names looked up in --data-root ('nq' finds "
-        "the one folder with the word nq in its name)",
+        help="FlashRAG folders (corpus.jsonl, SPLIT.jsonl), 'world' (the generated world, --world-seed), or "
+        "names looked up in --data-root ('nq' finds the one folder with the word nq in its name)",
+    )
+    parser.add_argument(
+        "--world-seed", type=int, default=0, help="seed of the generated world (--datasets world)"
+    )
+    parser.add_argument(
+        "--ablate",
+        default=None,
+        metavar="KINDS",
+        help="play every agent again with the retriever replaced: empty (no passages), random (passages "
+        "drawn from the corpus), shuffled (another question's passages); comma-separated. Reports each "
+        "agent's EM and search rate under each, and reliance = EM(real) - EM(empty) with a paired interval",
+    )
+    parser.add_argument(
+        "--audit",
+        action="store_true",
+        help="audit the questions played (searchgym audit): each dataset's card carries the shares of "
+        "unanswerable and unreachable questions",
+    )
+    parser.add_argument(
+        "--answerable-only",
+        action="store_true",
+        help="with the audit, also score every agent on the answerable questions only, beside the full set",
     )
     parser.add_argument("--data-root", default=None, help="folder where --datasets names are looked up")
     parser.add_argument(
@@ -148,7 +170,7 @@ def _slug(text: str) -> str:
 def _pair_args(args: argparse.Namespace, agent: str, dataset: Path, retriever: str) -> argparse.Namespace:
     """The ``searchgym eval`` options of one (agent, dataset) pair, for the helpers eval shares."""
     pair = argparse.Namespace(**vars(args))
-    pair.agent, pair.dataset, pair.retriever, pair.world_seed = agent, str(dataset), retriever, 0
+    pair.agent, pair.dataset, pair.retriever = agent, str(dataset), retriever
     return pair
 
 
@@ -249,9 +271,11 @@ def _play_pair(
 def _data_stamp(pair: argparse.Namespace) -> dict[str, Any]:
     """What the pair's data was: the split file's SHA-256 (its questions and answers) and the corpus file's
     size and modification time (hashing a large corpus on every run would cost minutes)."""
-    from searchgym.data import parse_split
+    from searchgym.data import WORLD_VERSION, parse_split
     from searchgym.integrity import file_sha256
 
+    if pair.dataset == WORLD:
+        return {"world_version": WORLD_VERSION, "world_seed": pair.world_seed}
     folder = Path(pair.dataset)
     split, corpus = folder / f"{parse_split(pair.split).name}.jsonl", folder / "corpus.jsonl"
     stamp: dict[str, Any] = {"split_sha256": file_sha256(split) if split.is_file() else None}
@@ -318,10 +342,18 @@ def _write_record(path: Path, identity: dict[str, Any]) -> None:
         partial.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
 
 
-def _split_questions(folder: Path, split: str) -> int | None:
-    """The questions of a FlashRAG split file, or of its slice (``None`` for a dataset stored otherwise)."""
-    from searchgym.data import parse_split
+WORLD = "world"
+"""The ``--datasets`` name of the generated world."""
+
+
+def _split_questions(folder: Path, split: str, world_seed: int = 0) -> int | None:
+    """The questions of a FlashRAG split file, or of its slice, or of the generated world's split (``None``
+    for a dataset stored otherwise)."""
+    from searchgym.data import load_dataset, parse_split
     from searchgym.data.jsonl import iter_jsonl
+
+    if str(folder) == WORLD:
+        return len(load_dataset(WORLD, world_seed=world_seed).questions(split))
 
     selection = parse_split(split)
     path = folder / f"{selection.name}.jsonl"
@@ -342,7 +374,18 @@ def run(args: argparse.Namespace) -> int:
     skipped = [spec for spec in args.datasets if Path(spec).is_file()]
     for spec in skipped:
         print(f"note: --datasets {spec} is a file, not a FlashRAG folder; left out", file=sys.stderr)
-    paths = [resolve_dataset(spec, args.data_root) for spec in args.datasets if spec not in skipped]
+    paths = [
+        Path(WORLD) if spec == WORLD else resolve_dataset(spec, args.data_root)
+        for spec in args.datasets
+        if spec not in skipped
+    ]
+    kinds: list[str] = []
+    if args.ablate is not None:
+        from searchgym.retrieval.ablation import parse_ablations
+
+        kinds = parse_ablations(args.ablate)
+    if args.answerable_only and not args.audit:
+        args.audit = True  # the answerable questions are the audit's
     if not paths:
         raise ConfigError("--datasets names no folder")
     names = [p.name for p in paths]
@@ -362,11 +405,23 @@ def run(args: argparse.Namespace) -> int:
     episodes: dict[str, dict[str, list[dict[str, Any]]]] = {a: {} for a in args.agent}
     played: dict[str, dict[str, Any]] = {}  # each agent's episode sizes
     cards: dict[str, dict[str, dict[str, Any]]] = {a: {} for a in args.agent}
-    in_split = {name: _split_questions(path, args.split) for name, path in zip(names, paths, strict=True)}
+    for path in paths:
+        if str(path) != WORLD and not (path / "corpus.jsonl").is_file():
+            raise ConfigError(
+                f"--datasets {path}: no corpus.jsonl there; a dataset is a FlashRAG folder with its corpus"
+            )
+    in_split = {
+        name: _split_questions(path, args.split, args.world_seed)
+        for name, path in zip(names, paths, strict=True)
+    }
     known = [n or 0 for n in in_split.values()]  # the progress bar: a dataset stored otherwise counts 0
     total = sum(n if args.episodes is None else min(n, args.episodes) for n in known)
+    ablated: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {a: {} for a in args.agent}
     bar = tqdm(
-        total=total * len(args.agent) * args.samples, desc="benchmark", unit="ep", disable=args.no_progress
+        total=total * len(args.agent) * args.samples * (1 + len(kinds)),
+        desc="benchmark",
+        unit="ep",
+        disable=args.no_progress,
     )
     with bar:
         for agent in args.agent:
@@ -381,6 +436,18 @@ def run(args: argparse.Namespace) -> int:
                 bar.write(
                     f"pair {agent} on {name}: {how} ({len(episodes[agent][name])} episodes)", file=sys.stderr
                 )
+                for kind in kinds:
+                    from searchgym.retrieval.ablation import ablation_spec
+
+                    bar.set_postfix_str(f"{agent} on {name}, {kind} retriever", refresh=True)
+                    pair = _pair_args(args, agent, path, ablation_spec(kind, retrievers[name]))
+                    target = pairs_root / _slug(agent) / f"{name}.ablate-{kind}.jsonl"
+                    records, _, how, _ = _play_pair(pair, target, args.episodes, in_split[name], bar)
+                    ablated[agent].setdefault(name, {})[kind] = records
+                    bar.write(
+                        f"pair {agent} on {name}, {kind} retriever: {how} ({len(records)} episodes)",
+                        file=sys.stderr,
+                    )
     datasets = [
         {
             "name": n,
@@ -404,10 +471,22 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "temperature": args.temperature,
         "samples": args.samples,
+        "world_seed": args.world_seed,
+        "ablate": kinds,
+        "audit": bool(args.audit),
+        "answerable_only": bool(args.answerable_only),
         # What each agent played with: a checkpoint: agent's training sizes where the command gave none.
         "agent_env": played,
     }
     labels = agent_labels(list(args.agent))  # the tables name agents, not specs (settings keep those)
+    audits = _audits(args, names, paths, retrievers, datasets) if args.audit else {}
+    from searchgym.audit import audit_shares
+    from searchgym.result_card import with_audit
+
+    for agent in args.agent:  # every card says whether its questions were audited, and what was found
+        for name in names:
+            shares = audit_shares(audits[name]) if args.audit else None
+            cards[agent][name] = with_audit(cards[agent][name], shares)
     report = build_report(
         {labels[a]: v for a, v in episodes.items()},
         datasets,
@@ -415,7 +494,10 @@ def run(args: argparse.Namespace) -> int:
         samples=args.samples,
         temperature=args.temperature,
         cards={labels[a]: v for a, v in cards.items()},
+        ablations={labels[a]: v for a, v in ablated.items()} if kinds else None,
     )
+    if args.answerable_only:
+        report["answerable"] = _answerable_report(episodes, labels, datasets, audits, args)
     table = markdown_report(report)
     if out is not None:
         from searchgym.data.jsonl import replace_on_success
@@ -439,3 +521,60 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(table)
     return 0
+
+
+def _audits(
+    args: argparse.Namespace,
+    names: list[str],
+    paths: list[Path],
+    retrievers: dict[str, str],
+    datasets: list[dict[str, Any]],
+) -> dict[str, list[dict[str, Any]]]:
+    """Each dataset's audit records (:func:`searchgym.audit.audit_questions`) of the questions played, with
+    its retriever at the run's top-k."""
+    from searchgym.audit import audit_questions
+    from searchgym.cli.eval import env_defaults
+    from searchgym.data import load_dataset
+    from searchgym.retrieval import make_retriever
+
+    topk = args.topk if args.topk is not None else env_defaults().topk
+    audits = {}
+    for name, path, spec in zip(names, paths, datasets, strict=True):
+        dataset = load_dataset(str(path), world_seed=args.world_seed)
+        questions = dataset.questions(args.split)[: spec["questions"]]
+        retriever = make_retriever(retrievers[name], dataset.passages)
+        try:
+            audits[name] = audit_questions(dataset, questions, retriever, topk)
+        finally:
+            retriever.close()
+    return audits
+
+
+def _answerable_report(
+    episodes: dict[str, dict[str, list[dict[str, Any]]]],
+    labels: dict[str, str],
+    datasets: list[dict[str, Any]],
+    audits: dict[str, list[dict[str, Any]]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The report's figures on the answerable questions only (datasets with none are left out)."""
+    from searchgym.benchmark import build_report
+
+    kept = []
+    for spec in datasets:
+        answerable = {r["question_id"] for r in audits[spec["name"]] if r["answerable"]}
+        if answerable:
+            kept.append((spec, answerable))
+    part = build_report(
+        {
+            labels[a]: {
+                spec["name"]: [r for r in by[spec["name"]] if r.get("question_id") in answerable]
+                for spec, answerable in kept
+            }
+            for a, by in episodes.items()
+        },
+        [{**spec, "questions": len(answerable)} for spec, answerable in kept],
+        samples=args.samples,
+        temperature=args.temperature,
+    )
+    return {k: part[k] for k in ("datasets", "results", "averages", "paired")}

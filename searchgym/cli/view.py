@@ -33,7 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         default=None,
         metavar="PAGE",
-        help="the page to write (default: FILE.html in the current directory, FILE the first file's name)",
+        help="the page to write (default: FILE.html beside the first file FILE.jsonl)",
+    )
+    parser.add_argument(
+        "--near-miss",
+        action="store_true",
+        help="show only exact match's near misses: wrong answers that contain a golden answer or reach F1 "
+        ">= 0.8 against one, each with the gold beside it",
     )
     parser.add_argument(
         "--dataset",
@@ -69,11 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def default_out(first: str) -> Path:
-    """``FILE.html`` in the current directory, ``FILE`` the name of ``first`` (``runs/e.jsonl`` -> ``e.html``;
-    never ``first`` itself): a page of a benchmark's cached pairs lands where the command ran, not among them."""
+    """The page beside the records it shows: ``FILE.html`` next to ``first`` (``runs/e.jsonl`` ->
+    ``runs/e.html``; never ``first`` itself: ``runs/e.html`` -> ``runs/e.html.html``)."""
     path = Path(first)
-    out = Path(path.with_suffix(".html").name)
-    return out if out.resolve() != path.resolve() else Path(path.name + ".html")
+    out = path.with_suffix(".html")
+    return out if out.resolve() != path.resolve() else path.with_name(path.name + ".html")
 
 
 def file_agent(path: Path) -> tuple[str, str | None]:
@@ -134,11 +140,19 @@ def run(args: argparse.Namespace) -> int:
             )
         return tokenizers[path]
 
+    from searchgym.cli._agent_options import agent_labels
     from searchgym.cli._view_page import file_labels
 
     found = [file_agent(Path(f)) for f in args.files]
+    names_of = agent_labels(list(dict.fromkeys(a for a, _ in found if a)))  # benchmark's names for them
+    found = [(names_of.get(a, a), d) for a, d in found]
     labels = [dataset or label for (_, dataset), label in zip(found, file_labels(args.files), strict=True)]
     episodes = read_episodes(args.files, tokenizer_for, agents=[a for a, _ in found], labels=labels)
+    if args.near_miss:
+        from searchgym.cli._view_page import episode_near_miss
+
+        episodes = [e for e in episodes if episode_near_miss(e.fields)]
+        print(f"{len(episodes)} near misses", file=sys.stderr)
     tokens, colour = None, None
     if policies:
         tokens, colour = checkpoint_tokens(episodes, policies, args)
@@ -156,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
 
     page = page_episodes(episodes, dataset=dataset, tokens=tokens, warn=warn)
     names = [Path(f).name for f in args.files]
-    meta = {"title": args.title or f"searchgym view: {', '.join(names)}", "files": names, "colour": colour}
+    meta = {"title": args.title, "files": names, "colour": colour}
     with replace_on_success(out) as partial:
         partial.write_text(render_page(page, meta), encoding="utf-8")
     print(out)

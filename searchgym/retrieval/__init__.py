@@ -10,14 +10,16 @@ Backends, by name (see :func:`make_retriever`):
 * an ``http://`` or ``https://`` URL: :class:`~searchgym.retrieval.http.HttpRetriever`, a client of a
   Search-R1-compatible ``/retrieve`` server such as ``searchgym serve``;
 * ``"cassette:PATH"``: :class:`Cassette`, the searches recorded in PATH replayed with no index
-  (``"cassette:PATH;record=SPEC"`` records SPEC's, ``";record-missing=SPEC"`` fills the gaps).
+  (``"cassette:PATH;record=SPEC"`` records SPEC's, ``";record-missing=SPEC"`` fills the gaps);
+* ``"ablate:KIND;SPEC"``: SPEC's retriever replaced by an ablation (``empty``, ``random``, ``shuffled``:
+  :mod:`searchgym.retrieval.ablation`).
 
 :class:`FaultyRetriever` and :class:`RetrieverFaults` inject seeded retriever faults.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from searchgym.data.types import Passage
@@ -50,7 +52,13 @@ __all__ = [
 BACKENDS = ("bm25", "rank_bm25")
 
 
-def make_retriever(spec: Any, passages: Sequence[Passage], *, patience: float = 0.0) -> Retriever:
+def make_retriever(
+    spec: Any,
+    passages: Sequence[Passage],
+    *,
+    patience: float = 0.0,
+    questions: Callable[[], Sequence[str]] | None = None,
+) -> Retriever:
     """Resolves a retriever argument.
 
     Args:
@@ -64,6 +72,8 @@ def make_retriever(spec: Any, passages: Sequence[Passage], *, patience: float = 
             ids must be those of ``passages`` for the env's gold-retrieval figures to mean anything.
         patience: For a URL, seconds to wait for a server that stops answering before failing
             (:class:`~searchgym.retrieval.http.HttpRetriever`'s ``patience``); ignored by local backends.
+        questions: The dataset's question texts, read on first use by the ``shuffled`` ablation
+            (``"ablate:KIND;INNER"``: :mod:`searchgym.retrieval.ablation`).
 
     Raises:
         ConfigError: ``spec`` is none of these, or a dense index does not fit ``passages`` (see
@@ -83,6 +93,11 @@ def make_retriever(spec: Any, passages: Sequence[Passage], *, patience: float = 
         found = retriever_from_spec(spec, passages)
         assert found is not None
         return found
+    if isinstance(spec, str) and spec.startswith("ablate:"):
+        from searchgym.retrieval.ablation import AblatedRetriever, parse_ablation_spec
+
+        kind, inner = parse_ablation_spec(spec)
+        return AblatedRetriever(kind, make_retriever(inner, passages, patience=patience), passages, questions)
     if isinstance(spec, str) and spec.startswith("cassette:"):
         return cassette_from_spec(spec, lambda inner: make_retriever(inner, passages, patience=patience))
     if isinstance(spec, str) and spec.startswith(("http://", "https://")):
@@ -93,5 +108,5 @@ def make_retriever(spec: Any, passages: Sequence[Passage], *, patience: float = 
     raise ConfigError(
         f"unknown retriever {spec!r}; choose one of {list(BACKENDS)}, dense:INDEX_DIR (an index built by "
         "`searchgym index dense`), hybrid:INDEX_DIR (BM25 + that index), an http(s):// URL of a /retrieve endpoint, cassette:PATH (a "
-        "recorded cassette), or pass a Retriever"
+        "recorded cassette), ablate:KIND;SPEC (empty, random or shuffled), or pass a Retriever"
     )

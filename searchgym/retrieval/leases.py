@@ -50,10 +50,17 @@ def acquire_retriever(dataset: Dataset, spec: Any, patience: float = 0.0) -> tup
     with _LEASES_LOCK:
         lease = dataset.retrievers.get(key)
         if not isinstance(lease, _Lease):
-            retriever = make_retriever(spec, dataset.passages, patience=patience)
+            retriever = make_retriever(
+                spec, dataset.passages, patience=patience, questions=lambda: _question_texts(dataset)
+            )
             lease = dataset.retrievers[key] = _Lease(retriever)
         lease.users += 1
         return lease.retriever, True
+
+
+def _question_texts(dataset: Dataset) -> list[str]:
+    """Every question text of every split of ``dataset`` (the ``shuffled`` ablation's other questions)."""
+    return [q.question for split in dataset.splits for q in dataset.splits[split]]
 
 
 def release_retriever(dataset: Dataset, spec: Any, patience: float = 0.0) -> None:

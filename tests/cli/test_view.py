@@ -423,7 +423,7 @@ def test_script_end_tags_in_the_data_cannot_end_the_data_element(
     assert json.loads(embed_json({"a": "</script>"})) == {"a": "</script>"}
 
 
-def test_the_cli_writes_the_page_in_the_current_directory_and_prints_its_path(
+def test_the_cli_writes_the_page_beside_the_records_and_prints_its_path(
     eval_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = tmp_path / "runs" / "first.jsonl"
@@ -433,12 +433,13 @@ def test_the_cli_writes_the_page_in_the_current_directory_and_prints_its_path(
     here.mkdir()
     monkeypatch.chdir(here)
     assert main(["view", str(first), str(eval_file)]) == 0
-    out = Path("first.html")
+    out = first.parent / "first.html"
     assert capsys.readouterr().out.strip() == str(out)
-    assert (here / "first.html").is_file() and not (first.parent / "first.html").exists()
-    assert not (here / "first.html.partial").exists()
-    data = page_data(here / out)
+    assert out.is_file() and not list(here.iterdir())  # nothing lands in the working folder
+    assert not (first.parent / "first.html.partial").exists()
+    data = page_data(out)
     assert len(data["episodes"]) == 40 and data["meta"]["files"] == ["first.jsonl", "heuristic.jsonl"]
+    assert data["meta"]["title"] is None  # the header names the files once, not again in a title
     # The eval's manifest names its agent and dataset; the copy without one is known by its name.
     assert {(e["agent"], e["dataset"]) for e in data["episodes"]} == {
         ("", "first.jsonl"),
@@ -662,6 +663,8 @@ def test_the_page_works_in_a_headless_browser(
             for value in ("correct", "wrong", "no_answer"):
                 page.click(f"#filter-outcome button[data-value='{value}']")
                 assert count() == sum(e["outcome"] == value for e in episodes) > 0
+            page.click("#filter-outcome button[data-value='near_miss']")
+            assert count() == sum(bool(e["near_miss"]) for e in episodes)
             page.click("#filter-outcome button[data-value='all']")
             for searches in sorted({e["searches"] for e in episodes}):
                 page.select_option("#filter-searches", str(searches))
@@ -732,3 +735,21 @@ def test_the_page_works_in_a_headless_browser(
     assert errors == []
     with image.open(shot) as png:
         assert len(png.convert("RGB").getcolors(maxcolors=1 << 20) or ()) > 1
+
+
+def test_near_miss_pages_show_the_wrong_answers_that_hold_the_gold(
+    records: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    edited = [dict(r) for r in records[:6]]
+    edited[1].update(em=0.0, answer=f"{edited[1]['golden_answers'][0]} and more")  # holds the gold
+    edited[2].update(em=0.0, answer="nothing like it")
+    edited[3].update(em=1.0, answer=edited[3]["golden_answers"][0])
+    path = write_jsonl(tmp_path / "edited.jsonl", edited)
+    page = tmp_path / "all.html"
+    assert main(["view", str(path), "--out", str(page)]) == 0
+    kinds = [e["near_miss"] for e in page_data(page)["episodes"]]
+    assert kinds[1] == "contains_gold" and kinds[2] is None and kinds[3] is None
+    assert main(["view", str(path), "--near-miss", "--out", str(page)]) == 0
+    shown = page_data(page)["episodes"]
+    assert [e["answer"] for e in shown] == [e["answer"] for e, k in zip(edited, kinds, strict=True) if k]
+    assert all(e["near_miss"] for e in shown) and edited[1]["answer"] in [e["answer"] for e in shown]
