@@ -14,10 +14,19 @@ Each run is a ``searchgym train grpo`` subprocess (its own interpreter, one thre
 * **new** — nothing yet.
 
 A summary is written as each run lands, with the run's wall time (every segment of a resumed run added).
+
+A study writes only into run folders it started: each run folder it starts is marked with ``study.json``
+(the study's name, the protocol's path and SHA-256, the arm and the seed), and before any run starts every
+folder it would write into must be missing, empty, marked by this study for that run, or a folder an
+earlier ``study run`` started before marks were written (its ``command.txt`` is this run's ``train grpo``
+command: its run folder, seed and warm-start). Any other folder is refused, named, and nothing is written.
+One ``study run`` at a time per runs folder: it holds ``RUNS/study.lock`` (``flock``) for its whole life,
+and a second is refused at once, naming the holder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -35,12 +44,27 @@ from searchgym.errors import ConfigError
 from .protocol import Protocol
 from .summary import CONFIG_KEYS, CURVES, git_commit, load_summaries, run_summary, summary_path, write_summary
 
-__all__ = ["RunState", "check_summaries", "check_warmstart", "run_states", "run_study", "status"]
+__all__ = [
+    "MARK",
+    "STUDY_LOCK",
+    "RunState",
+    "check_run_folders",
+    "check_summaries",
+    "check_warmstart",
+    "run_states",
+    "run_study",
+    "status",
+]
 
 LOG = "log.txt"
 WALL = "wall_s"
 COMMAND = "command.txt"
+MARK = "study.json"
+"""The mark of a run folder a study started (its name, the protocol's path and SHA-256, arm, seed)."""
+STUDY_LOCK = "study.lock"
+"""The lock a ``study run`` holds in its runs folder."""
 FLOAT_TOLERANCE = 1e-12
+_SMALL_FILE = 1 << 16  # a mark or command.txt larger than this is no file a study wrote
 
 
 @dataclass(frozen=True)
@@ -192,6 +216,113 @@ def check_warmstart(protocol: Protocol) -> None:
         )
 
 
+def protocol_sha256(protocol: Protocol) -> str:
+    """The SHA-256 of the protocol file's bytes."""
+    return hashlib.sha256(protocol.path.read_bytes()).hexdigest()
+
+
+def _read_small(path: Path) -> str | None:
+    """A small text file's content (``None`` if missing, unreadable, too large or not UTF-8)."""
+    try:
+        if not path.is_file() or path.stat().st_size > _SMALL_FILE:
+            return None
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _same_path(a: str | Path, b: str | Path) -> bool:
+    try:
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def _started_before_marks(protocol: Protocol, arm: str, seed: int, folder: Path) -> bool:
+    """Whether ``folder`` is this run's, started by a ``study run`` before marks were written: its
+    ``command.txt`` is a ``train grpo`` command into this folder, with this seed and the protocol's
+    warm-start."""
+    text = _read_small(folder / COMMAND)
+    try:
+        words = shlex.split(text or "")
+    except ValueError:
+        return False
+    if words[:3] != ["searchgym", "train", "grpo"]:
+        return False
+    given = {words[i]: words[i + 1] for i in range(3, len(words) - 1) if words[i].startswith("--")}
+    return (
+        _same_path(given.get("--run-dir", ""), folder)
+        and given.get("--seed") == str(seed)
+        and _same_path(given.get("--init", ""), protocol.warmstart)
+        and folder.name == f"s{seed}"
+        and folder.parent.name == arm
+    )
+
+
+def _refusal(protocol: Protocol, arm: str, seed: int, folder: Path, digest: str) -> str | None:
+    """Why the study may not write into ``folder`` for run ``arm``/``seed`` (``None``: it may)."""
+    if not folder.exists() and not folder.is_symlink():
+        return None
+    if not folder.is_dir():
+        return "it is not a folder"
+    try:
+        if not any(folder.iterdir()):
+            return None
+    except OSError as e:
+        return f"it cannot be read ({e.strerror or e})"
+    text = _read_small(folder / MARK)
+    if text is not None:
+        try:
+            mark = json.loads(text)
+        except ValueError:
+            mark = None
+        if isinstance(mark, dict):
+            mine = (mark.get("study"), mark.get("arm"), mark.get("seed")) == (protocol.name, arm, seed)
+            if mine and (
+                mark.get("protocol_sha256") == digest
+                or _same_path(str(mark.get("protocol", "")), protocol.path)
+            ):
+                return None
+            return (
+                f"its {MARK} marks it as run {mark.get('arm')!r}/s{mark.get('seed')} of study "
+                f"{mark.get('study')!r} (protocol {mark.get('protocol')}), not run {arm}/s{seed} of this protocol"
+            )
+    if _started_before_marks(protocol, arm, seed, folder):
+        return None
+    return f"it holds files this study did not write (no {MARK} of study {protocol.name!r})"
+
+
+def check_run_folders(protocol: Protocol, states: Sequence[RunState], runs: Path) -> None:
+    """Every run folder the study would write into is its own (see the module's docstring).
+
+    Raises:
+        ConfigError: one is not, named with the reason.
+    """
+    digest = protocol_sha256(protocol)
+    for s in states:
+        if s.state not in ("new", "started", "partial", "finished"):
+            continue
+        folder = run_dir(protocol, s.arm, s.seed, runs)
+        why = _refusal(protocol, s.arm, s.seed, folder, digest)
+        if why is not None:
+            raise ConfigError(
+                f"{folder}: not a run folder of study {protocol.name!r} ({protocol.path}): {why}; a study "
+                "writes only into run folders it started: point [study] runs (or --runs) elsewhere, or move "
+                "that folder away"
+            )
+
+
+def _write_mark(protocol: Protocol, arm: str, seed: int, folder: Path, digest: str) -> None:
+    mark = {
+        "study": protocol.name,
+        "protocol": str(protocol.path.resolve()),
+        "protocol_sha256": digest,
+        "arm": arm,
+        "seed": seed,
+    }
+    (folder / MARK).write_text(json.dumps(mark, indent=1) + "\n", encoding="utf-8")
+
+
 def command(protocol: Protocol, arm: str, seed: int, folder: Path, resume: bool) -> list[str]:
     """The ``searchgym train grpo`` arguments of one run (the program excluded)."""
     options = {
@@ -299,7 +430,32 @@ def run_study(
     check_warmstart(protocol)
     check_summaries(protocol, summaries)
     _check_loss_terms(protocol)
+    check_run_folders(protocol, run_states(protocol, runs, summaries), runs)  # before the lock is written
+    from searchgym.run_lock import lock_run_dir
+
+    lock = lock_run_dir(
+        runs,
+        name=STUDY_LOCK,
+        busy="another study run holds {path}: {holder}; wait for it to end, or stop it",
+    )
+    try:
+        return _run_locked(protocol, jobs, runs, summaries, only, say)
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    protocol: Protocol,
+    jobs: int,
+    runs: Path,
+    summaries: Path,
+    only: Sequence[str] | None,
+    say: Callable[[str], None],
+) -> int:
+    """:func:`run_study` once its checks passed and its lock is held."""
     states = run_states(protocol, runs, summaries)
+    check_run_folders(protocol, states, runs)
+    digest = protocol_sha256(protocol)
     if only:
         unknown = [o for o in only if not any(o in (s.arm, f"{s.arm}/s{s.seed}") for s in states)]
         if unknown:
@@ -331,7 +487,7 @@ def run_study(
                     finished += 1
                     say(_landed(s.name, summary, summaries, finished, len(states), "summarised"))
                     continue
-                running.append(_start(protocol, s, folder))
+                running.append(_start(protocol, s, folder, digest))
                 say(
                     f"start {s.name}"
                     + (f" (resumes from step {s.step} of {protocol.steps})" if s.state == "partial" else "")
@@ -375,8 +531,9 @@ RUN_CLI = "import sys; del sys.path[0]; from searchgym.cli import main; sys.exit
 directory first on ``sys.path``; a custom arm's module is found there by its own loader all the same)."""
 
 
-def _start(protocol: Protocol, s: RunState, folder: Path) -> _Job:
+def _start(protocol: Protocol, s: RunState, folder: Path, digest: str) -> _Job:
     folder.mkdir(parents=True, exist_ok=True)
+    _write_mark(protocol, s.arm, s.seed, folder, digest)
     args = command(protocol, s.arm, s.seed, folder, resume=s.state == "partial")
     if s.state != "partial":
         (folder / WALL).unlink(missing_ok=True)
