@@ -306,7 +306,7 @@ def check_run_folders(protocol: Protocol, states: Sequence[RunState], runs: Path
         why = _refusal(protocol, s.arm, s.seed, folder, digest)
         if why is not None:
             raise ConfigError(
-                f"{folder}: not a run folder of study {protocol.name!r} ({protocol.path}): {why}; a study "
+                f"{folder.resolve()}: not a run folder of study {protocol.name!r} ({protocol.path}): {why}; a study "
                 "writes only into run folders it started: point [study] runs (or --runs) elsewhere, or move "
                 "that folder away"
             )
