@@ -241,6 +241,10 @@ def load_protocol(path: str | Path) -> Protocol:
         raise ConfigError(f"cannot read the protocol {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and tables
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
     where = str(path)
     _unknown(doc, TABLES, where)
     here = path.resolve().parent
