@@ -14,12 +14,23 @@ then sent as ids too, which needs the server's model to share the env's tokenize
 The API key comes from the environment variable ``api_key_env`` names (never from the command line); it
 is sent as a bearer token and never written to a record or a log. Each request's body (the prompt, the
 settings), its text, finish reason, usage and time are kept in the episode record under ``requests``.
+
+The server is not trusted. ``timeout`` bounds each try of a request whole — connecting, the answer's head
+and its body — however slowly the bytes come (a watchdog shuts the socket at the deadline); the answer is
+read as a stream and refused past ``max_response_bytes`` (an error page too); it is parsed with the
+bounded parser of ``searchgym serve`` (:func:`~searchgym.server.wire.loads_bounded`: no nesting deeper
+than 64 levels, no more values than the size allows); a completion longer than
+:data:`MAX_CHARS_PER_TOKEN` characters per token asked is refused before it is encoded; and a number in
+``usage`` that is not finite is recorded as ``null``, so the eval output stays strict JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,15 +40,28 @@ import numpy as np
 
 from searchgym.errors import ConfigError, MissingDependencyError, ServedModelError
 from searchgym.protocol import Source
+from searchgym.server.completions import MAX_CHARS_PER_TOKEN
 
 from .base import Agent, Observation
 
-__all__ = ["STOPS", "ServedAgent", "ServedOptions"]
+__all__ = ["MAX_CHARS_PER_TOKEN", "STOPS", "ServedAgent", "ServedOptions"]
 
 STOPS = ("</search>", "</answer>")
 """The stop strings of every request: a turn ends with a search or an answer."""
 
 _OPENS = {"<search>": "</search>", "<answer>": "</answer>"}
+
+
+class _Deadline(Exception):
+    """A try ran past its total deadline."""
+
+
+class _TooLarge(Exception):
+    """An answer's body is over the size limit."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -49,11 +73,12 @@ class ServedOptions:
         base_url: The server's OpenAI base URL, e.g. ``http://127.0.0.1:8001/v1``.
         api: ``completions`` (``POST /completions``) or ``chat`` (``POST /chat/completions``).
         api_key_env: The environment variable holding the API key (unset: no key is sent).
-        timeout: Seconds one request may take.
+        timeout: Seconds one try of a request may take, whole (connecting, the head and the body).
         retries: Further tries after a failed request (a connection error, a timeout, 429 or 5xx), with
             exponential pauses.
         top_p: Nucleus sampling threshold sent with every request.
         token_ids: Send the prompt as token ids and play the ids the server returns (completions only).
+        max_response_bytes: The largest answer body read (an error page too); a larger one is refused.
     """
 
     model: str
@@ -64,6 +89,7 @@ class ServedOptions:
     retries: int = 2
     top_p: float = 1.0
     token_ids: bool = False
+    max_response_bytes: int = 16 * 2**20
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.base_url)
@@ -81,6 +107,9 @@ class ServedOptions:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.token_ids and self.api != "completions":
             raise ConfigError("--token-ids needs --api completions (a chat request carries text only)")
+        size = self.max_response_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or not 1024 <= size <= 2**31:
+            raise ConfigError(f"--max-response-mb must give 1 KiB to 2 GiB, got {size!r} bytes")
 
     @classmethod
     def from_args(cls, args: Any) -> ServedOptions:
@@ -104,6 +133,7 @@ class ServedOptions:
             retries=args.retries,
             top_p=args.top_p,
             token_ids=args.token_ids,
+            max_response_bytes=_mebibytes(getattr(args, "max_response_mb", 16.0)),
         )
 
     def identity(self) -> dict[str, Any]:
@@ -115,6 +145,36 @@ class ServedOptions:
             "top_p": self.top_p,
             "token_ids": self.token_ids,
         }
+
+
+def _mebibytes(value: float) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"--max-response-mb must be a positive number of MiB, got {value!r}")
+    return int(value * 2**20)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every number that is not finite (NaN, infinity) replaced by ``None``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _cut(stream: Any) -> None:
+    """Shuts the socket under an httpcore network stream, so that a read blocked on it returns at once."""
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 class ServedAgent(Agent):
@@ -162,6 +222,7 @@ class ServedAgent(Agent):
         )
         self._pending: list[int] = []
         self._seed: int | None = None
+        self._stream: Any = None  # the network stream of the connection in use (shut at a try's deadline)
 
     # -- Agent API ---------------------------------------------------------------------------------------
 
@@ -216,13 +277,20 @@ class ServedAgent(Agent):
         start = time.perf_counter()
         answer = self._post(body)
         choice, text = self._choice(answer)
+        most = body["max_tokens"] * MAX_CHARS_PER_TOKEN
+        if len(text) > most:
+            raise ServedModelError(
+                f"{self._url} answered a completion of {len(text)} characters for at most {body['max_tokens']} "
+                f"tokens (more than {MAX_CHARS_PER_TOKEN} characters a token): refused before encoding it"
+            )
         tokens = self._tokens(choice, text)
+        reason = choice.get("finish_reason")
         self.requests.append(
             {
                 "request": body,
                 "text": text,
-                "finish_reason": choice.get("finish_reason"),
-                "usage": answer.get("usage"),
+                "finish_reason": reason if isinstance(reason, str) else None,
+                "usage": _finite(answer.get("usage")),
                 "seconds": round(time.perf_counter() - start, 4),
             }
         )
@@ -232,38 +300,92 @@ class ServedAgent(Agent):
     def _path(self) -> str:
         return "completions" if self.options.api == "completions" else "chat/completions"
 
+    @property
+    def _url(self) -> str:
+        return f"{self.options.base_url.rstrip('/')}/{self._path}"
+
+    def _exchange(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        """One try: the answer's status and body, read within the deadline and the size limit.
+
+        Raises:
+            _Deadline: the try ran past ``timeout`` seconds.
+            _TooLarge: the body is over ``max_response_bytes``.
+            httpx.TimeoutException, httpx.TransportError: as ``httpx`` raises them.
+        """
+        limit, timeout = self.options.max_response_bytes, self.options.timeout
+        deadline = time.monotonic() + timeout
+        expired = threading.Event()
+
+        def trace(event: str, info: dict[str, Any]) -> None:
+            if event == "connection.connect_tcp.complete":
+                self._stream = info.get("return_value")
+
+        def cut() -> None:  # a read blocked on a trickling server returns when its socket is shut
+            expired.set()
+            _cut(self._stream)
+
+        watchdog = threading.Timer(timeout, cut)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            with self._client.stream("POST", self._path, json=body, extensions={"trace": trace}) as response:
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > limit:
+                    raise _TooLarge(response.status_code)
+                data = bytearray()
+                for chunk in response.iter_bytes():
+                    data += chunk
+                    if len(data) > limit:
+                        raise _TooLarge(response.status_code)
+                    if time.monotonic() > deadline:
+                        raise _Deadline
+                return response.status_code, bytes(data)
+        except (self._httpx.TransportError, self._httpx.StreamError):
+            if expired.is_set():
+                raise _Deadline from None
+            raise
+        finally:
+            watchdog.cancel()
+
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         """The server's JSON answer to ``body``, retried on a connection error, a timeout, 429 or 5xx.
 
         Raises:
             ServedModelError: every try failed, the server refused the request (another 4xx), or the answer
-                is not JSON.
+                is over the size limit, not JSON, or nested too deeply.
         """
-        url = f"{self.options.base_url.rstrip('/')}/{self._path}"
+        from searchgym.server.wire import RequestError, loads_bounded
+
+        url = self._url
         why = ""
         for attempt in range(self.options.retries + 1):
             if attempt:
                 time.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
             try:
-                response = self._client.post(self._path, json=body)
-            except self._httpx.TimeoutException:
-                why = f"no answer within {self.options.timeout:g} s"
+                status, data = self._exchange(body)
+            except (_Deadline, self._httpx.TimeoutException):
+                why = f"no complete answer within {self.options.timeout:g} s"
                 continue
+            except _TooLarge as e:
+                raise ServedModelError(
+                    f"{url} answered HTTP {e.status} with a body over {self.options.max_response_bytes} bytes: "
+                    "refused (--max-response-mb raises the limit)"
+                ) from None
             except self._httpx.TransportError as e:
                 why = f"cannot connect ({type(e).__name__}: {str(e)[:120] or 'connection failed'}; is the server up?)"
                 continue
-            if response.status_code == 429 or response.status_code >= 500:
-                why = f"HTTP {response.status_code}: {response.text[:200]}"
+            text = data[:300].decode("utf-8", "replace")
+            if status == 429 or status >= 500:
+                why = f"HTTP {status}: {text[:200]}"
                 continue
-            if response.status_code >= 400:
-                raise ServedModelError(
-                    f"{url} refused the request: HTTP {response.status_code}: {response.text[:300]}"
-                )
+            if status >= 400:
+                raise ServedModelError(f"{url} refused the request: HTTP {status}: {text}")
             try:
-                answer = response.json()
-            except ValueError:
+                # Bounded by the size already; the walk stops deep nesting (64 levels) without recursing far.
+                answer = loads_bounded(data, len(data) + 1)
+            except RequestError:
                 raise ServedModelError(
-                    f"{url} answered something that is not JSON: {response.text[:200]!r}"
+                    f"{url} answered something that is not JSON (or nested deeper than 64 levels): {text[:200]!r}"
                 ) from None
             if not isinstance(answer, dict):
                 raise ServedModelError(f"{url} answered a {type(answer).__name__}, not a completion")
@@ -282,9 +404,8 @@ class ServedAgent(Agent):
         else:
             text = choice.get("text") if choice is not None else None
         if choice is None or not isinstance(text, str):
-            url = f"{self.options.base_url.rstrip('/')}/{self._path}"
             raise ServedModelError(
-                f"{url} answered something that is not a {self.options.api} response (no choices[0]."
+                f"{self._url} answered something that is not a {self.options.api} response (no choices[0]."
                 f"{'message.content' if self.options.api == 'chat' else 'text'}): {str(answer)[:200]}"
             )
         return choice, text

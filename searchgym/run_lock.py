@@ -98,11 +98,15 @@ def _read(fd: int) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def lock_run_dir(run_dir: str | Path) -> RunLock:
+def lock_run_dir(run_dir: str | Path, *, name: str = LOCK_NAME, busy: str | None = None) -> RunLock:
     """Takes the run folder's lock for this process (the folder is created if missing).
 
     Args:
         run_dir: The run folder.
+        name: The lock file's name in it (``run.lock``; ``study run`` holds ``study.lock`` in a study's runs
+            folder).
+        busy: The refusal when a live process holds the lock, with ``{folder}``, ``{path}`` and ``{holder}``
+            to fill in (default: the run folder's).
 
     Returns:
         The held lock; keep a reference for as long as the run writes into the folder.
@@ -115,9 +119,9 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
     root = Path(run_dir)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"run_dir {str(root)!r} is a file, not a folder")
-    with disk_full_is_clear(root / LOCK_NAME, kept="nothing was written"):
+    with disk_full_is_clear(root / name, kept="nothing was written"):
         root.mkdir(parents=True, exist_ok=True)
-    path = (root / LOCK_NAME).resolve()
+    path = (root / name).resolve()
     held = _HELD.get(str(path))
     if held is not None and held.held:
         return held
@@ -133,6 +137,8 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
     except BlockingIOError:
         record = _read(fd)
         os.close(fd)
+        if busy is not None:
+            raise ConfigError(busy.format(folder=root, path=path, holder=_describe(record))) from None
         raise ConfigError(
             f"run_dir {str(root)!r} is in use: {_describe(record)} is writing into it; wait for it to end, "
             "stop it, or choose another --run-dir"
@@ -140,7 +146,8 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
     previous = _read(fd)
     if previous.get("pid") is not None:
         warnings.warn(
-            f"run_dir {str(root)!r}: taking over the lock of {_describe(previous)}, which is no longer running",
+            f"{f'run_dir {str(root)!r}' if name == LOCK_NAME else path}: taking over the lock of "
+            f"{_describe(previous)}, which is no longer running",
             UserWarning,
             stacklevel=2,
         )

@@ -340,10 +340,17 @@ def _build(adapter: Adapter, episodes: Sequence[Episode], setup: Setup) -> Built
     handle = setup.model.get_input_embeddings().register_forward_pre_hook(watch)
     try:
         try:
-            built.batch = adapter(list(episodes), setup)
+            batch = adapter(list(episodes), setup)
         except Exception as e:  # the stack's refusal, or its failure: judged by the checks
             built.error = e
             return built
+        if not isinstance(batch, TrainBatch):
+            name = getattr(adapter, "__qualname__", None) or type(adapter).__name__
+            raise ConfigError(
+                f"the adapter {getattr(adapter, '__module__', '?')}:{name} returned "
+                f"{type(batch).__name__}, not a TrainBatch (docs/conform.md says what an adapter returns)"
+            )
+        built.batch = batch
         _evaluate(built, setup.model)
     finally:
         handle.remove()

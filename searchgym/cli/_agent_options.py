@@ -261,7 +261,18 @@ def add_served_arguments(parser: Any) -> None:
         help="the environment variable holding the API key (unset: no key is sent; never logged)",
     )
     group.add_argument(
-        "--request-timeout", type=float, default=60.0, metavar="S", help="seconds one request may take"
+        "--request-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds one try of a request may take, whole: connecting, the answer's head and its body",
+    )
+    group.add_argument(
+        "--max-response-mb",
+        type=float,
+        default=16.0,
+        metavar="MB",
+        help="largest answer body read, in MiB (an error page too); a larger one is refused (default 16)",
     )
     group.add_argument(
         "--retries",

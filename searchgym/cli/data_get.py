@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a connection may stay silent")
     parser.add_argument(
+        "--accept-unverified",
+        action="store_true",
+        help="take a file the package does not pin and whose host publishes no hash, unchecked (a note says "
+        "so); without it such a file is refused before it is read",
+    )
+    parser.add_argument(
         "--list", action="store_true", help="print every name and its source files, fetch nothing"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -67,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         retry_wait=args.retry_wait,
         timeout=args.timeout,
         progress=not args.no_progress,
+        accept_unverified=args.accept_unverified,
     )
     for name in summary["no_corpus"]:
         print(

@@ -96,11 +96,23 @@ def add_connection_arguments(parser: argparse.ArgumentParser, body_mb: int) -> N
 
 
 def connection_limits(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~searchgym.server.ServerLimits` fields of :func:`add_connection_arguments`' options."""
+    """The :class:`~searchgym.server.ServerLimits` fields of :func:`add_connection_arguments`' options.
+
+    Raises:
+        ConfigError: ``--max-body-mb`` is not a positive number (the other fields are checked by
+            :class:`~searchgym.server.ServerLimits`).
+    """
+    import math
+
+    from searchgym.errors import ConfigError
+
+    body_mb = args.max_body_mb
+    if not (math.isfinite(body_mb) and body_mb > 0 and int(body_mb * 2**20) >= 1):
+        raise ConfigError(f"--max-body-mb must be a positive number of MiB, got {body_mb!r}")
     return {
         "read_timeout": args.read_timeout,
         "max_connections": args.max_connections,
-        "max_body_bytes": max(1, int(args.max_body_mb * 2**20)),
+        "max_body_bytes": int(body_mb * 2**20),
     }
 
 

@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-prompt-tokens",
         type=positive_int,
         default=None,
-        help="the longest prompt in tokens (default: the model's context size)",
+        help="the longest prompt in tokens (default and most: the model's context size less one, room for one "
+        "generated token)",
     )
     parser.add_argument(
         "--max-waiting",
@@ -55,13 +56,15 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.server import ServerLimits, run_server
     from searchgym.server.completions import CompletionLimits, create_completions_app
 
+    connection = ServerLimits(**connection_limits(args))  # options out of range are refused before loading
     policy = load_policy(args.checkpoint, device=args.device)
     context = context_size(policy.model)
     limits = CompletionLimits(
         max_tokens_max=args.max_tokens_max,
-        max_prompt_tokens=args.max_prompt_tokens or context,
+        max_prompt_tokens=args.max_prompt_tokens or max(1, context - 1),
         max_waiting=args.max_waiting,
-        connection=ServerLimits(**connection_limits(args)),
+        context_tokens=context,
+        connection=connection,
     )
     name = args.model_name or Path(args.checkpoint).name
     app = create_completions_app(PolicyCompleter(policy, context), name, limits)

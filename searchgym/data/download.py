@@ -16,11 +16,13 @@ with the same layout serves as well):
 
 A file is downloaded into ``TARGET.partial`` and renamed into place only once complete and verified: a
 dropped connection resumes with an HTTP ``Range`` request (retried with a growing wait), and a run killed
-half-way continues where it stopped. Each file is checked against the hash its host publishes for it —
-Hugging Face gives the SHA-256 of a large (LFS) file in ``X-Linked-Etag`` and the git blob SHA-1 of a small
-one in ``ETag`` — and a mismatch deletes the download and stops with one line. ``OUT/searchgym-data.json``
-records every file fetched (its URL, size, SHA-256 and what it was checked against), so a second run skips
-them.
+half-way continues where it stopped. A file whose SHA-256 the package pins (:data:`PINNED_SHA256`) must
+have that digest, whatever the host publishes. Any other file is checked against the hash its host
+publishes for it — Hugging Face gives the SHA-256 of a large (LFS) file in ``X-Linked-Etag`` and the git
+blob SHA-1 of a small one in ``ETag`` — and a host that publishes none (a plain mirror) is refused before
+the body is read, unless ``accept_unverified`` (``--accept-unverified``) takes the file unchecked, with a
+note. A mismatch deletes the download and stops with one line. ``OUT/searchgym-data.json`` records every
+file fetched (its URL, size, SHA-256 and what it was checked against), so a second run skips them.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = [
     "CORPUS",
     "DEFAULT_BASE_URL",
     "INDEX",
+    "PINNED_SHA256",
     "QA_SETS",
     "RECORD",
     "RemoteFile",
@@ -74,6 +77,13 @@ INDEX = "wiki-18-e5"
 """The dense index's name (written to ``OUT/wiki-18/e5_Flat.index``)."""
 RECORD = "searchgym-data.json"
 """The file in ``OUT`` that records what was fetched."""
+
+PINNED_SHA256: dict[str, str] = {}
+"""The SHA-256 of known files, by ``REPO/PATH``: a download of a pinned file must have this digest, whatever
+its host publishes, at any revision. Add a file's digest here once it is known from a download verified
+against Hugging Face's own published hash (``searchgym-data.json`` records it). The table is empty in this
+release: the published files' digests could not be read where it was made (no network), so every file is
+checked against its host's published hash, and a host that publishes none is refused."""
 
 _BLOCK = 1 << 20
 _RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
@@ -183,8 +193,11 @@ def fetch_file(
     timeout: float = 60.0,
     progress: bool = True,
     note: Callable[[str], None] = lambda text: print(f"note: {text}", file=sys.stderr),
+    pinned: str | None = None,
+    accept_unverified: bool = False,
 ) -> dict[str, Any]:
-    """Downloads ``url`` to ``target``: resumable, retried, verified against the host's published hash.
+    """Downloads ``url`` to ``target``: resumable, retried, verified against a pinned or the host's published
+    hash.
 
     Args:
         url: The file's address.
@@ -194,15 +207,18 @@ def fetch_file(
             last stopped; the wait doubles from ``retry_wait`` seconds (at most 60).
         timeout: Seconds a connection may stay silent.
         progress: Show a progress bar.
-        note: Where the retry notes go.
+        note: Where the retry notes go (and the note on a file taken unverified).
+        pinned: The SHA-256 the file must have (:data:`PINNED_SHA256`), whatever the host publishes.
+        accept_unverified: Take a file that is not pinned and whose host publishes no hash, unchecked.
 
     Returns:
-        What the record keeps: ``url``, ``bytes``, ``sha256`` and ``checked`` (the published hash it matched,
-        ``"sha256"`` or ``"git-sha1"``, or ``None`` when the host published none).
+        What the record keeps: ``url``, ``bytes``, ``sha256`` and ``checked`` (``"pinned"``, or the
+        published hash it matched, ``"sha256"`` or ``"git-sha1"``, or ``None`` for a file taken unverified).
 
     Raises:
-        DownloadError: the host refused the file (a 4xx answer) or the retries ran out.
-        DataFormatError: the file's hash or size differs from what the host published (the download is
+        DownloadError: the host refused the file (a 4xx answer), the retries ran out, or the file is not
+            pinned and the host publishes no hash for it (without ``accept_unverified``; nothing is written).
+        DataFormatError: the file's hash or size differs from the pinned or published one (the download is
             deleted).
     """
     import http.client  # the network modules load only when a file is fetched
@@ -229,6 +245,14 @@ def fetch_file(
                         if response.status != 206:
                             offset = 0  # the host sent the whole file: start it again
                         published = _published_hash(chain) or published
+                        if pinned is None and published is None and not accept_unverified:
+                            if not partial.stat().st_size:  # nothing of it is left behind
+                                partial.unlink()
+                            raise DownloadError(
+                                f"{url}: the host publishes no hash for this file and searchgym pins none, so "
+                                "it cannot be verified: refused before reading it (--accept-unverified takes "
+                                "it unchecked)"
+                            )
                         size = _published_size(chain, response, offset) or size
                         bar.reset(total=size)
                         bar.update(offset)
@@ -276,7 +300,10 @@ def fetch_file(
         got = partial.stat().st_size
         sha256, sha1 = _hashes(partial)
         problem = None
-        if size is not None and got != size:
+        if pinned is not None:
+            if sha256 != pinned:
+                problem = f"sha256 {sha256} where searchgym pins {pinned}"
+        elif size is not None and got != size:
             problem = f"{got} bytes where the host published {size}"
         elif published is not None and published[1] != (sha256 if published[0] == "sha256" else sha1):
             problem = f"{published[0]} {sha256 if published[0] == 'sha256' else sha1} where the host published {published[1]}"
@@ -287,7 +314,10 @@ def fetch_file(
                 None,
                 f"download of {url} refused: {problem}; it was deleted, run the command again",
             )
-    return {"url": url, "bytes": got, "sha256": sha256, "checked": published[0] if published else None}
+    checked = "pinned" if pinned is not None else published[0] if published else None
+    if checked is None:
+        note(f"{target.name}: taken unverified (--accept-unverified): sha256 {sha256}")
+    return {"url": url, "bytes": got, "sha256": sha256, "checked": checked}
 
 
 # -- a whole request ---------------------------------------------------------------------------------------
@@ -347,6 +377,7 @@ def get(
     retry_wait: float = 2.0,
     timeout: float = 60.0,
     progress: bool = True,
+    accept_unverified: bool = False,
 ) -> dict[str, Any]:
     """Fetches the named QA sets, corpus and index into ``out`` as FlashRAG folders.
 
@@ -359,7 +390,8 @@ def get(
         out: The folder to write.
         base_url: The host (Hugging Face, or a mirror with its layout).
         revision: The repositories' branch, tag or commit.
-        retries, retry_wait, timeout, progress: As :func:`fetch_file`.
+        retries, retry_wait, timeout, progress, accept_unverified: As :func:`fetch_file` (each file's
+            pinned digest comes from :data:`PINNED_SHA256`).
 
     Returns:
         ``{"out", "fetched", "kept", "folders", "no_corpus"}``: the files downloaded now and those already
@@ -400,6 +432,8 @@ def get(
                 retry_wait=retry_wait,
                 timeout=timeout,
                 progress=progress,
+                pinned=PINNED_SHA256.get(f"{remote.repo}/{remote.path}"),
+                accept_unverified=accept_unverified,
             )
             _write_record(root, record)
             fetched.append(remote.target)

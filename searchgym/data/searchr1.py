@@ -102,6 +102,9 @@ decoded; Search-R1's largest split has about 170,000)."""
 #: Rows decoded at once: a parquet of identical rows compresses ~1000x, so rows are decoded in small batches
 #: and checked as they come (a duplicate id fails at its row, not after the whole file is in memory).
 _BATCH_ROWS = 4096
+#: A batch that decodes to more bytes than this (a dictionary value repeated in its rows, or long rows) becomes
+#: Python objects one row at a time, so that a batch's rows and the questions made of them are not all held.
+_BATCH_BYTES = 8 * 2**20
 
 
 def read_searchr1(path: str | Path, max_rows: int | None = None) -> list[Question]:
@@ -154,16 +157,21 @@ def read_searchr1(path: str | Path, max_rows: int | None = None) -> list[Questio
         # rows would take are counted from the dictionary before any row becomes Python objects.
         with pq.ParquetFile(path, read_dictionary=strings) as parquet:
             for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
-                decoded += sum(_decoded_bytes(column, pa, pc) for column in batch.columns)
+                size = sum(_decoded_bytes(column, pa, pc) for column in batch.columns)
+                decoded += size
                 if decoded > bytes_limit.file_bytes:
                     raise bytes_limit.file_too_large(path, "decodes to")
-                for row in batch.to_pylist():
-                    number += 1
-                    question = parse_row(row, str(path), number)
-                    if question.id in seen:
-                        raise DataFormatError(str(path), number, f"duplicate question id {question.id!r}")
-                    seen.add(question.id)
-                    questions.append(question)
+                pieces = (
+                    [batch] if size <= _BATCH_BYTES else (batch.slice(i, 1) for i in range(batch.num_rows))
+                )
+                for piece in pieces:
+                    for row in piece.to_pylist():
+                        number += 1
+                        question = parse_row(row, str(path), number)
+                        if question.id in seen:
+                            raise DataFormatError(str(path), number, f"duplicate question id {question.id!r}")
+                        seen.add(question.id)
+                        questions.append(question)
     except (
         OSError,
         ValueError,

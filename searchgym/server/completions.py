@@ -10,15 +10,19 @@ matched) and ``token_ids`` (every generated id, the stop's own tokens included),
 ``usage``.
 
 Bounded like ``searchgym serve``: the same body-size and read-time guards and connection cap
-(:mod:`searchgym.server.guards`, :mod:`searchgym.server.connections`), at most ``max_tokens_max`` tokens
-per request, prompts of at most ``max_prompt_tokens``, and one generation at a time (a model is not
-thread-safe; the others wait their turn, up to ``max_waiting`` of them, then get 503).
+(:mod:`searchgym.server.guards`, :mod:`searchgym.server.connections`), and the same bounded JSON parser
+(:func:`~searchgym.server.wire.loads_bounded`: at most ``max_prompt_tokens`` + 1,024 values, 64 levels of
+nesting), run off the event loop with the rest of a body's checks, so ``/health`` answers while a body is
+parsed. A prompt text longer than :data:`MAX_CHARS_PER_TOKEN` characters per allowed prompt token is
+refused before it is tokenized; a tokenized prompt may hold at most ``max_prompt_tokens``, which must leave
+the model's context room for one generated token. At most ``max_tokens_max`` tokens per request, and one
+generation at a time (a model is not thread-safe; the others wait their turn, up to ``max_waiting`` of
+them, then get 503). Every bad request is one 4xx line, never a 500.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 import uuid
@@ -29,9 +33,17 @@ from typing import Any, Protocol
 from searchgym.errors import ConfigError, MissingDependencyError
 
 from .guards import BodyLimit
-from .wire import ServerLimits
+from .wire import RequestError, ServerLimits, loads_bounded
 
-__all__ = ["Completion", "CompletionLimits", "Generator", "create_completions_app"]
+__all__ = ["MAX_CHARS_PER_TOKEN", "Completion", "CompletionLimits", "Generator", "create_completions_app"]
+
+MAX_CHARS_PER_TOKEN = 64
+"""Characters one token may stand for, at most, in the size checks made before tokenizing: a prompt text
+longer than ``max_prompt_tokens`` times this is refused unread (no tokenizer this project uses has a longer
+token), and the ``openai:`` agent refuses a completion longer than its ``max_tokens`` times this."""
+
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""The seeds a request may give: those torch's generators take."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,8 @@ class CompletionLimits:
         max_tokens_max: The most tokens one request may generate (also the default of one that asks none).
         max_prompt_tokens: The longest prompt, in tokens.
         max_waiting: Requests waiting for the model at once; one more gets 503.
+        context_tokens: The model's context (prompt and completion), if known: ``max_prompt_tokens`` must
+            leave room for one generated token.
         connection: The connection guards of :class:`~searchgym.server.ServerLimits` (read timeout, body
             size, connection cap) shared with ``searchgym serve``.
     """
@@ -78,6 +92,7 @@ class CompletionLimits:
     max_tokens_max: int = 512
     max_prompt_tokens: int = 8192
     max_waiting: int = 64
+    context_tokens: int | None = None
     connection: ServerLimits = field(default_factory=lambda: ServerLimits(max_body_bytes=4 * 2**20))
 
     def __post_init__(self) -> None:
@@ -85,6 +100,17 @@ class CompletionLimits:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        context = self.context_tokens
+        if context is not None and self.max_prompt_tokens >= context:
+            raise ConfigError(
+                f"max_prompt_tokens (--max-prompt-tokens) {self.max_prompt_tokens} leaves the model no room to "
+                f"write: its context holds {context} tokens, prompt and completion; give at most {context - 1}"
+            )
+
+    @property
+    def max_body_values(self) -> int:
+        """JSON values a body may hold: a prompt of token ids and room for the other fields."""
+        return self.max_prompt_tokens + 1024
 
 
 class _BadRequest(Exception):
@@ -107,10 +133,26 @@ def _number(body: dict[str, Any], name: str, default: float, ok: Callable[[float
     return float(value)
 
 
+def _text_fits(text: str, limits: CompletionLimits) -> str:
+    """``text``, if it may fit ``max_prompt_tokens`` (checked before tokenizing; see MAX_CHARS_PER_TOKEN)."""
+    most = limits.max_prompt_tokens * MAX_CHARS_PER_TOKEN
+    if len(text) > most:
+        raise _BadRequest(
+            400,
+            f"the prompt has {len(text)} characters, more than this server's {limits.max_prompt_tokens} tokens "
+            f"can hold ({most} characters at most): refused before tokenizing",
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _BadRequest(400, f"the prompt is not text: a lone surrogate at character {e.start}") from None
+    return text
+
+
 def _parse(
     body: Any, chat: bool, model: str, generator: Generator, limits: CompletionLimits
 ) -> dict[str, Any]:
-    """The checked settings and prompt ids of a request body."""
+    """The checked settings and prompt ids of a request body (already parsed, within the value budget)."""
     if not isinstance(body, dict):
         raise _BadRequest(400, "the body must be a JSON object")
     if body.get("model") not in (None, model):
@@ -130,13 +172,13 @@ def _parse(
             if not isinstance(m, dict) or not isinstance(m.get("content"), str):
                 raise _BadRequest(400, "every message needs a string content")
             parts.append(m["content"])
-        ids = generator.encode("".join(parts))
+        ids = generator.encode(_text_fits("".join(parts), limits))
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            ids = generator.encode(prompt)
+            ids = generator.encode(_text_fits(prompt, limits))
         elif (
             isinstance(prompt, list)
             and prompt
@@ -150,16 +192,25 @@ def _parse(
     if not ids:
         raise _BadRequest(400, "the prompt is empty")
     if len(ids) > limits.max_prompt_tokens:
+        room = (
+            f" (the model's context holds {limits.context_tokens} tokens, prompt and completion)"
+            if limits.context_tokens is not None
+            else ""
+        )
         raise _BadRequest(
-            400, f"the prompt has {len(ids)} tokens, more than this server's {limits.max_prompt_tokens}"
+            400,
+            f"the prompt has {len(ids)} tokens, more than this server's {limits.max_prompt_tokens}{room}",
         )
     stop = body.get("stop") or []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
         raise _BadRequest(400, "stop must be a string or a list of at most 4 non-empty strings")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise _BadRequest(400, f"seed must be an integer, got {seed!r}")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]
+    ):
+        shown = repr(seed) if len(repr(seed)) <= 40 else repr(seed)[:40] + "..."
+        raise _BadRequest(400, f"seed must be an integer in -2**63..2**64-1, got {shown}")
     return {
         "ids": ids,
         "max_tokens": int(
@@ -176,6 +227,21 @@ def _parse(
         "seed": seed,
         "stops": stops,
     }
+
+
+class _LoopSemaphore:
+    """An ``asyncio.Semaphore`` per event loop (the app may be served from more than one, in tests)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+        self._by_loop: dict[Any, asyncio.Semaphore] = {}
+
+    async def __aenter__(self) -> None:
+        loop = asyncio.get_running_loop()
+        await self._by_loop.setdefault(loop, asyncio.Semaphore(self.value)).acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._by_loop[asyncio.get_running_loop()].release()
 
 
 def create_completions_app(generator: Generator, model: str, limits: CompletionLimits | None = None) -> Any:
@@ -199,6 +265,8 @@ def create_completions_app(generator: Generator, model: str, limits: CompletionL
         read_timeout=limits.connection.read_timeout,
     )
     locks: dict[Any, asyncio.Lock] = {}  # one per event loop that serves the app
+    # Bodies parsed and tokenized at once (the work of one is bounded; so is their number).
+    parsing = _LoopSemaphore(limits.connection.max_concurrent)
     waiting = [0]
 
     def error(status: int, message: str) -> Any:
@@ -206,13 +274,17 @@ def create_completions_app(generator: Generator, model: str, limits: CompletionL
             {"error": {"message": message, "code": status}, "detail": message}, status_code=status
         )
 
+    def checked(raw: bytes, chat: bool) -> dict[str, Any]:
+        """A body parsed (bounded) and checked: run in a worker thread, off the event loop."""
+        return _parse(loads_bounded(raw, limits.max_body_values), chat, model, generator, limits)
+
     async def serve(request: Request, chat: bool) -> Any:
+        raw = await request.body()
         try:
-            body = json.loads(await request.body())
-        except ValueError:
-            return error(400, "the body is not JSON")
-        try:
-            settings = _parse(body, chat, model, generator, limits)
+            async with parsing:
+                settings = await run_in_threadpool(checked, raw, chat)
+        except RequestError as e:
+            return error(e.status, e.message)
         except _BadRequest as e:
             return error(e.status, str(e))
         if waiting[0] >= limits.max_waiting:

@@ -244,6 +244,12 @@ def load_protocol(path: str | Path) -> Protocol:
         raise ConfigError(f"cannot read the protocol {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and tables
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
+    except ValueError as e:  # an integer of more than 4,300 digits
+        raise ConfigError(f"{path}: not valid TOML: {str(e).splitlines()[0][:200]}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
     where = str(path)
     _unknown(doc, TABLES, where)
     here = path.resolve().parent
@@ -298,8 +304,8 @@ def load_protocol(path: str | Path) -> Protocol:
         name=str(name),
         seeds=tuple(seeds),
         control=control,
-        runs_dir=here / str(study.get("runs", f"runs/{name}")),
-        summaries_dir=here / str(study.get("summaries", name)),
+        runs_dir=_path(here, study.get("runs", f"runs/{name}"), f"{where}: [study] runs"),
+        summaries_dir=_path(here, study.get("summaries", str(name)), f"{where}: [study] summaries"),
         warmstart=warm[0],
         warmstart_sha256=warm[1],
         train=train,
@@ -337,7 +343,23 @@ def _warmstart(doc: Mapping[str, Any], where: str, here: Path) -> tuple[Path, st
             f"{where}: [warmstart] needs sha256, the checkpoint's digest or its first 8 or more hex digits, "
             f"got {digest!r}"
         )
-    return here / warm["path"], digest.lower()
+    return _path(here, warm["path"], f"{where}: [warmstart] path"), digest.lower()
+
+
+def _path(here: Path, value: Any, where: str) -> Path:
+    """``value``, a path relative to the protocol's folder, if the system can use it.
+
+    Raises:
+        ConfigError: it is not a non-empty string, holds a NUL, or has a name over 255 bytes or more than
+            4,096 in all.
+    """
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where} must be a non-empty string, got {value!r}"[:300])
+    if "\x00" in value or len(value.encode("utf-8", "surrogatepass")) > 4096:
+        raise ConfigError(f"{where}: not a usable path (a NUL, or more than 4,096 bytes): {value[:80]!r}…")
+    if any(len(part.encode("utf-8", "surrogatepass")) > 255 for part in Path(value).parts):
+        raise ConfigError(f"{where}: not a usable path (a name over 255 bytes): {value[:80]!r}…")
+    return here / value
 
 
 def _options(table: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -14,6 +14,14 @@ Each run is a ``searchgym train grpo`` subprocess (its own interpreter, one thre
 * **new** — nothing yet.
 
 A summary is written as each run lands, with the run's wall time (every segment of a resumed run added).
+
+A study writes only into run folders it started: each run folder it starts is marked with ``study.json``
+(the study's name, the protocol's path and SHA-256, the arm and the seed), and before any run starts every
+folder it would write into must be missing, empty, marked by this study for that run, or a folder an
+earlier ``study run`` started before marks were written (its ``command.txt`` is this run's ``train grpo``
+command: its run folder, seed and warm-start). Any other folder is refused, named, and nothing is written.
+One ``study run`` at a time per runs folder: it holds ``RUNS/study.lock`` (``flock``) for its whole life,
+and a second is refused at once, naming the holder.
 """
 
 from __future__ import annotations
@@ -32,14 +40,26 @@ from typing import Any
 
 from searchgym.errors import ConfigError
 
+from .folders import COMMAND, MARK, protocol_sha256, refusal, write_mark
 from .protocol import Protocol
 from .summary import CONFIG_KEYS, CURVES, git_commit, load_summaries, run_summary, summary_path, write_summary
 
-__all__ = ["RunState", "check_summaries", "check_warmstart", "run_states", "run_study", "status"]
+__all__ = [
+    "MARK",
+    "STUDY_LOCK",
+    "RunState",
+    "check_run_folders",
+    "check_summaries",
+    "check_warmstart",
+    "run_states",
+    "run_study",
+    "status",
+]
 
 LOG = "log.txt"
 WALL = "wall_s"
-COMMAND = "command.txt"
+STUDY_LOCK = "study.lock"
+"""The lock a ``study run`` holds in its runs folder."""
 FLOAT_TOLERANCE = 1e-12
 
 
@@ -192,6 +212,26 @@ def check_warmstart(protocol: Protocol) -> None:
         )
 
 
+def check_run_folders(protocol: Protocol, states: Sequence[RunState], runs: Path) -> None:
+    """Every run folder the study would write into is its own (see the module's docstring).
+
+    Raises:
+        ConfigError: one is not, named with the reason.
+    """
+    digest = protocol_sha256(protocol)
+    for s in states:
+        if s.state not in ("new", "started", "partial", "finished"):
+            continue
+        folder = run_dir(protocol, s.arm, s.seed, runs)
+        why = refusal(protocol, s.arm, s.seed, folder, digest)
+        if why is not None:
+            raise ConfigError(
+                f"{folder.resolve()}: not a run folder of study {protocol.name!r} ({protocol.path}): {why}; a study "
+                "writes only into run folders it started: point [study] runs (or --runs) elsewhere, or move "
+                "that folder away"
+            )
+
+
 def command(protocol: Protocol, arm: str, seed: int, folder: Path, resume: bool) -> list[str]:
     """The ``searchgym train grpo`` arguments of one run (the program excluded)."""
     options = {
@@ -299,7 +339,32 @@ def run_study(
     check_warmstart(protocol)
     check_summaries(protocol, summaries)
     _check_loss_terms(protocol)
+    check_run_folders(protocol, run_states(protocol, runs, summaries), runs)  # before the lock is written
+    from searchgym.run_lock import lock_run_dir
+
+    lock = lock_run_dir(
+        runs,
+        name=STUDY_LOCK,
+        busy="another study run holds {path}: {holder}; wait for it to end, or stop it",
+    )
+    try:
+        return _run_locked(protocol, jobs, runs, summaries, only, say)
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    protocol: Protocol,
+    jobs: int,
+    runs: Path,
+    summaries: Path,
+    only: Sequence[str] | None,
+    say: Callable[[str], None],
+) -> int:
+    """:func:`run_study` once its checks passed and its lock is held."""
     states = run_states(protocol, runs, summaries)
+    check_run_folders(protocol, states, runs)
+    digest = protocol_sha256(protocol)
     if only:
         unknown = [o for o in only if not any(o in (s.arm, f"{s.arm}/s{s.seed}") for s in states)]
         if unknown:
@@ -331,7 +396,7 @@ def run_study(
                     finished += 1
                     say(_landed(s.name, summary, summaries, finished, len(states), "summarised"))
                     continue
-                running.append(_start(protocol, s, folder))
+                running.append(_start(protocol, s, folder, digest))
                 say(
                     f"start {s.name}"
                     + (f" (resumes from step {s.step} of {protocol.steps})" if s.state == "partial" else "")
@@ -375,8 +440,9 @@ RUN_CLI = "import sys; del sys.path[0]; from searchgym.cli import main; sys.exit
 directory first on ``sys.path``; a custom arm's module is found there by its own loader all the same)."""
 
 
-def _start(protocol: Protocol, s: RunState, folder: Path) -> _Job:
+def _start(protocol: Protocol, s: RunState, folder: Path, digest: str) -> _Job:
     folder.mkdir(parents=True, exist_ok=True)
+    write_mark(protocol, s.arm, s.seed, folder, digest)
     args = command(protocol, s.arm, s.seed, folder, resume=s.state == "partial")
     if s.state != "partial":
         (folder / WALL).unlink(missing_ok=True)

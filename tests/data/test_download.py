@@ -48,6 +48,7 @@ class Host:
     lfs: set[str] = field(default_factory=set)  # served through a redirect that publishes the SHA-256
     drop_once: set[str] = field(default_factory=set)  # the first GET sends half of the body, then hangs up
     wrong_hash: set[str] = field(default_factory=set)  # a published hash that does not match
+    no_hash: set[str] = field(default_factory=set)  # served with no hash at all, as a plain mirror serves
     ignore_range: bool = False
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
     url: str = ""
@@ -68,7 +69,9 @@ def handler_for(host: Host) -> type[BaseHTTPRequestHandler]:
             key = f"{repo}/{path}"
             if key not in host.files:
                 return self.send_error(404)
-            if key in host.lfs:  # as Hugging Face: a redirect that names the content's SHA-256 and size
+            if (
+                key in host.lfs and key not in host.no_hash
+            ):  # as Hugging Face: a redirect that names the content's SHA-256 and size
                 data = host.files[key]
                 digest = hashlib.sha256(data + (b"x" if key in host.wrong_hash else b"")).hexdigest()
                 self.send_response(302)
@@ -96,7 +99,7 @@ def handler_for(host: Host) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
             else:
                 self.send_response(200)
-            if etag:
+            if etag and key not in host.no_hash:
                 published = git_sha1(data + (b"x" if key in host.wrong_hash else b""))
                 self.send_header("ETag", f'"{published}"')
             body = data[start:]
@@ -309,3 +312,66 @@ def test_a_malformed_download_does_not_pass_for_data(host: Host, tmp_path: Path)
     with pytest.raises(DataFormatError, match="cannot decompress"):
         fetch(host, ["wiki-18"], tmp_path)
     assert not (tmp_path / "wiki-18/corpus.jsonl").exists()
+
+
+def _no_file_under(folder: Path) -> bool:
+    return not any(p.is_file() for p in folder.rglob("*")) if folder.exists() else True
+
+
+def test_a_file_from_a_mirror_that_publishes_no_hash_is_refused_unless_accepted(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host.no_hash.update(k for k in host.files if "/nq/" in k)
+    out = tmp_path / "data"
+    argv = [
+        "data",
+        "get",
+        "nq",
+        "--out",
+        str(out),
+        "--base-url",
+        host.url,
+        "--retry-wait",
+        "0",
+        "--no-progress",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert (
+        "publishes no hash for this file and searchgym pins none" in err[0]
+        and "--accept-unverified" in err[0]
+    )
+    assert _no_file_under(out)  # refused before the body was read: nothing written, no partial file
+    assert main([*argv, "--accept-unverified"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("taken unverified (--accept-unverified): sha256 ") == 3
+    record = json.loads((out / RECORD).read_text())
+    assert {record[f"nq/{s}.jsonl"]["checked"] for s in ("train", "dev", "test")} == {None}
+    assert (out / "nq/test.jsonl").read_bytes() == host.files[f"{FLASHRAG_REPO}/nq/test.jsonl"]
+
+
+def test_a_pinned_digest_decides_whatever_the_mirror_publishes(
+    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.data import download
+
+    key = f"{FLASHRAG_REPO}/bamboogle/test.jsonl"
+    real = host.files[key]
+    monkeypatch.setattr(download, "PINNED_SHA256", {key: hashlib.sha256(real).hexdigest()})
+    # A mirror serving another file under that name, with a hash of its own that matches what it serves.
+    host.files[key] = real.replace(b"Alpha", b"Omega")
+    out = tmp_path / "data"
+    argv = ["data", "get", "bamboogle", "--out", str(out), "--base-url", host.url, "--retry-wait", "0",
+            "--no-progress", "--accept-unverified"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "where searchgym pins " + hashlib.sha256(real).hexdigest() in err[0], err
+    assert _no_file_under(out)  # the download was deleted
+    # The true file, from a mirror that publishes no hash at all: the pin verifies it.
+    host.files[key] = real
+    host.no_hash.add(key)
+    assert main(argv[:-1]) == 0
+    record = json.loads((out / RECORD).read_text())
+    assert record["bamboogle/test.jsonl"]["checked"] == "pinned"
+    assert (out / "bamboogle/test.jsonl").read_bytes() == real

@@ -123,6 +123,77 @@ def test_a_parquet_of_repeated_long_strings_is_refused_before_it_is_materialised
     assert len(read_searchr1(path)) == 12
 
 
+PARQUET_PEAK = """
+import os, sys
+import pyarrow, pyarrow.compute, pyarrow.parquet  # imported before the baseline: the read's own memory counts
+from searchgym.data.searchr1 import read_searchr1
+from searchgym.errors import DataFormatError
+
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+
+path, limit_mb = sys.argv[1], int(sys.argv[2])
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from the memory held now
+before = status("VmRSS")
+os.environ["SEARCHGYM_MAX_FILE_MB"] = str(limit_mb)
+questions = read_searchr1(path)
+peak = status("VmHWM")
+os.environ["SEARCHGYM_MAX_FILE_MB"] = str(limit_mb - 2)
+try:
+    read_searchr1(path)
+    refused = ""
+except DataFormatError as e:
+    refused = str(e)
+print(len(questions), peak - before, refused)
+"""
+
+
+def write_just_under(path: Path, kind: str, limit_mb: int) -> None:
+    """12 rows that decode to 97% of ``limit_mb``: one value repeated (dictionary-encoded), or 12 distinct ones."""
+    size = int(limit_mb * MB * 0.97) // 12
+    contents = [("Question: " if kind == "repeated" else f"Question: {i} ") + "w" * size for i in range(12)]
+    rows = [
+        {**SEARCHR1_ROW, "prompt": [{"role": "user", "content": c}], "extra_info": {"index": i}}
+        for i, c in enumerate(contents)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), path, compression="zstd")
+
+
+def parquet_peak(path: Path, limit_mb: int) -> tuple[int, int, str]:
+    """Reads ``path`` in a child process under ``limit_mb``: rows, peak bytes over what the child held before
+    the read (its interpreter and imports, pyarrow's included), and the refusal under 2 MiB less."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", PARQUET_PEAK, str(path), str(limit_mb)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows, peak, refused = done.stdout.strip().split(" ", 2)
+    return int(rows), int(peak), refused
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["repeated", "distinct"])
+def test_a_parquet_just_under_the_limit_peaks_within_the_documented_factor(tmp_path: Path, kind: str) -> None:
+    """A few-KB file whose 12 rows decode to just under a 16 MiB limit: its peak memory over what the reading
+    process held before is within the factor docs/security.md states (at most about 8x the limit), and
+    2 MiB less limit refuses it with one line."""
+    path = tmp_path / f"{kind}.parquet"
+    write_just_under(path, kind, 16)
+    assert path.stat().st_size < 20_000
+    rows, peak, refused = parquet_peak(path, 16)
+    assert rows == 12
+    assert peak < 9 * 16 * MB, f"{peak / MB:.0f} MiB for a 16 MiB limit"
+    assert "more than 14 MiB" in refused and "SEARCHGYM_MAX_FILE_MB" in refused and "\n" not in refused
+
+
 def test_a_parquet_whose_footer_declares_more_than_the_limit_is_refused_unread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -145,6 +145,21 @@ def test_cli_prints_one_json_line_per_check_and_refuses_an_unknown_engine(capsys
     assert len(err) == 1 and err[0].startswith("searchgym: error: unknown engine 'nope'")
 
 
+@pytest.mark.parametrize(("returned", "kind"), [("None", "NoneType"), ("{'tokens': []}", "dict")])
+def test_an_adapter_returning_something_else_than_a_batch_is_one_line(
+    tmp_path: Any, capsys: Any, returned: str, kind: str
+) -> None:
+    from searchgym.cli import main
+
+    adapter = tmp_path / "my_stack.py"
+    adapter.write_text(f"def adapter(episodes, setup):\n    return {returned}\n")
+    assert main(["conform", "--engine", f"{adapter}:adapter"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and not captured.out, captured
+    assert f"the adapter my_stack:adapter returned {kind}, not a TrainBatch" in err[0]
+
+
 # -- planted bugs: the native stack with one bookkeeping error each ----------------------------------------
 
 
