@@ -25,6 +25,7 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import gzip
 import hashlib
@@ -33,12 +34,12 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchgym.data.jsonl import replace_on_success
+from searchgym.data.jsonl import PARTIAL_SUFFIX, replace_on_success
 from searchgym.errors import ConfigError, DataFormatError, DownloadError
 
 __all__ = [
@@ -211,7 +212,7 @@ def fetch_file(
 
     from tqdm.auto import tqdm
 
-    with replace_on_success(target, keep=True) as partial:
+    with _resumable(target) as partial:
         published: tuple[str, str] | None = None
         size: int | None = None
         failures = 0
@@ -288,6 +289,23 @@ def fetch_file(
                 f"download of {url} refused: {problem}; it was deleted, run the command again",
             )
     return {"url": url, "bytes": got, "sha256": sha256, "checked": published[0] if published else None}
+
+
+@contextlib.contextmanager
+def _resumable(target: Path) -> Iterator[Path]:
+    """:func:`~searchgym.data.jsonl.replace_on_success` with ``keep`` (a later run continues what this one
+    wrote), except that a download that fails before its first byte leaves no empty ``TARGET.partial``."""
+    entered = False
+    try:
+        with replace_on_success(target, keep=True) as partial:
+            entered = True
+            yield partial
+    except BaseException:
+        left = target.with_name(target.name + PARTIAL_SUFFIX)
+        with contextlib.suppress(OSError):
+            if entered and left.stat().st_size == 0:
+                left.unlink()
+        raise
 
 
 # -- a whole request ---------------------------------------------------------------------------------------
