@@ -45,7 +45,7 @@ unit: venv browser
 	$(BIN)/pytest
 
 # The working tier: lint and every test but the slow ones (subprocess runs, documented walk-throughs, servers
-# under load, benchmarks); under 3 minutes on an idle 2-core machine. `make test` is the whole suite, as CI runs.
+# under load, benchmarks). `make test` is the whole suite, as CI runs.
 test-fast: lint
 	$(BIN)/pytest -m "not slow and not fuzz and not install"
 
