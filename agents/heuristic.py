@@ -90,8 +90,9 @@ class HeuristicAgent(Agent):
 
     def __init__(self, tokenizer: Tokenizer | gym.Env[Any, Any]) -> None:
         if isinstance(tokenizer, gym.Env):  # HeuristicAgent(env), as every agent is built
-            tokenizer = tokenizer.unwrapped.tokenizer  # type: ignore[attr-defined]
-        self.tokenizer: Tokenizer = tokenizer
+            base: Any = tokenizer.unwrapped
+            tokenizer = base.tokenizer
+        self.tokenizer: Tokenizer = tokenizer  # type: ignore[assignment]  # an env was replaced just above
         self._queue: list[int] = []
         self._question = ""
         self._searched = False

@@ -168,9 +168,9 @@ class OracleAgent(Agent):
             base: Any = dataset.unwrapped
             dataset, split, tokenizer, retriever = base.dataset, base.split, base.tokenizer, base.retriever
             max_turns, topk = base.env_spec.max_turns, base.env_spec.topk
-        if split is None or tokenizer is None:
+        if not isinstance(dataset, Dataset) or split is None or tokenizer is None:
             raise TypeError(f"{type(self).__name__} needs an env, or a dataset with its split and tokenizer")
-        self.dataset = dataset
+        self.dataset: Dataset = dataset
         self.split = split
         self.tokenizer = tokenizer
         self.max_turns = max_turns
