@@ -22,8 +22,8 @@ demo: venv
 	$(BIN)/searchgym demo $(DEMO_ARGS)
 
 lint: venv
-	$(BIN)/ruff check searchgym envs agents tests scripts
-	$(BIN)/ruff format --check searchgym envs agents tests scripts
+	$(BIN)/ruff check __init__.py searchgym envs agents tests scripts
+	$(BIN)/ruff format --check __init__.py searchgym envs agents tests scripts
 
 # mypy cannot follow the editable install's import hook, so it checks a tree of links that has the
 # installed layout (searchgym/envs -> envs, searchgym/agents -> agents).
@@ -45,7 +45,7 @@ unit: venv browser
 	$(BIN)/pytest
 
 # The working tier: lint and every test but the slow ones (subprocess runs, documented walk-throughs, servers
-# under load, benchmarks); under 3 minutes on an idle 2-core machine. `make test` is the whole suite, as CI runs.
+# under load, benchmarks). `make test` is the whole suite, as CI runs.
 test-fast: lint
 	$(BIN)/pytest -m "not slow and not fuzz and not install"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from searchgym.protocol import Source
@@ -80,12 +81,18 @@ class HeuristicAgent(Agent):
     """Searches the question once, then answers with :func:`extract_answer` on the returned passages.
 
     It reads the passages from the observation (the tool tokens of the transcript), like any policy.
+
+    Args:
+        tokenizer: The env's tokenizer, or the env itself (``HeuristicAgent(env)``).
     """
 
     name = "heuristic"
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer | gym.Env[Any, Any]) -> None:
+        if isinstance(tokenizer, gym.Env):  # HeuristicAgent(env), as every agent is built
+            base: Any = tokenizer.unwrapped
+            tokenizer = base.tokenizer
+        self.tokenizer: Tokenizer = tokenizer  # type: ignore[assignment]  # an env was replaced just above
         self._queue: list[int] = []
         self._question = ""
         self._searched = False

@@ -32,13 +32,15 @@ class RandomAgent(Agent):
     """Uniformly random actions (token ids for the token-level env): the floor every method must beat.
 
     Args:
-        vocab_size: Number of actions to draw from (``env.action_space.n``).
+        vocab_size: Number of actions to draw from (``env.action_space.n``), or the env itself.
         seed: Seed of the agent's own generator (re-seeded by ``reset(seed=...)``).
     """
 
     name = "random"
 
-    def __init__(self, vocab_size: int, seed: int = 0) -> None:
+    def __init__(self, vocab_size: int | gym.Env[Any, Any], seed: int = 0) -> None:
+        if isinstance(vocab_size, gym.Env):  # RandomAgent(env), as every agent is built
+            vocab_size = int(vocab_size.action_space.n)  # type: ignore[attr-defined]
         self.vocab_size = vocab_size
         self.rng = np.random.default_rng(seed)
 
@@ -148,10 +150,12 @@ class OracleAgent(Agent):
     Given the env's retriever (:meth:`from_env` does that), its queries are checked to retrieve the
     passages (see :func:`oracle_turns`); without one it searches the bare titles.
 
+    ``OracleAgent(env)`` is :meth:`from_env`: the env (wrapped or not) gives every argument.
+
     Args:
-        dataset: The env's dataset (``env.unwrapped.dataset``).
-        split: The env's split.
-        tokenizer: The env's tokenizer.
+        dataset: The env's dataset (``env.unwrapped.dataset``), or the env itself.
+        split: The env's split (required with a dataset).
+        tokenizer: The env's tokenizer (required with a dataset).
         max_turns: The env's turn budget.
         retriever: The env's retriever, to pin each supporting passage with its query (optional).
         topk: The env's passages per search.
@@ -163,14 +167,20 @@ class OracleAgent(Agent):
 
     def __init__(
         self,
-        dataset: Dataset,
-        split: str,
-        tokenizer: Tokenizer,
+        dataset: Dataset | gym.Env[Any, Any],
+        split: str | None = None,
+        tokenizer: Tokenizer | None = None,
         max_turns: int = EnvSpec.max_turns,
         retriever: Retriever | None = None,
         topk: int = EnvSpec.topk,
     ) -> None:
-        self.dataset = dataset
+        if isinstance(dataset, gym.Env):  # OracleAgent(env), as every agent is built: the env gives the rest
+            base: Any = dataset.unwrapped
+            dataset, split, tokenizer, retriever = base.dataset, base.split, base.tokenizer, base.retriever
+            max_turns, topk = base.env_spec.max_turns, base.env_spec.topk
+        if not isinstance(dataset, Dataset) or split is None or tokenizer is None:
+            raise TypeError(f"{type(self).__name__} needs an env, or a dataset with its split and tokenizer")
+        self.dataset: Dataset = dataset
         self.split = split
         self.tokenizer = tokenizer
         self.max_turns = max_turns
@@ -182,15 +192,7 @@ class OracleAgent(Agent):
     @classmethod
     def from_env(cls, env: gym.Env[Any, Any]) -> OracleAgent:  # type: ignore[override]
         """The oracle for a SearchQA env (wrapped or not), with its retriever, turn budget and top-k."""
-        base: Any = env.unwrapped
-        return cls(
-            base.dataset,
-            base.split,
-            base.tokenizer,
-            base.env_spec.max_turns,
-            base.retriever,
-            base.env_spec.topk,
-        )
+        return cls(env)
 
     def reset(self, info: dict[str, Any], seed: int | None = None) -> None:
         texts = oracle_turns(

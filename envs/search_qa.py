@@ -149,7 +149,9 @@ class SearchQAEnv(gym.Env[dict[str, np.ndarray], int]):
 
     * ``tokens``: ``Box(0, vocab_size - 1, (L,), int64)``, the transcript's token ids, zero-padded;
     * ``sources``: ``Box(0, 3, (L,), int8)``, who wrote each token: 0 padding, 1 prompt, 2 policy, 3 tool;
-    * ``length``: ``Box(0, L, (1,), int64)``, the number of valid tokens.
+    * ``length``: ``Box(0, L, (1,), int64)``, the number of valid tokens: a one-element array, not an
+      integer, so ``obs["tokens"][:obs["length"]]`` raises ``TypeError``; slice with
+      ``obs["tokens"][:int(obs["length"][0])]``.
 
     ## Rewards
 

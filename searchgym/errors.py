@@ -7,6 +7,9 @@ written against builtins keeps working.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 __all__ = [
     "CheckpointError",
     "ConfigError",
@@ -20,6 +23,8 @@ __all__ = [
     "SearchGymError",
     "ServedModelError",
     "UnknownQuestionError",
+    "checkout_root",
+    "install_command",
 ]
 
 
@@ -89,8 +94,7 @@ class MissingDependencyError(SearchGymError, ImportError):
 
     def __init__(self, package: str, extra: str, purpose: str) -> None:
         super().__init__(
-            f"{purpose} needs the optional package {package!r}. "
-            f"Install it with: pip install 'searchgym[{extra}]'"
+            f"{purpose} needs the optional package {package!r}. Install it with: {install_command(extra)}"
         )
         self.package = package
         self.extra = extra
@@ -99,3 +103,45 @@ class MissingDependencyError(SearchGymError, ImportError):
 class DownloadError(SearchGymError, OSError):
     """A file could not be downloaded: the host refused it, could not be reached, or kept dropping the
     connection; the message names the address and what was kept."""
+
+
+def checkout_root() -> Path | None:
+    """The repository folder of an editable install from a checkout (``None`` for a wheel install)."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "setup.cfg").is_file() and (root / "Makefile").is_file() else None
+
+
+def install_command(extra: str | None = None) -> str:
+    """The one advice for installing ``extra`` (or searchgym itself), given by every missing-dependency error
+    and by ``searchgym doctor``.
+
+    From a checkout: its editable install with the pinned constraints, run in the checkout (verl: its own
+    virtualenv, which ``make test-verl`` builds). From a wheel: the extra's own requirements, as the
+    installed metadata lists them, which the package index has.
+    """
+    root = checkout_root()
+    if extra == "verl":
+        if root is not None:
+            return "make test-verl (builds .venv-verl: verl pins transformers < 5.11, so it has its own virtualenv)"
+        return f"pip install {_extra_requirements('verl')} in a separate virtualenv (verl pins transformers < 5.11)"
+    if root is not None:
+        return (
+            f"pip install -c constraints.txt -e '.[{extra}]'"
+            if extra
+            else "pip install -c constraints.txt -e ."
+        )
+    return f"pip install {_extra_requirements(extra)}" if extra else "pip install searchgym"
+
+
+def _extra_requirements(extra: str) -> str:
+    """The requirements the installed searchgym declares for ``extra``, quoted for a shell (its own
+    ``searchgym[extra]`` when the metadata lists none)."""
+    from importlib import metadata
+
+    try:
+        declared = metadata.requires("searchgym") or []
+    except metadata.PackageNotFoundError:
+        declared = []
+    marker = re.compile(rf"""\bextra\s*==\s*["']{re.escape(extra)}["']""")
+    wanted = [text.split(";", 1)[0].strip() for text in declared if ";" in text and marker.search(text)]
+    return " ".join(f"'{w}'" for w in wanted) if wanted else f"'searchgym[{extra}]'"

@@ -470,14 +470,21 @@ def test_budgets_only_shrink_sizes(parser: argparse.ArgumentParser) -> None:
 
 # --- README as a first-hour guide ---------------------------------------------------------------------------
 
-#: README's sections, in the order a newcomer needs them.
+#: README's sections, in the order a newcomer needs them: what the package is for (its API, the agents,
+#: benchmarking) before what the demo printed and what the studies found.
 README_SECTIONS = (
     "Install",
     "The two commands",
-    "What the studies found",
     "Using the environment",
+    "Agents",
+    "Benchmark your agent",
     "The command line",
+    "What `make demo` prints",
+    "What the studies found",
 )
+#: The line the README's first ``env = gym.make(`` example must come before: a reader meets the API on the
+#: first screenful, not after the demo's figures.
+FIRST_EXAMPLE_BEFORE_LINE = 60
 #: Abbreviations every reader knows: no definition asked.
 COMMON_ABBREVIATIONS = frozenset(
     {"API", "CI", "CLI", "CPU", "GPU", "HTML", "HTTP", "JSON", "JSONL", "PNG", "README", "URL"}
@@ -535,11 +542,14 @@ def undefined_terms(text: str) -> list[str]:
 
 
 def test_readme_is_a_first_hour_guide() -> None:
-    """What it is, install, the two commands, three findings with their pages, then the API and the command
-    line; every term defined at its first use or linked to the page that explains it."""
+    """What it is, install, the two commands, then the API, the agents, benchmarking and the command line,
+    and only then what the demo printed and three findings with their pages; every term defined at its first
+    use or linked to the page that explains it."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     headings = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
     assert [h for h in headings if h in README_SECTIONS] == list(README_SECTIONS), headings
+    first = next(n for n, line in enumerate(text.splitlines(), 1) if line.startswith("env = gym.make("))
+    assert first < FIRST_EXAMPLE_BEFORE_LINE, f"README.md:{first}: the first env = gym.make( example"
     intro = text.split("\n## ", 1)[0]
     assert len(re.findall(r"[.!?](?:\s|$)", intro.split("\n\n")[1])) == 3, "what it is: three sentences"
     quickstart = next(b for b in BLOCKS if b.path == "README.md" and b.language in SHELL_LANGUAGES)

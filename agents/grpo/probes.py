@@ -27,7 +27,7 @@ from ..training.rollout import (
 )
 from .config import ProbesConfig
 
-__all__ = ["onpolicy_probes", "oracle_probe"]
+__all__ = ["onpolicy_probe_note", "onpolicy_probes", "oracle_probe"]
 
 
 def oracle_probe(probes: ProbesConfig, env_spec: EnvSpec, tokenizer: Any) -> RolloutBatch | None:
@@ -65,6 +65,27 @@ def oracle_probe(probes: ProbesConfig, env_spec: EnvSpec, tokenizer: Any) -> Rol
     n = len(demos)
     return RolloutBatch(
         tokens, mask, sources, torch.zeros(tokens.shape), torch.ones(n), [{} for _ in range(n)]
+    )
+
+
+def onpolicy_probe_note(probes: ProbesConfig, run_episodes: int) -> str | None:
+    """The line a run prints before it samples its on-policy probes, when they sample more episodes than the
+    run trains on (a short run then spends most of its time on them); ``None`` otherwise.
+
+    Args:
+        probes: The run's probe options.
+        run_episodes: Episodes the run trains on (steps x questions per step x group size).
+    """
+    if not probes.onpolicy_probe_size:
+        return None
+    budget = probes.onpolicy_probe_episodes or 4 * probes.onpolicy_probe_size
+    if 2 * budget <= run_episodes:
+        return None
+    return (
+        f"searchgym: before step 1, the on-policy probes sample up to {2 * budget} episodes ({budget} on the "
+        f"training split and {budget} on {probes.onpolicy_heldout_split!r}, until "
+        f"{probes.onpolicy_probe_size} correct ones each), more than the {run_episodes} this run trains on; "
+        "--onpolicy-probe-episodes N caps them, --onpolicy-probe-size 0 turns them off"
     )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -74,7 +75,7 @@ from .losses import (
 from .mismatch import Sampler, correct_for_sampler
 from .noise import MicroGradients
 from .pi_old import pi_old_logprobs
-from .probes import onpolicy_probes, oracle_probe
+from .probes import onpolicy_probe_note, onpolicy_probes, oracle_probe
 from .spans import llds_ma_weights, probe_masks
 from .step_metrics import add_micro_metrics, collapse_metrics, rollout_metrics, update_summary
 
@@ -144,6 +145,8 @@ class GRPOTrainer:
         if self.probe is not None:
             self.probe_masks = probe_masks(self.probe.tokens, self.probe.sources, tok.token_bytes)
         # Sampled now, from the initial weights (a resumed run rebuilds the same sets before restoring).
+        if (note := onpolicy_probe_note(cfg.probes, batch.steps * batch.batch_size)) is not None:
+            print(note, file=sys.stderr)
         self.onpolicy_probes, self.warmstart = onpolicy_probes(
             cfg.probes, cfg.env, self.policy, progress=run.progress
         )

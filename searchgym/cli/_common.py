@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import shlex
 from collections.abc import Mapping, Sequence
@@ -227,7 +228,9 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
         try:
             cls = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as e:
-            raise ConfigError(f"cannot load agent {name!r}: {e}") from e
+            close = difflib.get_close_matches(module_name, AGENT_PREFIXES, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}:{attr}?)" if close and isinstance(e, ImportError) else ""
+            raise ConfigError(f"cannot load agent {name!r}: {e}{hint}") from e
         finally:
             sys.path[:] = saved_path
         if not isinstance(cls, type):
@@ -241,10 +244,27 @@ def load_agent(name: str, env: Any, seed: int = 0) -> Any:
                 f"--agent {name}: {attr} has no act(observation, info) method; it is not an agent"
             )
         return agent
-    raise ConfigError(
-        f"unknown agent {name!r}; choose one of {list(BUILTIN_AGENTS)}, checkpoint:PATH, sb3:PATH, or "
-        "package.module:Class"
-    )
+    raise ConfigError(unknown_agent(name))
+
+
+AGENT_PREFIXES = ("checkpoint", "sb3", "openai")
+"""The ``PREFIX:`` forms of ``--agent`` (a trained or served model)."""
+
+
+def unknown_agent(name: str) -> str:
+    """The one line for an ``--agent`` that is no form it takes: the closest built-in name, or, for a dotted
+    path without a colon, the ``package.module:Class`` spelling; then every form."""
+    forms = f"{', '.join(BUILTIN_AGENTS)}, checkpoint:PATH, sb3:PATH, openai:MODEL or package.module:Class"
+    close = difflib.get_close_matches(name.lower(), BUILTIN_AGENTS, n=1, cutoff=0.6)
+    if close:
+        return f"unknown agent {name!r} (did you mean {close[0]!r}?); --agent takes {forms}"
+    module, dot, attr = name.rpartition(".")
+    if dot and module and attr.isidentifier():
+        return (
+            f"unknown agent {name!r}: a class of your own is named with a colon before the class, "
+            f"package.module:Class (did you mean {module}:{attr}?); --agent takes {forms}"
+        )
+    return f"unknown agent {name!r}; --agent takes {forms}"
 
 
 AGENT_RULE = (

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from importlib import metadata
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -24,7 +23,17 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["Check", "exit_code", "format_check", "report_json", "run_checks"]
+from searchgym.errors import checkout_root, install_command
+
+__all__ = [
+    "Check",
+    "checkout_root",
+    "exit_code",
+    "format_check",
+    "install_command",
+    "report_json",
+    "run_checks",
+]
 
 Status = Literal["ok", "fail", "warn", "skip"]
 
@@ -149,25 +158,6 @@ def _guarded(name: str, check: Callable[[], Check], fix: str = REINSTALL, requir
 
 
 # -- what is installed -------------------------------------------------------------------------------------
-
-
-def checkout_root() -> Path | None:
-    """The repository folder of an editable install from a checkout (``None`` for a wheel install)."""
-    import searchgym
-
-    root = Path(searchgym.__file__).resolve().parent.parent
-    return root if (root / "setup.cfg").is_file() and (root / "Makefile").is_file() else None
-
-
-def install_command(extra: str | None = None) -> str:
-    """The command that installs searchgym with ``extra``: from the checkout with its constraints, or PyPI."""
-    if checkout_root() is not None:
-        return (
-            f"pip install -c constraints.txt -e '.[{extra}]'"
-            if extra
-            else "pip install -c constraints.txt -e ."
-        )
-    return f"pip install 'searchgym[{extra}]'" if extra else "pip install searchgym"
 
 
 def installed_version(name: str) -> str | None:
@@ -352,7 +342,7 @@ def _verl_elsewhere(name: str) -> Check:
     why = "not in this virtualenv: verl pins transformers < 5.11, so it has its own, .venv-verl"
     root = checkout_root()
     if root is None:
-        return Check(name, "skip", False, why, "pip install 'searchgym[verl]' in a separate virtualenv")
+        return Check(name, "skip", False, why, install_command("verl"))
     versions = [
         dist.version
         for packages in sorted((root / VERL_VENV).glob("lib/python*/site-packages"))
@@ -363,7 +353,7 @@ def _verl_elsewhere(name: str) -> Check:
         return Check(
             name, "skip", False, f"{why} (found there: verl {versions[0]}; `make test-verl` tests it)"
         )
-    return Check(name, "skip", False, f"{why} (not built)", "make test-verl (builds .venv-verl)")
+    return Check(name, "skip", False, f"{why} (not built)", install_command("verl"))
 
 
 def check_env() -> Check:

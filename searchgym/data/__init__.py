@@ -62,5 +62,31 @@ def load_dataset(spec: str | Path | Dataset | None = None, *, world_seed: int = 
     if not (path.is_dir() or (path.is_file() and path.suffix == ".parquet")):
         raise ConfigError(
             f"dataset {str(spec)!r} is neither 'world' nor an existing FlashRAG folder or Search-R1 parquet file"
+            + _nearby_hint(str(spec))
         )
     return _cached_folder(str(path.resolve()))
+
+
+def _nearby_hint(spec: str) -> str:
+    """``" (did you mean …?)"`` naming the datasets beside a missing one whose names start with, or are close
+    to, its name (``../shared/data/hotpotqa`` → ``../shared/data/hotpotqa_dev_distractor_1100``); ``""`` when
+    its folder is missing or holds none."""
+    import difflib
+
+    parent, _, name = spec.rstrip("/").rpartition("/")
+    folder = Path(parent or ".").expanduser()
+    try:
+        beside = sorted(
+            p.name
+            for p in folder.iterdir()
+            if not p.name.startswith(".") and (p.is_dir() or (p.is_file() and p.suffix == ".parquet"))
+        )
+    except OSError:
+        return ""
+    lowered = name.lower()
+    matches = [b for b in beside if lowered and b.lower().startswith(lowered)]
+    matches = matches or difflib.get_close_matches(name, beside, n=3, cutoff=0.6)
+    if not matches:
+        return ""
+    shown = " or ".join(f"{parent}/{m}" if parent else m for m in matches[:3])
+    return f" (did you mean {shown}?)"

@@ -27,6 +27,7 @@ file fetched (its URL, size, SHA-256 and what it was checked against), so a seco
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import gzip
 import hashlib
@@ -35,12 +36,12 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchgym.data.jsonl import replace_on_success
+from searchgym.data.jsonl import PARTIAL_SUFFIX, replace_on_success
 from searchgym.errors import ConfigError, DataFormatError, DownloadError
 
 __all__ = [
@@ -227,7 +228,7 @@ def fetch_file(
 
     from tqdm.auto import tqdm
 
-    with replace_on_success(target, keep=True) as partial:
+    with _resumable(target) as partial:
         published: tuple[str, str] | None = None
         size: int | None = None
         failures = 0
@@ -318,6 +319,23 @@ def fetch_file(
     if checked is None:
         note(f"{target.name}: taken unverified (--accept-unverified): sha256 {sha256}")
     return {"url": url, "bytes": got, "sha256": sha256, "checked": checked}
+
+
+@contextlib.contextmanager
+def _resumable(target: Path) -> Iterator[Path]:
+    """:func:`~searchgym.data.jsonl.replace_on_success` with ``keep`` (a later run continues what this one
+    wrote), except that a download that fails before its first byte leaves no empty ``TARGET.partial``."""
+    entered = False
+    try:
+        with replace_on_success(target, keep=True) as partial:
+            entered = True
+            yield partial
+    except BaseException:
+        left = target.with_name(target.name + PARTIAL_SUFFIX)
+        with contextlib.suppress(OSError):
+            if entered and left.stat().st_size == 0:
+                left.unlink()
+        raise
 
 
 # -- a whole request ---------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ import pytest
 import searchgym  # noqa: F401
 from searchgym.agents import (
     HeuristicAgent,
+    OracleAgent,
+    RandomAgent,
     evaluate,
     generate_demonstrations,
     read_demonstrations,
@@ -55,6 +57,19 @@ def test_heuristic_beats_random_and_stays_below_oracle() -> None:
     summary = evaluate(env, HeuristicAgent(env.unwrapped.tokenizer), 200)
     assert 0.2 < summary.em < 0.99
     assert summary.valid_format == 1.0 and summary.searches == 1.0
+
+
+@pytest.mark.parametrize("cls", [RandomAgent, HeuristicAgent, OracleAgent], ids=lambda c: c.__name__)
+def test_every_builtin_agent_is_built_from_the_env(cls: type) -> None:
+    """``Agent(env)``, wrapped or not, plays as ``Agent.from_env(env)`` does: the same episodes."""
+    env = gym.make("SearchQA-v0", split="test")
+    for given in (env, env.unwrapped):
+        by_env, by_factory = evaluate(env, cls(given), 6), evaluate(env, cls.from_env(env), 6)
+        assert [r.transcript for r in by_env.records] == [r.transcript for r in by_factory.records]
+    if cls is OracleAgent:
+        assert by_env.em == 1.0
+    with pytest.raises(TypeError, match="needs an env, or a dataset with its split and tokenizer"):
+        OracleAgent(env.unwrapped.dataset)
 
 
 def test_demonstrations_round_trip_and_are_oracle_transcripts(tmp_path: Path) -> None:

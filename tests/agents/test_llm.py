@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 import searchgym  # noqa: F401 - registers the environments
 from searchgym.agents.evaluate import run_episode
 from searchgym.agents.llm import LLMPolicy, ScoringOptions, tiny_causal_lm, token_logprobs
-from searchgym.errors import ConfigError, MissingDependencyError
+from searchgym.errors import ConfigError, MissingDependencyError, install_command
 from searchgym.protocol import Source
 from searchgym.tokenization import builtin_tokenizer
 
@@ -229,7 +230,7 @@ def test_from_pretrained_loads_a_saved_model(model: Any, tmp_path: Path) -> None
 
 def test_missing_transformers_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "transformers", None)
-    with pytest.raises(MissingDependencyError, match=r"searchgym\[train\]"):
+    with pytest.raises(MissingDependencyError, match=re.escape(install_command("train"))):
         LLMPolicy.from_pretrained("some/model")
 
 

@@ -30,6 +30,7 @@ SIZES: dict[str, Any] = {
     "micro_batch_size": 2,
     "epochs": 2,
     "probe_size": 0,
+    "onpolicy_probe_size": 0,  # the untrained model finds none: 512 sampled episodes for nothing
     "llds": "action",
 }
 

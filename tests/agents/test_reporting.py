@@ -7,6 +7,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import sys
 import types
 from pathlib import Path
@@ -18,7 +19,7 @@ from searchgym.agents.training.config import SFTConfig
 from searchgym.agents.training.metrics import MetricLogger, read_metrics
 from searchgym.agents.training.reporting import WANDB_RUN_ID
 from searchgym.cli import build_parser, main
-from searchgym.errors import MissingDependencyError
+from searchgym.errors import MissingDependencyError, install_command
 
 TRAINERS = ("sft", "grpo", "trl", "sb3")
 
@@ -86,9 +87,29 @@ def test_wandb_missing_is_one_line_naming_the_extra_and_writes_nothing(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "searchgym: error: --report-to wandb needs the optional package 'wandb'. "
-        "Install it with: pip install 'searchgym[wandb]'"
+        f"Install it with: {install_command('wandb')}"
     ]
     assert not run.exists()
+
+
+def test_the_install_advice_is_doctors_and_names_what_the_index_has(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import searchgym.errors
+    from searchgym.cli import _doctor
+
+    # From this checkout: the same command as doctor's line for the extra, the checkout's constraints pinned.
+    advice = str(MissingDependencyError("wandb", "wandb", "--report-to wandb"))
+    assert advice.endswith("Install it with: pip install -c constraints.txt -e '.[wandb]'")
+    monkeypatch.setattr(_doctor, "installed_version", lambda name: None)  # no extra installed
+    assert main(["doctor"]) in (0, 1)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("skip  extra wandb"))
+    assert line.endswith(f"to enable: {install_command('wandb')}"), line
+    # From a wheel: the extra's own requirement, which the package index has (searchgym itself it has not).
+    monkeypatch.setattr(searchgym.errors, "checkout_root", lambda: None)
+    advice = str(MissingDependencyError("wandb", "wandb", "--report-to wandb"))
+    assert advice.endswith("Install it with: pip install 'wandb>=0.16'"), advice
+    assert install_command("verl").endswith("in a separate virtualenv (verl pins transformers < 5.11)")
 
 
 def test_the_wandb_extra_is_declared() -> None:
@@ -196,5 +217,5 @@ def test_train_sb3_reports_its_logger_rows_to_wandb(
 
 def test_wandb_reporter_names_the_extra_when_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'searchgym\[wandb\]'"):
+    with pytest.raises(MissingDependencyError, match=re.escape(install_command("wandb"))):
         SFTConfig(report_to="wandb")

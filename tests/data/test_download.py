@@ -277,6 +277,21 @@ def test_errors_are_one_line(host: Host, tmp_path: Path, capsys: pytest.CaptureF
     )
 
 
+def test_a_failed_fetch_leaves_no_empty_partial_file(host: Host, tmp_path: Path) -> None:
+    with pytest.raises(DownloadError, match="HTTP 404"):  # the fixture host has no popqa
+        fetch(host, ["popqa"], tmp_path)
+    with pytest.raises(DownloadError, match="cannot reach the host"):
+        get(["nq"], tmp_path, base_url="http://127.0.0.1:9", retries=0, progress=False)
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*.partial")] == []
+    # What a dropped connection wrote is kept, for the next run to continue.
+    key = f"{CORPUS_REPO}/wiki-18.jsonl.gz"
+    host.drop_once.add(key)
+    url = f"{host.url}/datasets/{CORPUS_REPO}/resolve/main/wiki-18.jsonl.gz"
+    with pytest.raises(DownloadError, match="retries spent"):
+        fetch_file(url, tmp_path / "corpus.gz", retries=0, progress=False)
+    assert (tmp_path / "corpus.gz.partial").stat().st_size > 0
+
+
 def test_retries_run_out_with_what_was_kept(host: Host, tmp_path: Path) -> None:
     key = f"{CORPUS_REPO}/wiki-18.jsonl.gz"
     target = tmp_path / "corpus.gz"

@@ -331,3 +331,19 @@ def test_stepping_before_reset_through_gym_make_is_episode_finished_error(env_id
     with pytest.raises(EpisodeFinishedError, match="before reset"):
         env.step(0)
     env.close()
+
+
+def test_length_is_a_one_element_array_and_the_docs_say_how_to_slice() -> None:
+    """``obs["length"]`` is ``(1,)`` (the space is part of the env's version); the documented slice works, the
+    obvious one raises, and the env's docstring and docs/environment.md both say so."""
+    env = gym.make("SearchQA-v0", split="test")
+    obs, info = env.reset(seed=0)
+    assert obs["length"].shape == (1,) and obs["length"][0] == info["length"]
+    n = int(obs["length"][0])
+    assert (obs["sources"][:n] != Source.PAD).all() and (obs["sources"][n:] == Source.PAD).all()
+    with pytest.raises(TypeError):
+        obs["tokens"][: obs["length"]]
+    documented = 'obs["tokens"][:int(obs["length"][0])]'
+    assert documented in " ".join((SearchQAEnv.__doc__ or "").split())
+    page = (Path(__file__).resolve().parents[2] / "docs" / "environment.md").read_text(encoding="utf-8")
+    assert 'int(obs["length"][0])' in page and "raises `TypeError`" in page

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import sys
 import threading
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from searchgym.data import Passage
-from searchgym.errors import MissingDependencyError, RetrieverError
+from searchgym.errors import MissingDependencyError, RetrieverError, install_command
 from searchgym.retrieval import BM25Retriever, Hit, Retriever
 from searchgym.retrieval.http import HttpRetriever
 from searchgym.server import RequestError, ServerLimits, ServerThread, create_app, parse_request
@@ -220,7 +221,7 @@ def test_retriever_failure_is_a_502(world: Any) -> None:
 
 def test_missing_fastapi_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "fastapi", None)  # makes `import fastapi` raise ImportError
-    with pytest.raises(MissingDependencyError, match=r"searchgym\[server\]"):
+    with pytest.raises(MissingDependencyError, match=re.escape(install_command("server"))):
         create_app(BM25Retriever([Passage("0", "t", "x")]), [])
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from searchgym.cli import main
-from searchgym.errors import ConfigError
+from searchgym.errors import ConfigError, install_command
 
 pq = pytest.importorskip("pyarrow.parquet", reason="the parquet extra is part of `all`")
 
@@ -92,7 +92,7 @@ def test_without_verl_the_integration_names_the_extra() -> None:
         "    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
-    assert "pip install 'searchgym[verl]'" in out.stdout
+    assert f"Install it with: {install_command('verl')}" in out.stdout
 
 
 def test_prepare_verl_shows_the_error_verl_would_hide(tmp_path: Path) -> None:

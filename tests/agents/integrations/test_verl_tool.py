@@ -35,7 +35,7 @@ import searchgym.envs  # noqa: F401 - registers SearchQA-v0
 from searchgym.agents.integrations.verl_tool import APPLIED, CONFIG_KEYS, SearchTool
 from searchgym.data import load_dataset
 from searchgym.envs.wrappers import TurnLevelWrapper
-from searchgym.errors import ConfigError, RetrieverError
+from searchgym.errors import ConfigError, RetrieverError, install_command
 from searchgym.protocol import Source
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -250,4 +250,4 @@ def test_without_verl_the_tool_names_the_extra() -> None:
         "    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
-    assert "The verl search tool needs" in out.stdout and "pip install 'searchgym[verl]'" in out.stdout
+    assert "The verl search tool needs" in out.stdout and install_command("verl") in out.stdout
