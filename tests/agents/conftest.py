@@ -3,6 +3,7 @@ loaders' tests feed in (a GRPO checkpoint's payload, an object whose unpickling 
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,6 +55,28 @@ def grpo_config() -> Callable[..., Any]:
         return GRPOConfig(**{"run_dir": str(folder / "run"), **GRPO_TEST_RUN, **values})
 
     return make
+
+
+TINY_GRPO: dict[str, Any] = {
+    "max_turns": 2,
+    "max_turn_tokens": 8,
+    "max_context_tokens": 768,
+    "questions_per_step": 2,
+    "group_size": 2,
+    "minibatch_size": 2,
+    "probe_size": 0,
+    "onpolicy_probe_size": 0,
+    "ledger_size": 0,
+    "kl_coef": 0.0,
+    "save_every": 0,
+}
+"""The smallest GRPO run a knob can be seen in: 2 questions x G 2, one update a step, no probes, no ledger."""
+
+
+@pytest.fixture
+def tiny_grpo(grpo_config: Callable[..., Any]) -> Callable[..., Any]:
+    """``tiny_grpo(folder, **values)``: a :data:`TINY_GRPO` run's config, ``values`` set over it."""
+    return functools.partial(grpo_config, **TINY_GRPO)
 
 
 class RunsCode:

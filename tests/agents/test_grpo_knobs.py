@@ -4,7 +4,6 @@ advantage, filtered groups, Adam's betas, the noise-scale log, the logged rate, 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -22,24 +21,10 @@ from searchgym.agents.training.metrics import read_metrics  # noqa: E402
 from searchgym.agents.training.run import EVAL_EPISODES  # noqa: E402
 from searchgym.errors import ConfigError  # noqa: E402
 
-SIZES: dict[str, Any] = {
-    "max_turns": 2,
-    "max_turn_tokens": 8,
-    "max_context_tokens": 768,
-    "questions_per_step": 2,
-    "group_size": 2,
-    "minibatch_size": 2,
-    "probe_size": 0,
-    "onpolicy_probe_size": 0,
-    "ledger_size": 0,
-    "kl_coef": 0.0,
-    "save_every": 0,
-}
-
 
 @pytest.fixture
-def tiny(grpo_config: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
-    return functools.partial(grpo_config, **SIZES)
+def tiny(tiny_grpo: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
+    return tiny_grpo
 
 
 def weights(trainer: GRPOTrainer) -> dict[str, Any]:
@@ -176,7 +161,8 @@ def test_log_gns_logs_the_noise_scale_every_step(tmp_path: Path, tiny: Callable[
 
 
 def test_probe_every_skips_the_probes_between(tmp_path: Path, tiny: Callable[..., GRPOConfig]) -> None:
-    cfg = tiny(tmp_path, steps=5, probe_size=2, probe_every=2)
+    # turns long enough for the oracle to search and read (its probe transcripts answer from what it retrieved)
+    cfg = tiny(tmp_path, steps=5, probe_size=2, probe_every=2, max_turns=3, max_turn_tokens=48)
     GRPOTrainer(cfg).train()
     probed = [r["step"] for r in read_metrics(cfg.run.run_dir) if "lld/probe_logp" in r]
     assert probed == [0, 1, 2, 4, 5]

@@ -238,25 +238,11 @@ def test_collapse_metrics_on_scripted_episodes() -> None:
 
 # -- the trainer with the dial ----------------------------------------------------------------------------------
 
-SIZES: dict[str, Any] = {
-    "max_turns": 2,
-    "max_turn_tokens": 8,
-    "max_context_tokens": 768,
-    "questions_per_step": 2,
-    "group_size": 2,
-    "minibatch_size": 2,
-    "probe_size": 0,
-    "onpolicy_probe_size": 0,
-    "ledger_size": 0,
-    "kl_coef": 0.0,
-    "save_every": 0,
-    "steps": 2,
-}
-
 
 @pytest.fixture
-def tiny(grpo_config: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
-    return functools.partial(grpo_config, **SIZES)
+def tiny(tiny_grpo: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
+    """Two steps of the smallest GRPO run (tests/agents/conftest.py)."""
+    return functools.partial(tiny_grpo, steps=2)
 
 
 def test_the_dial_off_logs_no_mismatch_and_the_sampler_is_the_learner(
