@@ -28,7 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url", default=None, help="a running `searchgym openenv serve` (default: one started here on loopback)"
     )
-    parser.add_argument("--manifest", default="openenv.yaml", help="the OpenEnv manifest with the validation block")
+    parser.add_argument(
+        "--manifest",
+        default=None,
+        help="the OpenEnv manifest with the validation block (default: ./openenv.yaml if present, else "
+        "searchgym's numbers: rewards in [0, 1], oracle tolerance 0, floor margin 0.1)",
+    )
     parser.add_argument("--questions", type=int, default=5, help="questions per kind of trajectory")
     parser.add_argument(
         "--check", action="append", choices=CHECKS, default=None, help="run only this check (repeatable)"

@@ -175,7 +175,9 @@ def _leakage(
                 "state": json.dumps({k: v for k, v in state.items() if k not in _AGENT_FIELDS}),
             }
             leaks += [f"{where} of {question.id}" for where, text in places.items() if _mentions(text, golden)]
-    routes = {"/metadata": _get(f"{url}/metadata"), "/schema": _get(f"{url}/schema"), "manifest": manifest}
+    routes = {"/metadata": _get(f"{url}/metadata"), "/schema": _get(f"{url}/schema")}
+    if manifest:
+        routes["manifest"] = manifest
     for qid in sorted(played):
         for golden in questions[qid].golden_answers:
             leaks += [f"{where} ({qid})" for where, text in routes.items() if _mentions(text, golden)]
@@ -185,7 +187,7 @@ def _leakage(
         "leakage",
         True,
         f"no golden answer of {len(played)} questions in prompts, metadata before the end, state(), "
-        "/metadata, /schema or the manifest",
+        f"{', '.join(routes)}",
     )
 
 
@@ -237,7 +239,7 @@ def run_checks(
     url: str,
     spec: EnvSpec,
     *,
-    manifest: str | Path = "openenv.yaml",
+    manifest: str | Path | None = None,
     questions: int = 5,
     only: Sequence[str] = CHECKS,
 ) -> list[CheckResult]:
@@ -247,7 +249,9 @@ def run_checks(
         url: The server, e.g. ``http://127.0.0.1:8000``.
         spec: The settings the server was started with (the checks build the oracle's and the canaries'
             moves from its dataset and retriever).
-        manifest: The OpenEnv manifest with the ``validation`` block.
+        manifest: The OpenEnv manifest with the ``validation`` block (default: ``openenv.yaml`` of the
+            current folder if there is one, else :class:`Validation`'s numbers, which are searchgym's
+            manifest's, and no manifest to search for leaks).
         questions: Questions per kind of trajectory.
         only: The checks to run (default: all of :data:`CHECKS`).
 
@@ -257,7 +261,9 @@ def run_checks(
     unknown = sorted(set(only) - set(CHECKS))
     if unknown:
         raise ConfigError(f"unknown checks {unknown}; valid: {list(CHECKS)}")
-    validation, manifest_text = read_validation(manifest)
+    if manifest is None and Path("openenv.yaml").is_file():
+        manifest = "openenv.yaml"
+    validation, manifest_text = read_validation(manifest) if manifest is not None else (Validation(), "")
     trajs = [t for t in build_trajectories(spec, per_kind=questions) if t.group == "default"]
     data, _ = shared_parts(spec)
     by_id = {q.id: q for q in data.questions(spec.split)}

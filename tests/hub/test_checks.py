@@ -51,6 +51,7 @@ def shipped() -> Iterator[list[Any]]:
 def test_every_check_passes_on_the_shipped_server(shipped: list[Any]) -> None:
     assert [r.name for r in shipped] == list(CHECKS)
     assert all(r.passed for r in shipped), [r for r in shipped if not r.passed]
+    assert shipped[2].detail.endswith("/metadata, /schema, manifest")  # the manifest was searched too
 
 
 class CappedOracle(SearchQAEnvironment):
