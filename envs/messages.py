@@ -36,8 +36,8 @@ from searchgym.retrieval.faults import FaultyRetriever
 from searchgym.rewards import exact_match, f1_score, get_metric
 
 __all__ = [
-    "NO_TOOL_MESSAGE",
     "NOT_APPLIED",
+    "NO_TOOL_MESSAGE",
     "TOOLS",
     "TOOL_INSTRUCTION",
     "MessageTurn",
@@ -79,7 +79,9 @@ def shared_parts(spec: EnvSpec) -> tuple[Dataset, Retriever]:
     from searchgym.retrieval.leases import acquire_retriever
 
     if not isinstance(spec.retriever, str | None):
-        raise ConfigError("a message-level SearchQA takes a retriever name or URL (front ends build episodes)")
+        raise ConfigError(
+            "a message-level SearchQA takes a retriever name or URL (front ends build episodes)"
+        )
     key = (str(spec.dataset), spec.world_seed, str(spec.retriever), spec.retriever_patience)
     with _LOCK:
         if key not in _SHARED:

@@ -441,7 +441,9 @@ def _can_unshare_network() -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _can_unshare_network(), reason="needs `unshare -n` (root or user namespaces) and `ip`")
+@pytest.mark.skipif(
+    not _can_unshare_network(), reason="needs `unshare -n` (root or user namespaces) and `ip`"
+)
 def test_the_image_serves_and_validates_with_no_route_but_loopback(tmp_path: Path) -> None:
     """The manifest's `network: no-network`, without Docker: in a fresh network namespace (only a loopback
     interface, no route out), the Dockerfile's index build and CMD run, an outbound connection fails, and
@@ -493,5 +495,10 @@ def test_the_image_serves_and_validates_with_no_route_but_loopback(tmp_path: Pat
     assert outbound is not None and outbound.group(1) != "0"  # no route: the connection is refused at once
     report = json.loads(done.stdout[done.stdout.index("{") :])
     assert report["passed"] and [c["name"] for c in report["checks"]] == [
-        "oracle", "floor", "leakage", "determinism", "state", "tools"
+        "oracle",
+        "floor",
+        "leakage",
+        "determinism",
+        "state",
+        "tools",
     ]

@@ -21,12 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from searchgym.hub.checks import CHECKS
 
     env = parser.add_argument_group(
-        "environment", "the server's SearchQA options (a server started here gets them; with --url, give "
-        "the ones the server was started with)"
+        "environment",
+        "the server's SearchQA options (a server started here gets them; with --url, give "
+        "the ones the server was started with)",
     )
     add_env_arguments(env, run_env_defaults(), env_id=False, tokenizer=False)
     parser.add_argument(
-        "--url", default=None, help="a running `searchgym openenv serve` (default: one started here on loopback)"
+        "--url",
+        default=None,
+        help="a running `searchgym openenv serve` (default: one started here on loopback)",
     )
     parser.add_argument(
         "--manifest",

@@ -120,7 +120,9 @@ class _Session:
 def _mentions(text: str, answer: str) -> bool:
     """Whether ``text`` holds ``answer`` as whole words, both normalised as the metrics normalise."""
     needle = normalize_answer(answer)
-    return bool(needle) and re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", normalize_answer(text)) is not None
+    return (
+        bool(needle) and re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", normalize_answer(text)) is not None
+    )
 
 
 _AGENT_FIELDS = ("queries", "answer", "reward")
@@ -174,7 +176,9 @@ def _leakage(
                 # The agent's own moves (its queries, its answer) echoed back are not a leak.
                 "state": json.dumps({k: v for k, v in state.items() if k not in _AGENT_FIELDS}),
             }
-            leaks += [f"{where} of {question.id}" for where, text in places.items() if _mentions(text, golden)]
+            leaks += [
+                f"{where} of {question.id}" for where, text in places.items() if _mentions(text, golden)
+            ]
     routes = {"/metadata": _get(f"{url}/metadata"), "/schema": _get(f"{url}/schema")}
     if manifest:
         routes["manifest"] = manifest
@@ -287,4 +291,6 @@ def run_checks(
 
 def results_json(results: Sequence[CheckResult]) -> str:
     """The results as JSON: ``{"passed": bool, "checks": [{"name", "passed", "detail"}, ...]}``."""
-    return json.dumps({"passed": all(r.passed for r in results), "checks": [asdict(r) for r in results]}, indent=2)
+    return json.dumps(
+        {"passed": all(r.passed for r in results), "checks": [asdict(r) for r in results]}, indent=2
+    )

@@ -280,7 +280,9 @@ def play_verifiers(spec: EnvSpec, trajectories: Sequence[Trajectory]) -> dict[st
         view = SearchQAMessages(specs[traj.group])
         replies: Iterator[tuple[Tool, str]] = iter(traj.turns)
 
-        async def respond(_: str, replies: Iterator[tuple[Tool, str]] = replies, tagged: int = index % 2) -> Any:
+        async def respond(
+            _: str, replies: Iterator[tuple[Tool, str]] = replies, tagged: int = index % 2
+        ) -> Any:
             tool, text = next(replies, (None, None))
             if text is None:
                 return None

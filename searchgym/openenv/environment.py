@@ -101,7 +101,9 @@ class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, Searc
         state.done = turn.done
         if turn.done:
             state.reward = turn.reward
-        return self._observation(turn.text, passage_ids=turn.passage_ids, error=turn.error, reward=turn.reward)
+        return self._observation(
+            turn.text, passage_ids=turn.passage_ids, error=turn.error, reward=turn.reward
+        )
 
     @property
     def state(self) -> SearchQAState:

@@ -25,8 +25,12 @@ MANIFEST = ROOT / "openenv.yaml"
 SPEC = EnvSpec()
 
 
-def _verdicts(monkeypatch: pytest.MonkeyPatch, environment: type | None = None, action: type | None = None,
-              only: tuple[str, ...] = CHECKS) -> dict[str, bool]:
+def _verdicts(
+    monkeypatch: pytest.MonkeyPatch,
+    environment: type | None = None,
+    action: type | None = None,
+    only: tuple[str, ...] = CHECKS,
+) -> dict[str, bool]:
     import searchgym.openenv.server as server_module
     from searchgym.server import ServerThread
 
@@ -107,7 +111,9 @@ class NoEpisodeId(SearchQAEnvironment):
 class TaskDiscoveryTool(SearchQAAction):
     """A third tool that lists the questions."""
 
-    tool: Literal["search", "answer", "list_questions"] = Field(description="search, answer, or list questions")
+    tool: Literal["search", "answer", "list_questions"] = Field(
+        description="search, answer, or list questions"
+    )
 
 
 @pytest.mark.slow

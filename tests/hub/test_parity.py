@@ -43,11 +43,23 @@ def outcomes(trajectories: list[Any], urls: dict[str, str]) -> dict[str, dict[st
 
 def test_the_set_covers_every_kind(trajectories: list[Any]) -> None:
     assert len(trajectories) >= 50 and len({t.name for t in trajectories}) == len(trajectories)
-    kinds = Counter(t.name.split("/")[0] if not t.name.startswith("canary/") else t.name.rsplit("/", 1)[0]
-                    for t in trajectories)
-    for kind in ("oracle", "shortcut", "search-then-guess", "answer-at-once", "malformed-tag",
-                 "normalised-answer", "oracle-under-faults", "canary/empty-answer", "canary/no-answer",
-                 "canary/candidate-list", "canary/answer-in-query"):
+    kinds = Counter(
+        t.name.split("/")[0] if not t.name.startswith("canary/") else t.name.rsplit("/", 1)[0]
+        for t in trajectories
+    )
+    for kind in (
+        "oracle",
+        "shortcut",
+        "search-then-guess",
+        "answer-at-once",
+        "malformed-tag",
+        "normalised-answer",
+        "oracle-under-faults",
+        "canary/empty-answer",
+        "canary/no-answer",
+        "canary/candidate-list",
+        "canary/answer-in-query",
+    ):
         assert kinds[kind] >= 3, (kind, kinds)
 
 
