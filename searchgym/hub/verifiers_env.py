@@ -81,18 +81,18 @@ def spec_of(config: Any) -> EnvSpec:
     return EnvSpec(**{name: getattr(config, name) for name in EnvSpec.field_names()})
 
 
-class SearchQAData(vf.TaskData):  # type: ignore[misc]
+class SearchQAData(vf.TaskData):  # type: ignore[misc,unused-ignore]
     """A task: the question's id and the reset seed."""
 
     question_id: str
     seed: int | None = None
 
 
-class SearchQATask(vf.Task[SearchQAData]):  # type: ignore[misc]
+class SearchQATask(vf.Task[SearchQAData]):  # type: ignore[misc,unused-ignore]
     """One question; scored by :class:`SearchQAEnv` while it plays the episode."""
 
 
-class SearchQATaskset(vf.Taskset[SearchQATask, SearchQATasksetConfig]):  # type: ignore[misc]
+class SearchQATaskset(vf.Taskset[SearchQATask, SearchQATasksetConfig]):  # type: ignore[misc,unused-ignore]
     """One task per question of the spec's split, in the split's order."""
 
     def load(self) -> Iterator[SearchQATask]:
@@ -104,7 +104,7 @@ class SearchQATaskset(vf.Taskset[SearchQATask, SearchQATasksetConfig]):  # type:
             yield SearchQATask(data, self.config.task)
 
 
-class SearchQAEnvConfig(vf.EnvConfig):  # type: ignore[misc]
+class SearchQAEnvConfig(vf.EnvConfig):  # type: ignore[misc,unused-ignore]
     """The one seat, ``agent``: the policy playing the questions."""
 
     agent: Any = vf.AgentConfig()
@@ -119,7 +119,7 @@ def _reply(segment: Any) -> Reply:
     return Reply(text=segment.last_reply)
 
 
-class SearchQAEnv(vf.Env[SearchQAEnvConfig]):  # type: ignore[misc]
+class SearchQAEnv(vf.Env[SearchQAEnvConfig]):  # type: ignore[misc,unused-ignore]
     """A task becomes a SearchQA episode: the env plays the user, each reply is a turn of the view."""
 
     async def run(self, task: Any, agents: Any) -> None:
@@ -141,7 +141,7 @@ class SearchQAEnv(vf.Env[SearchQAEnvConfig]):  # type: ignore[misc]
         )
 
 
-class SearchQAHarness(NullHarness):  # type: ignore[misc]
+class SearchQAHarness(NullHarness):  # type: ignore[misc,unused-ignore]
     """verifiers' plain chat harness: the model's replies, no tools of its own (the env runs them)."""
 
 
