@@ -99,19 +99,19 @@ class MessageTurn:
     Attributes:
         text: For the model: the passages after a search, a confirmation after the answer, the corrective
             message after a turn that called no tool, the reason after a refused search.
-        passage_ids: The passages this search returned (empty otherwise).
-        error: Why the turn was refused (a search on the last turn), else ``None``.
         done: Whether the episode has ended.
         reward: 0 until the episode ends, then the answer metric (0 without an answer).
         end_reason: ``"answered"`` or ``"turn_budget"`` once the episode has ended, else ``None``.
+        passage_ids: The passages this search returned (empty otherwise).
+        error: Why the turn was refused (a search on the last turn), else ``None``.
     """
 
     text: str
+    done: bool
+    reward: float
+    end_reason: str | None
     passage_ids: list[str] = field(default_factory=list)
     error: str | None = None
-    done: bool = False
-    reward: float = 0.0
-    end_reason: str | None = None
 
 
 class SearchQAMessages:
@@ -258,24 +258,24 @@ class SearchQAMessages:
             raise ConfigError(f"unknown tool {tool!r}; the tools are {list(TOOLS)}")
         self.turns += 1
         last_turn = self.turns >= self.spec.max_turns
-        turn = MessageTurn(text="")
+        passage_ids: list[str] = []
+        error = None
         if tool == "search" and not text.strip():  # an empty query is an invalid turn, as in SearchQA-v0
             tool = None
         if tool == "answer":
-            turn.text = self.answer(text)
+            reply = self.answer(text)
             self.end_reason = "answered"
         elif tool == "search" and last_turn:  # the last turn must answer: a search there is not run
-            turn.text = turn.error = f"no searches left ({self.max_searches} allowed): call answer"
+            reply = error = f"no searches left ({self.max_searches} allowed): call answer"
         elif tool == "search":
-            turn.text = self.search(text)
-            turn.passage_ids = list(self.hit_ids[-1])
+            reply = self.search(text)
+            passage_ids = list(self.hit_ids[-1])
         else:
-            turn.text = NO_TOOL_MESSAGE
+            reply = NO_TOOL_MESSAGE
         if self.end_reason is None and last_turn:
             self.end_reason = "turn_budget"
-        turn.done, turn.end_reason = self.done, self.end_reason
-        turn.reward = self.reward() if self.done else 0.0
-        return turn
+        reward = self.reward() if self.done else 0.0
+        return MessageTurn(reply, self.done, reward, self.end_reason, passage_ids, error)
 
     def reward(self) -> float:
         """The answer metric of the given answer against the golden answers (0 without an answer)."""
