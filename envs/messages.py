@@ -136,6 +136,7 @@ class SearchQAMessages:
         spec: The settings, checked.
         retriever: What searches ask (the shared retriever, behind the faults when the spec injects some).
         questions: The split's questions.
+        by_id: The split's questions by id.
         question: The current question (after :meth:`reset`).
         queries: The searches made so far.
         hit_ids: The passage ids each search returned (``[]`` for a failed one).
@@ -154,7 +155,7 @@ class SearchQAMessages:
         self.questions: list[Question] = self.dataset.questions(self.spec.split)
         if not self.questions:
             raise ConfigError(f"split {self.spec.split!r} of {self.dataset.name!r} has no questions")
-        self._by_id = {q.id: q for q in self.questions}
+        self.by_id = {q.id: q for q in self.questions}
         self._rng = random.Random(seed)
         self.question: Question | None = None
         self.queries: list[str] = []
@@ -192,8 +193,8 @@ class SearchQAMessages:
                 self.retriever.rng = fault_rng(self.spec.retriever_faults, seed)
         if question_id is None:
             question = self._rng.choice(self.questions)
-        elif question_id in self._by_id:
-            question = self._by_id[question_id]
+        elif question_id in self.by_id:
+            question = self.by_id[question_id]
         else:
             raise UnknownQuestionError(f"question {question_id!r} is not in this split")
         self.question = question

@@ -99,6 +99,10 @@ class SearchQAToolEnv:
         return self.view.questions
 
     @property
+    def _by_id(self) -> dict[str, Question]:
+        return self.view.by_id
+
+    @property
     def _retriever(self) -> Retriever:
         return self.view.retriever
 
