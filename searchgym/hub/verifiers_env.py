@@ -23,8 +23,10 @@ environments/searchgym_searchqa``). :func:`load_environment` builds the environm
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from searchgym.errors import MissingDependencyError
 
@@ -56,10 +58,25 @@ TASKSET_ID = "searchgym-searchqa"
 """The id verifiers' loader finds the environment by (``vf-eval searchgym-searchqa``)."""
 
 
+def _plain(annotation: Any) -> bool:
+    """Whether a type is made of ``int``, ``float``, ``bool``, ``str``, ``None`` and literals only."""
+    if annotation in (int, float, bool, str, type(None)):
+        return True
+    if typing.get_origin(annotation) is Literal:
+        return True
+    args = typing.get_args(annotation)
+    return bool(args) and isinstance(annotation, types.UnionType) and all(_plain(a) for a in args)
+
+
 def _spec_fields() -> dict[str, Any]:
+    """The config's fields: each EnvSpec field with its default, typed as the spec types it where the type is
+    plain data (so that command-line values arrive as numbers and booleans), else ``Any`` (an object the
+    spec also takes: a dataset, a retriever, faults)."""
+    hints = typing.get_type_hints(EnvSpec)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(EnvSpec):
-        fields[f.name] = (Any, f.default)
+        annotation = hints[f.name]
+        fields[f.name] = (annotation if _plain(annotation) else Any, f.default)
     return fields
 
 
@@ -107,7 +124,7 @@ class SearchQATaskset(vf.Taskset[SearchQATask, SearchQATasksetConfig]):  # type:
 class SearchQAEnvConfig(vf.EnvConfig):  # type: ignore[misc,unused-ignore]
     """The one seat, ``agent``: the policy playing the questions."""
 
-    agent: Any = vf.AgentConfig()
+    agent: vf.AgentConfig = vf.AgentConfig()
 
 
 def _reply(segment: Any) -> Reply:

@@ -141,3 +141,126 @@ def test_the_documented_load_block_runs() -> None:
     done = subprocess.run([sys.executable, "-c", blocks[0]], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SearchQAEnv searchgym-searchqa" in done.stdout
+
+
+E2E = "SEARCHGYM_VF_EVAL_E2E"
+SIZES = ["--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768"]
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], log: Path, url: str) -> Any:
+    """A server subprocess, until ``url`` answers (any HTTP status)."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                urllib.request.urlopen(url, timeout=5)
+                break
+            except urllib.error.HTTPError:
+                break
+            except OSError:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.5)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get(E2E) != "1",
+    reason=f"vf-eval's chat harness installs its program with uv from PyPI (the network): set {E2E}=1",
+)
+def test_vf_eval_of_a_served_checkpoint_scores_as_searchgym_eval(tmp_path: Path) -> None:
+    """verifiers' own entry point, `vf-eval`, on N questions against `searchgym serve-policy` of a trained
+    checkpoint on 127.0.0.1: its mean reward equals `searchgym eval --agent checkpoint:` on the same questions.
+    serve-policy answers whole completions and verifiers' harness streams, so a small front
+    (tests/hub/sse_shim.py) turns each completion into server-sent events."""
+    from searchgym.cli import main
+
+    n = 5
+    run = tmp_path / "sft"
+    args = ["train", "sft", "--run-dir", str(run), *SIZES, "--demo-episodes", "8", "--epochs", "1"]
+    assert main([*args, "--eval-questions", "0", "--threads", "1", "--no-progress", "--no-tensorboard"]) == 0
+    checkpoint = run / "checkpoint.pt"
+    bin_dir = Path(sys.executable).parent
+    out = tmp_path / "eval.jsonl"
+    local = subprocess.run(
+        [
+            str(bin_dir / "searchgym"),
+            "eval",
+            "--agent",
+            f"checkpoint:{checkpoint}",
+            "--split",
+            "test",
+            "--episodes",
+            str(n),
+            *SIZES,
+            "--out",
+            str(out),
+            "--json",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert local.returncode == 0, local.stderr
+    local_em = json.loads(local.stdout.strip().splitlines()[-1])["em"]
+    serve = [
+        str(bin_dir / "searchgym"),
+        "serve-policy",
+        str(checkpoint),
+        "--port",
+        "8711",
+        "--model-name",
+        "tiny",
+    ]
+    shim = [sys.executable, str(Path(__file__).with_name("sse_shim.py")), "http://127.0.0.1:8711/v1", "8712"]
+    environ = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path)}
+    with (
+        _process(serve, tmp_path / "serve.log", "http://127.0.0.1:8711/v1/models"),
+        _process(shim, tmp_path / "shim.log", "http://127.0.0.1:8712/v1/chat/completions"),
+    ):
+        done = subprocess.run(
+            [
+                str(bin_dir / "vf-eval"),
+                TASKSET_ID,
+                "--env.taskset.split",
+                "test",
+                "--env.taskset.max-turns",
+                "2",
+                "-n",
+                str(n),
+                "-m",
+                "tiny",
+                "--client.base-url",
+                "http://127.0.0.1:8712/v1",
+                "--no-push",
+                "--no-rich",
+                "--env.agent.runtime.type",
+                "subprocess",
+                "--output-dir",
+                str(tmp_path / "vf"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=environ,
+            cwd=tmp_path,
+        )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (traces,) = (tmp_path / "vf").glob("*/traces.jsonl")
+    rows = [json.loads(line) for line in traces.read_text().splitlines()]
+    assert len(rows) == n and all(not r.get("errors") for r in rows), rows[0].get("errors")
+    rewards = [r["rewards"]["searchqa"]["score"] for r in rows]
+    print(f"mean reward on {n} questions: vf-eval {sum(rewards) / n}, searchgym eval {local_em}")
+    assert sum(rewards) / n == local_em
