@@ -259,8 +259,11 @@ def test_vf_eval_of_a_served_checkpoint_scores_as_searchgym_eval(tmp_path: Path)
         )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     (traces,) = (tmp_path / "vf").glob("*/traces.jsonl")
-    rows = [json.loads(line) for line in traces.read_text().splitlines()]
-    assert len(rows) == n and all(not r.get("errors") for r in rows), rows[0].get("errors")
-    rewards = [r["rewards"]["searchqa"]["score"] for r in rows]
+    rows = [json.loads(line) for line in traces.read_text().splitlines()]  # one per episode
+    assert len(rows) == n and all(r["ok"] and not r["errors"] for r in rows), rows[0]["errors"]
+    local_ids = [json.loads(line)["question_id"] for line in out.read_text().splitlines()]
+    assert sorted(r["task"]["data"]["question_id"] for r in rows) == sorted(local_ids)  # the same questions
+    rewards = [t["rewards"]["searchqa"]["score"] for r in rows for t in r["traces"]]
+    assert len(rewards) == n and all(t["metrics"]["turns"] >= 1 for r in rows for t in r["traces"])
     print(f"mean reward on {n} questions: vf-eval {sum(rewards) / n}, searchgym eval {local_em}")
     assert sum(rewards) / n == local_em
