@@ -120,6 +120,7 @@ BUDGETS: dict[tuple[str, ...], list[str]] = {
         "bench gns": "--groups 2 --questions-per-step 1 --group-size 2 --threads 1",
         "bench headroom": "--questions 4 --samples 2 --threads 1 --no-progress",
         "bench retrieval": "--sizes 2000 --repeats 1 --queries 16 --batch 8 --reference-queries 4",
+        "validate-env": "--questions 1",
     }.items()
 }
 #: Fewer repetitions of a documented loop: documented text -> what runs (each must occur in the docs).

@@ -431,3 +431,74 @@ def test_openenv_serve_options_reach_the_guards() -> None:
     assert (limits.read_timeout, limits.max_connections, limits.max_body_bytes) == (2.5, 64, 4 << 20)
     with pytest.raises(ConfigError, match="session_timeout"):
         build_app(parser.parse_args(["openenv", "serve", "--session-timeout", "0"]))
+
+
+def _can_unshare_network() -> bool:
+    unshare = shutil.which("unshare")
+    if unshare is None or shutil.which("ip") is None:
+        return False
+    return subprocess.run([unshare, "-n", "true"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not _can_unshare_network(), reason="needs `unshare -n` (root or user namespaces) and `ip`"
+)
+def test_the_image_serves_and_validates_with_no_route_but_loopback(tmp_path: Path) -> None:
+    """The manifest's `network: no-network`, without Docker: in a fresh network namespace (only a loopback
+    interface, no route out), the Dockerfile's index build and CMD run, an outbound connection fails, and
+    `searchgym validate-env` passes every check against that server."""
+    runs, cmd, variables = _dockerfile()
+    _, *searchgym_runs = runs
+    opt = f"{tmp_path}/"
+    served = variables["SEARCHGYM_OPENENV_ARGS"].replace("/opt/searchgym/", opt)
+    serve = json.loads(cmd)[2] + " --host 127.0.0.1 --port 8765 --log-level warning"
+    world_seed = variables["WORLD_SEED"]
+    script = "\n".join(
+        [
+            "set -e",
+            "ip link set lo up",
+            *(run.replace("/opt/searchgym/", opt) for run in searchgym_runs),
+            f"export SEARCHGYM_OPENENV_ARGS={shlex.quote(served)}",
+            f"sh -c {shlex.quote(serve)} > {tmp_path}/server.log 2>&1 &",
+            "server=$!",
+            "python - <<'EOF'",
+            "import socket, time, urllib.request",
+            "probe = socket.socket(); probe.settimeout(5)",
+            "print('outbound', probe.connect_ex(('1.1.1.1', 80)))",
+            "deadline = time.monotonic() + 120",
+            "while True:",
+            "    try:",
+            "        urllib.request.urlopen('http://127.0.0.1:8765/health', timeout=5); break",
+            "    except OSError:",
+            "        assert time.monotonic() < deadline, 'the server did not come up'",
+            "        time.sleep(0.5)",
+            "EOF",
+            f"searchgym validate-env --url http://127.0.0.1:8765 --world-seed {world_seed} "
+            f"--manifest {ROOT / 'openenv.yaml'} --questions 2 --json; status=$?",
+            "kill $server",
+            "exit $status",
+        ]
+    )
+    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run(
+        ["unshare", "-n", "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PATH": path},
+        cwd=tmp_path,
+    )
+    log = (tmp_path / "server.log").read_text() if (tmp_path / "server.log").exists() else ""
+    assert done.returncode == 0, done.stdout + done.stderr + log
+    outbound = re.search(r"outbound (\d+)", done.stdout)
+    assert outbound is not None and outbound.group(1) != "0"  # no route: the connection is refused at once
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    assert report["passed"] and [c["name"] for c in report["checks"]] == [
+        "oracle",
+        "floor",
+        "leakage",
+        "determinism",
+        "state",
+        "tools",
+    ]

@@ -30,58 +30,23 @@ token-exact transcripts, use :class:`~searchgym.agents.integrations.trl.SearchQA
 
 from __future__ import annotations
 
-import random
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from searchgym.data import Dataset, Question, load_dataset
+from searchgym.data import Question, load_dataset
+from searchgym.envs.messages import NOT_APPLIED, TOOL_INSTRUCTION, SearchQAMessages
 from searchgym.envs.spec import EnvSpec, make_spec
-from searchgym.errors import ConfigError, EpisodeFinishedError, RetrieverError, UnknownQuestionError
-from searchgym.protocol import format_documents, format_search_failure
 from searchgym.retrieval.base import Retriever
-from searchgym.retrieval.faults import FaultyRetriever
-from searchgym.rewards import exact_match, f1_score, get_metric
 
 __all__ = ["NOT_APPLIED", "TOOL_INSTRUCTION", "SearchQAToolEnv", "tool_env_dataset"]
-
-NOT_APPLIED = ("max_turn_tokens", "max_context_tokens", "max_obs_tokens", "prompt_style")
-"""The :class:`~searchgym.envs.EnvSpec` fields a tool-calling episode has no use for: its transcript is
-rendered and tokenised by the trainer through the model's chat template, so the token budgets are the
-trainer's settings (TRL's ``max_completion_length``, verl's ``response_length``) and the prompt is always a
-chat message. They are accepted (a spec shared with ``SearchQA-v0`` builds every front end) and change
-nothing."""
-
-TOOL_INSTRUCTION = (
-    "Answer the given question. You can call the search tool to look up passages in a knowledge base, as "
-    "often as you need. When you know the answer, call the answer tool with the answer only, without "
-    "detailed explanations. Question: {question}"
-)
-"""The user message :meth:`SearchQAToolEnv.reset` returns (Search-R1's instruction, for tools)."""
-
-_LOCK = threading.Lock()
-# (dataset, world seed, retriever, patience) -> (dataset, retriever): built once per process.
-_SHARED: dict[tuple[str, int, str, float], tuple[Dataset, Retriever]] = {}
-
-
-def _shared(spec: EnvSpec) -> tuple[Dataset, Retriever]:
-    """The dataset and its retriever of ``spec``, shared by every instance of the process."""
-    from searchgym.retrieval.leases import acquire_retriever
-
-    if not isinstance(spec.retriever, str | None):
-        raise ConfigError("SearchQAToolEnv takes a retriever name or URL (instances are built by TRL)")
-    key = (str(spec.dataset), spec.world_seed, str(spec.retriever), spec.retriever_patience)
-    with _LOCK:
-        if key not in _SHARED:
-            data = load_dataset(spec.dataset, world_seed=spec.world_seed)
-            # Held for the life of the process: TRL creates and drops instances at will.
-            found, _ = acquire_retriever(data, spec.retriever, spec.retriever_patience)
-            _SHARED[key] = (data, found)
-        return _SHARED[key]
 
 
 class SearchQAToolEnv:
     """One SearchQA question at a time, with a ``search`` tool, an ``answer`` tool and a reward.
+
+    The episode is :class:`~searchgym.envs.messages.SearchQAMessages`'s (the message-level view the OpenEnv
+    server and the ``verifiers`` environment play too), through its bare tool calls: TRL runs the
+    conversation, so a refused call raises (TRL shows the model the error) and spends nothing.
 
     Args:
         spec: The episode's settings (default: :class:`~searchgym.envs.EnvSpec`'s defaults), as
@@ -101,34 +66,54 @@ class SearchQAToolEnv:
 
     Attributes:
         spec: The settings, checked.
-        question: The current question (after :meth:`reset`).
-        queries: The searches made so far.
-        hit_ids: The passage ids each search returned.
-        given_answer: The answer given through the ``answer`` tool, or ``None``.
+        view: The message-level episode the tools play.
     """
 
     def __init__(self, spec: EnvSpec | None = None, *, seed: int = 0, **fields: Any) -> None:
-        self.spec = make_spec(spec, fields)
-        self._metric = get_metric(self.spec.reward)
-        self._data, self._retriever = _shared(self.spec)
-        if self.spec.retriever_faults is not None:
-            self._retriever = FaultyRetriever(
-                self._retriever, self.spec.retriever_faults, self._data.passages
-            )
-        self._questions = self._data.questions(self.spec.split)
-        if not self._questions:
-            raise ConfigError(f"split {self.spec.split!r} of {self._data.name!r} has no questions")
-        self._by_id = {q.id: q for q in self._questions}
-        self._rng = random.Random(seed)
-        self.question: Question | None = None
-        self.queries: list[str] = []
-        self.hit_ids: list[list[str]] = []
-        self.given_answer: str | None = None
+        self.view = SearchQAMessages(spec, seed=seed, **fields)
+        self.spec = self.view.spec
+
+    # The episode's state, read from the view (TRL exposes no tool for it).
+    @property
+    def question(self) -> Question | None:
+        """The current question (after :meth:`reset`)."""
+        return self.view.question
+
+    @property
+    def queries(self) -> list[str]:
+        """The searches made so far."""
+        return self.view.queries
+
+    @property
+    def hit_ids(self) -> list[list[str]]:
+        """The passage ids each search returned."""
+        return self.view.hit_ids
+
+    @property
+    def given_answer(self) -> str | None:
+        """The answer given through the ``answer`` tool, or ``None``."""
+        return self.view.given_answer
+
+    @property
+    def _questions(self) -> list[Question]:
+        return self.view.questions
+
+    @property
+    def _by_id(self) -> dict[str, Question]:
+        return self.view.by_id
+
+    @property
+    def _retriever(self) -> Retriever:
+        return self.view.retriever
+
+    @_retriever.setter
+    def _retriever(self, retriever: Retriever) -> None:
+        self.view.retriever = retriever
 
     @property
     def max_searches(self) -> int:
         """Searches allowed per question: every turn but the answer's."""
-        return self.spec.max_turns - 1
+        return self.view.max_searches
 
     @classmethod
     def factory(cls, **kwargs: Any) -> Callable[[], SearchQAToolEnv]:
@@ -141,23 +126,16 @@ class SearchQAToolEnv:
 
         return make
 
-    def reset(self, question_id: str | None = None, **_: Any) -> str:
+    def reset(self, question_id: str | None = None, seed: int | None = None, **_: Any) -> str:
         """Starts a question: the row's ``question_id``, else one drawn at random. Returns the user message.
+
+        A row's ``seed`` reseeds the question draw and the retriever faults, as ``SearchQA-v0``'s
+        ``reset(seed=...)`` does.
 
         Raises:
             UnknownQuestionError: ``question_id`` is not in the split.
         """
-        if question_id is None:
-            self.question = self._rng.choice(self._questions)
-        elif question_id in self._by_id:
-            self.question = self._by_id[question_id]
-        else:
-            raise UnknownQuestionError(f"question {question_id!r} is not in this split")
-        self.queries, self.hit_ids, self.given_answer = [], [], None
-        text = self.question.question.strip()
-        if self.spec.append_question_mark and text and not text.endswith("?"):
-            text += "?"
-        return TOOL_INSTRUCTION.format(question=text)
+        return self.view.reset(question_id, seed=seed)
 
     def search(self, query: str) -> str:
         """Searches the knowledge base for passages about a query.
@@ -168,20 +146,7 @@ class SearchQAToolEnv:
         Returns:
             The best passages, each as "Doc i(Title: title) text".
         """
-        if self.given_answer is not None:
-            raise EpisodeFinishedError("the question is already answered")
-        if len(self.queries) >= self.max_searches:
-            raise EpisodeFinishedError(f"no searches left ({self.max_searches} allowed): call answer")
-        try:
-            hits = self._retriever.search([query], self.spec.topk)[0]
-            text = format_documents([h.contents for h in hits], self.spec.max_passage_words)
-        except RetrieverError as e:
-            if self.spec.on_retrieval_error == "raise":
-                raise
-            hits, text = [], format_search_failure(str(e))
-        self.queries.append(query)
-        self.hit_ids.append([h.passage_id for h in hits])
-        return text.strip()
+        return self.view.search(query)
 
     def answer(self, answer: str) -> str:
         """Gives the final answer to the question. Call it once, at the end.
@@ -192,30 +157,16 @@ class SearchQAToolEnv:
         Returns:
             A confirmation.
         """
-        if self.given_answer is not None:
-            raise EpisodeFinishedError("the question is already answered")
-        self.given_answer = answer
-        return "Answer recorded."
+        return self.view.answer(answer)
 
     def get_reward(self) -> float:
         """The answer metric of the given answer against the golden answers (0 without an answer)."""
-        if self.question is None or self.given_answer is None:
-            return 0.0
-        return float(self._metric(self.given_answer, self.question.golden_answers))
+        return self.view.reward()
 
     @property
     def info(self) -> dict[str, Any]:
         """The rollout's question, answer, EM, F1 and searches (a property: TRL exposes no tool for it)."""
-        golden = self.question.golden_answers if self.question is not None else []
-        given = self.given_answer
-        return {
-            "question_id": self.question.id if self.question is not None else None,
-            "answer": given,
-            "golden_answers": list(golden),
-            "em": float(exact_match(given, golden)) if given is not None else 0.0,
-            "f1": float(f1_score(given, golden)) if given is not None else 0.0,
-            "searches": len(self.queries),
-        }
+        return self.view.info
 
 
 def tool_env_dataset(spec: EnvSpec | None = None, *, limit: int | None = None, **fields: Any) -> Any:

@@ -2,8 +2,9 @@
 
 A turn-level SearchQA: the agent sends ``search(query)`` and ``answer(text)`` actions; the reward is the
 answer metric (exact match by default) against the golden answers. Episodes are those of
-:class:`~searchgym.agents.integrations.trl_env.SearchQAToolEnv`; this package puts them behind OpenEnv's
-``Environment``, ``create_app`` and ``EnvClient``.
+:class:`~searchgym.envs.messages.SearchQAMessages`, the message-level view the TRL tool env and the
+``verifiers`` environment share; this package puts them behind OpenEnv's ``Environment``, ``create_app`` and
+``EnvClient``.
 
 * :mod:`~searchgym.openenv.models`: ``SearchQAAction``, ``SearchQAObservation``, ``SearchQAState``;
 * :mod:`~searchgym.openenv.client`: ``SearchQAEnvClient``, an OpenEnv ``EnvClient``;

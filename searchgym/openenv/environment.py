@@ -1,16 +1,16 @@
 """The server side: SearchQA turns behind OpenEnv's ``Environment`` interface.
 
-An episode is :class:`~searchgym.agents.integrations.trl_env.SearchQAToolEnv`'s, played one action per
-``step``: the same settings (an :class:`~searchgym.envs.EnvSpec`, every field accepted; the fields of
-:data:`~searchgym.agents.integrations.trl_env.NOT_APPLIED` change nothing), datasets, retriever (built once
-per process and shared by every session), passage text (Search-R1's ``Doc i(Title: …)`` block) and answer
-metric. What this module adds is OpenEnv's contract: typed actions and observations, the turn budget
-(``max_turns``), seeding on ``reset``, and a state for ``/state``.
+An episode is :class:`~searchgym.envs.messages.SearchQAMessages`'s (the message-level view the TRL tool env
+and the ``verifiers`` environment share), one :meth:`~searchgym.envs.messages.SearchQAMessages.play` turn
+per ``step``: the same settings (an :class:`~searchgym.envs.EnvSpec`, every field accepted; the fields of
+:data:`~searchgym.envs.messages.NOT_APPLIED` change nothing), datasets, retriever (built once per process and
+shared by every session), passage text (Search-R1's ``Doc i(Title: …)`` block), turn budget and answer
+metric. What this module adds is OpenEnv's contract: typed actions and observations, seeding on ``reset``,
+and a state for ``/state``.
 """
 
 from __future__ import annotations
 
-import random
 from typing import Any
 from uuid import uuid4
 
@@ -18,8 +18,7 @@ from openenv.core.env_server.interfaces import Environment  # type: ignore[impor
 from openenv.core.env_server.types import EnvironmentMetadata  # type: ignore[import-untyped]
 
 from searchgym import __version__
-from searchgym.agents.integrations.trl_env import SearchQAToolEnv
-from searchgym.data import Question, load_dataset
+from searchgym.envs.messages import SearchQAMessages
 from searchgym.envs.spec import EnvSpec, make_spec
 from searchgym.errors import ConfigError, EpisodeFinishedError
 
@@ -53,11 +52,7 @@ class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, Searc
     def __init__(self, spec: EnvSpec | None = None, *, seed: int = 0, **fields: Any) -> None:
         super().__init__()
         self.spec = make_spec(spec, fields)
-        self._tool = SearchQAToolEnv(self.spec, seed=seed)
-        # The dataset is cached per process: these are the very questions the tool env draws from.
-        data = load_dataset(self.spec.dataset, world_seed=self.spec.world_seed)
-        self._questions: list[Question] = data.questions(self.spec.split)
-        self._rng = random.Random(seed)
+        self._tool = SearchQAMessages(self.spec, seed=seed)
         self._state = SearchQAState(split=self.spec.split)
 
     def reset(
@@ -77,13 +72,10 @@ class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, Searc
             raise ConfigError(
                 f"unknown reset options {sorted(kwargs)}; SearchQA takes seed, episode_id and question_id"
             )
-        if seed is not None:
-            self._rng = random.Random(seed)
-        if question_id is None:
-            question_id = self._rng.choice(self._questions).id
-        prompt = self._tool.reset(question_id=question_id)
+        prompt = self._tool.reset(question_id, seed=seed)
+        assert self._tool.question is not None
         self._state = SearchQAState(
-            episode_id=episode_id or str(uuid4()), question_id=question_id, split=self.spec.split
+            episode_id=episode_id or str(uuid4()), question_id=self._tool.question.id, split=self.spec.split
         )
         return self._observation(prompt, passage_ids=[], error=None, reward=None)
 
@@ -101,25 +93,17 @@ class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, Searc
         state = self._state
         if state.question_id is None or state.done:
             raise EpisodeFinishedError("no episode is running: call reset")
-        state.step_count += 1
-        passage_ids: list[str] = []
-        error = None
-        try:
-            if action.tool == "search":
-                text = self._tool.search(action.text)
-                passage_ids = list(self._tool.hit_ids[-1])
-            else:
-                text = self._tool.answer(action.text)
-        except EpisodeFinishedError as e:  # the agent's mistake, not the caller's: it is told, the turn spent
-            text = error = str(e)
+        turn = self._tool.play(action.tool, action.text)
+        state.step_count = self._tool.turns
         state.queries = list(self._tool.queries)
         state.hit_ids = [list(ids) for ids in self._tool.hit_ids]
         state.answer = self._tool.given_answer
-        state.done = state.answer is not None or state.step_count >= self.spec.max_turns
-        reward = 0.0
-        if state.done:
-            reward = state.reward = self._tool.get_reward()
-        return self._observation(text, passage_ids=passage_ids, error=error, reward=reward)
+        state.done = turn.done
+        if turn.done:
+            state.reward = turn.reward
+        return self._observation(
+            turn.text, passage_ids=turn.passage_ids, error=turn.error, reward=turn.reward
+        )
 
     @property
     def state(self) -> SearchQAState:
@@ -142,8 +126,7 @@ class SearchQAEnvironment(Environment[SearchQAAction, SearchQAObservation, Searc
         assert question is not None  # reset has run
         metadata: dict[str, Any] = {}
         if state.done:
-            ended = "answered" if state.answer is not None else "turn_budget"
-            metadata = {**self._tool.info, "end_reason": ended}
+            metadata = {**self._tool.info, "end_reason": self._tool.end_reason}
         return SearchQAObservation(
             text=text,
             question=question.question,

@@ -25,6 +25,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("export-trajectories",): (),
     ("bench", "headroom"): (),
     ("openenv", "serve"): (),
+    ("validate-env",): (),
     # verl's rows: one parquet file per split, each split named by a repeatable --split
     ("prepare", "verl"): ("split",),
     # a benchmark plays several dataset folders, each with its own retriever (--retriever DATASET=SPEC)
@@ -44,6 +45,11 @@ FILES = (
     "searchgym/cli/openenv_serve.py",
     "searchgym/openenv/environment.py",
     "searchgym/openenv/server.py",
+    "searchgym/cli/validate_env.py",
+    "searchgym/hub/checks.py",
+    "searchgym/hub/parity.py",
+    "searchgym/hub/replies.py",
+    "searchgym/hub/verifiers_env.py",
     "agents/integrations/verl_data.py",
     "agents/integrations/export.py",
     "agents/integrations/trl_env.py",
