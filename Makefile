@@ -22,8 +22,8 @@ demo: venv
 	$(BIN)/searchgym demo $(DEMO_ARGS)
 
 lint: venv
-	$(BIN)/ruff check __init__.py searchgym envs agents tests scripts
-	$(BIN)/ruff format --check __init__.py searchgym envs agents tests scripts
+	$(BIN)/ruff check __init__.py searchgym envs agents tests scripts environments
+	$(BIN)/ruff format --check __init__.py searchgym envs agents tests scripts environments
 
 # mypy cannot follow the editable install's import hook, so it checks a tree of links that has the
 # installed layout (searchgym/envs -> envs, searchgym/agents -> agents).

@@ -277,7 +277,7 @@ losses = ["grpo"]
             *(summary("control", s, [0.5] * 4, evals={0: warm, 2: warm, 4: warm}) for s in (0, 1)),
             grpo_end,
             summary("grpo", 1, [0.5] * 4, evals={2: top, 4: top}),  # never falls
-            summary("mismatch", 0, [0.5] * 4, evals={2: low, 4: low}),  # falls at 2 (0.25 -> 0.125), grpo at 4
+            summary("mismatch", 0, [0.5] * 4, evals={2: low, 4: low}),  # falls at 2, grpo at 4
             summary("mismatch", 1, [0.5] * 4, evals={2: mid, 4: mid}),  # no fall, ends 0.2 below grpo
         ],
     )
