@@ -143,7 +143,8 @@ class OracleAgent(Agent):
     retrieved every gold passage (the env's ``info["gold_all_retrieved"]``), else :data:`NO_EVIDENCE`: it is
     the upper bound of an agent that answers from what it retrieves, so with an empty retriever it scores 0
     and its reliance on search equals its exact match. A question that names no gold passages gets no search
-    and the golden answer.
+    and the golden answer, and so does an episode whose turns are too short for a query to run (no search
+    executed: the demonstrations of a tiny test env still end with the answer).
 
     The upper bound of every table, and the source of token-level demonstrations for supervised
     warm-start. It reads the question's gold data from the dataset, so it needs the env's dataset and split.
@@ -206,8 +207,14 @@ class OracleAgent(Agent):
             # The env closed the turn: move on, even if it closed before the script expected.
             self._turns.pop(0)
             self._pos = 0
-            if self.evidence_only and len(self._turns) == 1 and info.get("gold_all_retrieved") is False:
-                # Its searches did not bring every gold passage: it answers only what it found.
+            searched = int(info.get("searches", 0)) > 0
+            if (
+                self.evidence_only
+                and searched
+                and len(self._turns) == 1
+                and info.get("gold_all_retrieved") is False
+            ):
+                # Its searches ran and did not bring every gold passage: it answers only what it found.
                 self._turns[0] = self.tokenizer.encode(f"<answer> {NO_EVIDENCE} </answer>")
         if not self._turns:
             eos = self.tokenizer.eos_token_id

@@ -167,7 +167,10 @@ def _losses_table(judge: Judge, arm: str) -> list[str]:
     kinds = {code: name for name, code in KIND_CODES.items()} | {"?": "other"}
     stages = {code: name for name, code in STAGE_CODES.items()}
     header = ["seed", "peak → end", "lost / gained", *kinds.values(), *(stages[c] for c in "arm")]
-    rows, pooled = [], {"lost": 0, "gained": 0, "by_kind": {}, "by_stage": {}}
+    rows: list[list[str]] = []
+    by_kind: dict[str, int] = {}
+    by_stage: dict[str, int] = {}
+    pooled: dict[str, Any] = {"lost": 0, "gained": 0, "by_kind": by_kind, "by_stage": by_stage}
     for v in judge.views(arm):
         found = lost_questions(v.summary)
         if found is None:
@@ -185,9 +188,10 @@ def _losses_table(judge: Judge, arm: str) -> list[str]:
             continue
         pooled["lost"] += found["lost"]
         pooled["gained"] += found["gained"]
-        for key in ("by_kind", "by_stage"):
-            for code, n in found[key].items():
-                pooled[key][code] = pooled[key].get(code, 0) + n
+        for code, n in found["by_kind"].items():
+            by_kind[code] = by_kind.get(code, 0) + n
+        for code, n in found["by_stage"].items():
+            by_stage[code] = by_stage.get(code, 0) + n
         rows.append(_loss_row(f"s{v.seed}", f"{found['peak']} → {found['end']}", found, kinds))
     rows.append(_loss_row("pooled", "", pooled, kinds))
     return [
