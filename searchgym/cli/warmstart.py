@@ -42,9 +42,9 @@ class Recipe:
     """The demonstrator (``searchgym demos --demonstrator``)."""
     extra_worlds: int = 0
     """Also demonstrate every split of this many other generated worlds (seeds 1, 2, …)."""
-    epochs: int = 3
+    epochs: int = 5
     batch_size: int = 16
-    lr: float = 2e-3
+    lr: float = 4e-3
     lr_schedule: str = "linear"
     warmup_steps: int = 20
     layers: int = 2
