@@ -183,7 +183,7 @@ def build(
         epochs=recipe.epochs,
         batch_size=recipe.batch_size,
         lr=recipe.lr,
-        lr_schedule=recipe.lr_schedule,  # type: ignore[arg-type]
+        lr_schedule=recipe.lr_schedule,
         warmup_steps=recipe.warmup_steps,
         tiny_layers=recipe.layers,
         tiny_hidden=recipe.hidden,
