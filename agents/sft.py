@@ -161,6 +161,7 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
             config.env,
             config.eval,
             episodes,
+            progress=config.run.progress,
         )
         append_eval_episodes(config.run.run_dir, update, episodes, config.env.reward)
         final.update({f"eval/{k}": v for k, v in result.items()})

@@ -666,7 +666,9 @@ class GRPOTrainer:
         reward, searches, answered), so two evaluations can be compared question by question."""
         episodes: list[dict[str, Any]] = []
         cfg = self.config
-        result = evaluate_greedy(self.model, self.policy.tokenizer, cfg.env, cfg.eval, episodes)
+        result = evaluate_greedy(
+            self.model, self.policy.tokenizer, cfg.env, cfg.eval, episodes, progress=cfg.run.progress
+        )
         append_eval_episodes(self.run_dir, self.step, episodes, self.config.env.reward)
         return {f"eval/{k}": v for k, v in result.items()}
 

@@ -201,26 +201,36 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
 
 @torch.no_grad()
 def evaluate_policy(
-    policy: LLMPolicy, env: SearchQAVectorEnv, questions: int, episodes: list[dict[str, Any]] | None = None
+    policy: LLMPolicy,
+    env: SearchQAVectorEnv,
+    questions: int,
+    episodes: list[dict[str, Any]] | None = None,
+    *,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Greedy (or however ``policy`` is set) play on the first ``questions`` questions of ``env``'s split.
 
     Episodes run ``env.num_envs`` at a time through the vector env; the last, partial batch repeats its
     final question and ignores the extra episodes. ``episodes``, when given, receives each episode's info
-    dict, in question order (for paired comparisons of two policies question by question).
+    dict, in question order (for paired comparisons of two policies question by question). ``progress``
+    shows a tqdm bar of the questions played (``eval``, removed when done).
 
     Returns:
         ``em``, ``f1``, ``searches`` (per episode), ``answered`` (share ending with an answer),
         ``response_length`` (policy tokens per episode) and ``episodes``.
     """
+    from tqdm.auto import tqdm
+
     ids = [q.id for q in env.questions[: min(questions, len(env.questions))]]
     infos: list[dict[str, Any]] = []
-    for start in range(0, len(ids), env.num_envs):
-        chunk = ids[start : start + env.num_envs]
-        padded = chunk + [chunk[-1]] * (env.num_envs - len(chunk))
-        observations, _ = env.reset(seed=0, options={"group_size": 1, "question_ids": padded})
-        _play(env, policy, observations)
-        infos.extend(env.episode_infos()[: len(chunk)])
+    with tqdm(total=len(ids), desc="eval", unit="question", leave=False, disable=not progress) as bar:
+        for start in range(0, len(ids), env.num_envs):
+            chunk = ids[start : start + env.num_envs]
+            padded = chunk + [chunk[-1]] * (env.num_envs - len(chunk))
+            observations, _ = env.reset(seed=0, options={"group_size": 1, "question_ids": padded})
+            _play(env, policy, observations)
+            infos.extend(env.episode_infos()[: len(chunk)])
+            bar.update(len(chunk))
     if episodes is not None:
         episodes.extend(infos)
     return summarize_episodes(infos)
@@ -232,18 +242,20 @@ def evaluate_greedy(
     spec: EnvSpec,
     evaluation: EvalConfig,
     episodes: list[dict[str, Any]] | None = None,
+    *,
+    progress: bool = False,
 ) -> dict[str, float]:
     """The greedy evaluation every trainer runs: ``model`` plays the first ``evaluation.questions``
     questions of ``evaluation.split`` greedily, ``evaluation.batch`` episodes at a time, in the env ``spec``
     describes (a trainer's ``config.env``). ``episodes`` receives the episodes' info dicts
-    (:func:`evaluate_policy`, whose figures it returns)."""
+    (:func:`evaluate_policy`, whose figures it returns); ``progress`` shows its bar."""
     greedy = LLMPolicy(model, tokenizer, greedy=True, max_turn_tokens=spec.max_turn_tokens)
     env = SearchQAVectorEnv(
         evaluation.batch, spec.replace(split=evaluation.split), autoreset_mode="Disabled", tokenizer=tokenizer
     )
     questions = evaluation.questions
     try:
-        return evaluate_policy(greedy, env, questions, episodes)
+        return evaluate_policy(greedy, env, questions, episodes, progress=progress)
     finally:
         env.close()
 

@@ -87,6 +87,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    figures = measure(args, settings_of(args))
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print(report(figures))
+    return 0
+
+
+def settings_of(args: argparse.Namespace) -> HeadroomSettings:
+    """The play's settings from the command's options (checked).
+
+    Raises:
+        ConfigError: an env other than SearchQA-v0, fewer than one thread, or bad settings.
+    """
     from searchgym.bench.headroom import HeadroomSettings, parse_temperatures
     from searchgym.errors import ConfigError
 
@@ -101,12 +115,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"bench headroom plays SearchQA-v0 (through its vector env), not --env {args.env}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-    figures = measure(args, settings)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print(report(figures))
-    return 0
+    return settings
+
+
+def measure_command(argv: Sequence[str]) -> dict[str, Any]:
+    """What ``searchgym bench headroom ARGV --json`` prints, as a dict (the demo and the warm-start recipe
+    measure their checkpoints through it, so their figures are the command's)."""
+    parser = argparse.ArgumentParser(prog="searchgym bench headroom")
+    add_arguments(parser)
+    args = parser.parse_args(list(argv))
+    return measure(args, settings_of(args))
 
 
 def measure(args: argparse.Namespace, settings: HeadroomSettings) -> dict[str, Any]:

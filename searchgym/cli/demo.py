@@ -8,6 +8,7 @@ with GRPO and with GRPO+LLDS (action gate) for the same short budget → print a
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     }
 
     print("[1/4] oracle demonstrations of the generated world")
-    demos = _write_demonstrations(root / "demos.jsonl", args.extra_worlds, args.seed, args.demos_per_world)
+    demos = _write_demonstrations(
+        root / "demos.jsonl", args.extra_worlds, args.seed, args.demos_per_world, not args.no_progress
+    )
     print(f"[2/4] supervised warm-start on {demos} oracle demonstrations ({args.sft_epochs} epochs)")
     sft = SFTConfig(
         run_dir=str(root / "sft"),
@@ -97,8 +100,13 @@ def run(args: argparse.Namespace) -> int:
         _row("SFT warm-start", sft_metrics, time.perf_counter() - start),
     ]
     print(f"      test EM {sft_metrics.get('eval/em', float('nan')):.3f}")
-    headroom = _headroom(sft, min(100, args.eval_questions), args.seed)
+    argv = headroom_argv(
+        root / "sft" / "checkpoint.pt", min(100, args.eval_questions), args.seed, args.threads
+    )
+    headroom = _headroom(argv, not args.no_progress)
+    (root / "headroom.json").write_text(json.dumps(headroom) + "\n", encoding="utf-8")
     print(f"      {headroom_sentence(headroom)}")
+    print(f"      (searchgym bench headroom {' '.join(argv)})")
 
     runs = []
     for i, (name, llds) in enumerate((("GRPO", "none"), ("GRPO+LLDS (action)", "action")), start=3):
@@ -145,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
         "of correct behaviour); top right, LLD itself: the change of log-likelihood of each step's own\n"
         "responses, by advantage sign (A > 0 at or below 0 is the warning sign); bottom left, the per-update\n"
         "gradient-norm maximum (spikes: the late phase of the collapse). This budget shows the pipeline, not\n"
-        "the result: a warm-start that answers (EM ~0.5) takes longer than the demo's 15 minutes to build.\n"
+        "the result: a warm-start that answers (EM ~0.5) takes longer than the demo's 15 minutes to build\n"
+        "(docs/experiments/warmstart.md measures how far `searchgym warmstart` gets in minutes).\n"
         "The pre-registered studies and their verdicts: docs/experiments/learn.md (GRPO beats a frozen\n"
         "control in sampled reward, not in greedy EM), docs/experiments/lld3.md (learn, then collapse),\n"
         "docs/experiments/learn2.md (RL beyond imitation: greedy EM from a warm-start with designed headroom)\n"
@@ -179,11 +188,18 @@ def demo_dir(run_dir: str | None, overwrite: bool) -> Path:
 
 
 def protocol_sentence(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """The sentence under the table: what the warm-start (``after``) changed against the untrained model."""
+    """The sentence under the table: what the warm-start (``after``) changed against the untrained model.
+
+    It says the warm-start taught the protocol only when more episodes end with an answer and more searches
+    are made than before; otherwise it says it did not."""
+    answered = (before["answered"] or 0, after["answered"] or 0)
+    searches = (before["searches"] or 0, after["searches"] or 0)
+    em = (before["test_em"] or 0, after["test_em"] or 0)
+    taught = answered[1] > answered[0] and searches[1] > searches[0]
     return (
-        f"SFT taught the protocol: episodes ending with an answer {before['answered'] or 0:.0%} -> "
-        f"{after['answered'] or 0:.0%}, searches per episode {before['searches'] or 0:.2f} -> "
-        f"{after['searches'] or 0:.2f}, test EM {before['test_em'] or 0:.3f} -> {after['test_em'] or 0:.3f}."
+        f"SFT {'taught' if taught else 'did not teach'} the protocol: episodes ending with an answer "
+        f"{answered[0]:.0%} -> {answered[1]:.0%}, searches per episode {searches[0]:.2f} -> {searches[1]:.2f}, "
+        f"test EM {em[0]:.3f} -> {em[1]:.3f}."
     )
 
 
@@ -204,24 +220,43 @@ def _evaluate_untrained(config: TrainConfig) -> dict[str, float]:
     from searchgym.agents.training.rollout import evaluate_greedy
 
     policy, _ = config_policy(config)
-    return {
-        f"eval/{k}": v
-        for k, v in evaluate_greedy(policy.model, policy.tokenizer, config.env, config.eval).items()
-    }
+    scores = evaluate_greedy(
+        policy.model, policy.tokenizer, config.env, config.eval, progress=config.run.progress
+    )
+    return {f"eval/{k}": v for k, v in scores.items()}
 
 
-def _headroom(config: TrainConfig, questions: int, seed: int, samples: int = 4) -> dict[str, Any]:
-    """``bench headroom`` on the warm-start: its greedy EM against ``samples`` samples at temperature 1 on
-    the first ``questions`` test questions (what RL can find that greedy play misses)."""
-    from searchgym.agents.training.policy import config_policy
-    from searchgym.bench.headroom import HeadroomSettings, LLMHeadroomPolicy, headroom_figures, run_headroom
+def headroom_argv(checkpoint: Path, questions: int, seed: int, threads: int, samples: int = 4) -> list[str]:
+    """The ``searchgym bench headroom`` options the demo measures its warm-start with: ``samples`` samples at
+    temperature 1 on the first ``questions`` test questions, in the demo's env."""
+    return [
+        "--init",
+        str(checkpoint),
+        "--split",
+        "test",
+        "--max-turn-tokens",
+        str(_ENV["max_turn_tokens"]),
+        "--max-context-tokens",
+        str(_ENV["max_context_tokens"]),
+        "--questions",
+        str(max(questions, 1)),
+        "--samples",
+        str(samples),
+        "--temperatures",
+        "1",
+        "--seed",
+        str(seed),
+        "--threads",
+        str(threads),
+    ]
 
-    policy, _ = config_policy(config, seed=seed)
-    policy.model.eval()
-    settings = HeadroomSettings(questions=max(questions, 1), samples=samples, temperatures=(1.0,), seed=seed)
-    env = {"spec": config.eval_env, "tokenizer": policy.tokenizer}
-    play = LLMHeadroomPolicy(policy.model, policy.tokenizer, config.env.max_turn_tokens)
-    return headroom_figures(run_headroom(play, env, settings))
+
+def _headroom(argv: list[str], progress: bool) -> dict[str, Any]:
+    """``searchgym bench headroom ARGV``'s figures on the warm-start's checkpoint (what RL can find that
+    greedy play misses)."""
+    from searchgym.cli.bench_headroom import measure_command
+
+    return measure_command([*argv, *([] if progress else ["--no-progress"])])
 
 
 def headroom_sentence(figures: dict[str, Any]) -> str:
@@ -260,23 +295,31 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _write_demonstrations(path: Path, extra_worlds: int, seed: int, cap: int | None = None) -> int:
-    """Oracle transcripts of world 0's train split and of every split of ``extra_worlds`` other worlds."""
+def _write_demonstrations(
+    path: Path, extra_worlds: int, seed: int, cap: int | None = None, progress: bool = False
+) -> int:
+    """Oracle transcripts of world 0's train split and of every split of ``extra_worlds`` other worlds
+    (``progress``: a bar of the episodes played)."""
     import gymnasium as gym
+    from tqdm.auto import tqdm
 
     import searchgym  # noqa: F401 - registers the env ids
     from searchgym.agents.demonstrations import generate_demonstrations, write_demonstrations
 
-    def transcripts() -> Any:
-        sources = [(0, "train")] + [
-            (w, s) for w in range(1, extra_worlds + 1) for s in ("train", "validation", "test")
-        ]
-        for world, split in sources:
-            env: Any = gym.make("SearchQA-v0", world_seed=world, split=split, **_ENV)
-            n = len(env.unwrapped.questions)
-            yield from generate_demonstrations(env, n if cap is None else min(cap, n), seed)
+    sources = [(0, "train")] + [
+        (w, s) for w in range(1, extra_worlds + 1) for s in ("train", "validation", "test")
+    ]
+    envs: list[Any] = [gym.make("SearchQA-v0", world_seed=w, split=s, **_ENV) for w, s in sources]
+    sizes = [len(env.unwrapped.questions) for env in envs]
+    sizes = [n if cap is None else min(cap, n) for n in sizes]
 
-    return write_demonstrations(transcripts(), path)
+    def transcripts() -> Any:
+        for env, n in zip(envs, sizes, strict=True):
+            yield from generate_demonstrations(env, n, seed)
+            env.close()
+
+    bar = tqdm(transcripts(), total=sum(sizes), desc="demos", disable=not progress)
+    return write_demonstrations(bar, path)
 
 
 def _row(name: str, metrics: dict[str, float], seconds: float) -> dict[str, Any]:

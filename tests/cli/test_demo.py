@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from searchgym.cli.demo import demo_dir, verdict, wilson
+from searchgym.cli.demo import demo_dir, protocol_sentence, verdict, wilson
 from searchgym.errors import ConfigError
 
 
@@ -26,6 +27,19 @@ def test_the_demo_interval_is_the_one_wilson_rule() -> None:
 
 def row(name: str, em: float, answered: float = 1.0, n: int = 200) -> dict[str, object]:
     return {"model": name, "test_em": em, "answered": answered, "n": n}
+
+
+def test_the_protocol_sentence_follows_the_numbers() -> None:
+    untrained = {"answered": 0.0, "searches": 0.0, "test_em": 0.0}
+    taught = {"answered": 1.0, "searches": 1.47, "test_em": 0.045}
+    assert protocol_sentence(untrained, taught) == (
+        "SFT taught the protocol: episodes ending with an answer 0% -> 100%, searches per episode 0.00 -> 1.47, "
+        "test EM 0.000 -> 0.045."
+    )
+    silent = {"answered": 0.0, "searches": 0.0, "test_em": 0.0}
+    assert protocol_sentence(untrained, silent).startswith("SFT did not teach the protocol: ")
+    no_search = {"answered": 1.0, "searches": 0.0, "test_em": 0.0}
+    assert protocol_sentence(untrained, no_search).startswith("SFT did not teach the protocol: ")
 
 
 def test_verdict_says_when_the_budget_cannot_separate_runs() -> None:
@@ -70,7 +84,7 @@ def test_demo_runs_end_to_end_on_a_small_budget(
     out = capsys.readouterr().out
     assert (
         "em_95ci" in out
-        and "SFT taught the protocol" in out
+        and re.search(r"^SFT (taught|did not teach) the protocol: ", out, flags=re.MULTILINE)
         and "untrained tiny model" in out
         and "GRPO+LLDS (action)" in out
         and "docs/experiments/learn2.md" in out
@@ -80,6 +94,26 @@ def test_demo_runs_end_to_end_on_a_small_budget(
         r"Headroom at the warm-start \((\d+) test questions, 4 samples at T 1\): greedy EM ([0-9.]+)", out
     )
     assert headroom is not None and headroom.group(1) == "4"
+    # The headroom line measures the warm-start itself: `bench headroom` on the same checkpoint and questions
+    # (the command the demo prints) gives the same figures.
+    command = re.search(r"\(searchgym bench headroom (.+)\)", out)
+    assert command is not None and str(tmp_path / "sft" / "checkpoint.pt") in command.group(1)
+    assert main(["bench", "headroom", *command.group(1).split(), "--json", "--no-progress"]) == 0
+    bench = json.loads(capsys.readouterr().out)
+    demo = json.loads((tmp_path / "headroom.json").read_text())
+    keys = (
+        "questions",
+        "greedy_em",
+        "pass_at_k",
+        "solvable_given_greedy_wrong",
+        "greedy_gain_bound",
+        "by_kind",
+    )
+    assert {k: demo[k] for k in keys} == {k: bench[k] for k in keys}
+    assert headroom.group(2) == f"{bench['greedy_em']:.3f}"
+    # and the warm-start's greedy EM on those questions is what its own evaluation scored on them
+    sft_episodes = [json.loads(line) for line in (tmp_path / "sft" / "eval_episodes.jsonl").open()]
+    assert bench["greedy_em"] == pytest.approx(sum(e["em"] for e in sft_episodes[:4]) / 4)
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     # The GRPO runs skip their step-0 evaluation: the figure gets the SFT run's EM as the warm-start line.
     sft_em = read_metrics(tmp_path / "sft" / "metrics.jsonl")[-1]["eval/em"]
