@@ -665,11 +665,9 @@ class GRPOTrainer:
         question's outcome is appended to ``RUN_DIR/eval_episodes.jsonl`` (step, question id, EM, F1, the
         reward, searches, answered), so two evaluations can be compared question by question."""
         episodes: list[dict[str, Any]] = []
-        cfg = self.config
-        result = evaluate_greedy(
-            self.model, self.policy.tokenizer, cfg.env, cfg.eval, episodes, progress=cfg.run.progress
-        )
-        append_eval_episodes(self.run_dir, self.step, episodes, self.config.env.reward)
+        cfg, tok = self.config, self.policy.tokenizer
+        result = evaluate_greedy(self.model, tok, cfg.env, cfg.eval, episodes, progress=cfg.run.progress)
+        append_eval_episodes(self.run_dir, self.step, episodes, cfg.env.reward)
         return {f"eval/{k}": v for k, v in result.items()}
 
     # -- checkpoints -------------------------------------------------------------------------------------
