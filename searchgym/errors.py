@@ -124,6 +124,10 @@ def install_command(extra: str | None = None) -> str:
         if root is not None:
             return "make test-verl (builds .venv-verl: verl pins transformers < 5.11, so it has its own virtualenv)"
         return f"pip install {_extra_requirements('verl')} in a separate virtualenv (verl pins transformers < 5.11)"
+    if extra == "verifiers":  # verifiers pins mcp 2, which OpenEnv's fastmcp (the dev extra) refuses
+        if root is not None:
+            return "make test-verifiers (builds .venv-verifiers: verifiers and OpenEnv need different mcp releases)"
+        return f"pip install {_extra_requirements('verifiers')} in a virtualenv without the openenv extra"
     if root is not None:
         return (
             f"pip install -c constraints.txt -e '.[{extra}]'"

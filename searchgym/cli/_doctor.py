@@ -39,8 +39,9 @@ Status = Literal["ok", "fail", "warn", "skip"]
 
 DISTRIBUTION = "searchgym"
 
-#: Extras that are no feature of their own: ``all`` is the union of the others, ``dev`` the test tooling.
-NOT_FEATURES = ("all", "dev")
+#: Extras that are no feature of their own: ``all`` is the union of the others, ``dev`` and ``testing`` test
+#: tooling.
+NOT_FEATURES = ("all", "dev", "testing")
 #: Distributions with a check of their own, left out of the extras' lines.
 OWN_CHECK = ("torch",)
 #: What each extra enables, for its report line.
@@ -56,6 +57,7 @@ EXTRA_PURPOSE = {
     "openenv": "openenv serve",
     "trl": "train trl",
     "verl": "the verl integration",
+    "verifiers": "the verifiers environment (searchgym-searchqa)",
 }
 VERL_VENV = ".venv-verl"
 MARKS: dict[str, str] = {"ok": "ok", "fail": "FAIL", "warn": "warn", "skip": "skip"}

@@ -43,9 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "names looked up in --data-root ('nq' finds the one folder with the word nq in its name)",
     )
     parser.add_argument(
-        "--world-seed", type=int, default=0, help="seed of the generated world (--datasets world)"
-    )
-    parser.add_argument(
         "--ablate",
         default=None,
         metavar="KINDS",
@@ -87,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from searchgym.cli.eval import TRAINED_SIZES, env_defaults
 
     env = parser.add_argument_group("environment (as searchgym eval)")
-    add_env_arguments(env, env_defaults(), unset=TRAINED_SIZES, skip=("dataset", "world_seed", "retriever"))
+    add_env_arguments(env, env_defaults(), unset=TRAINED_SIZES, skip=("dataset", "retriever"))
     env.add_argument(
         "--retriever",
         action="append",

@@ -33,7 +33,9 @@ def test_train_sft_shows_its_closing_evaluation(tmp_path: Path, capsys: pytest.C
         return capsys.readouterr().err
 
     err = run("shown", True)
-    assert "eval: 100%" in err and "3/3" in err  # the closing evaluation's bar, in questions
+    assert (
+        "eval:" in err and "/3 [" in err and "question" in err
+    )  # the closing evaluation's bar, in questions
     assert "sft: 100%" in err
     assert run("hidden", False) == ""
 
