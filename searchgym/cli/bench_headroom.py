@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchgym.cli._common import add_env_arguments, env_kwargs, format_table, run_env_defaults
@@ -116,6 +117,42 @@ def settings_of(args: argparse.Namespace) -> HeadroomSettings:
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     return settings
+
+
+def command_options(
+    checkpoint: Path | str,
+    env: Mapping[str, int],
+    *,
+    questions: int,
+    samples: int,
+    seed: int,
+    threads: int,
+) -> list[str]:
+    """The ``searchgym bench headroom`` options that measure ``checkpoint`` on the first ``questions`` test
+    questions, ``samples`` samples at temperature 1, in the env sizes ``env`` gives (``max_turn_tokens``,
+    ``max_context_tokens``, and ``topk`` when it holds one): what the demo and the warm-start recipe run and
+    print, so anyone can run it again."""
+    sizes = [
+        f"--{k.replace('_', '-')}" for k in ("topk", "max_turn_tokens", "max_context_tokens") if k in env
+    ]
+    pairs = [(flag, str(env[flag[2:].replace("-", "_")])) for flag in sizes]
+    return [
+        "--init",
+        str(checkpoint),
+        "--split",
+        "test",
+        *(x for pair in pairs for x in pair),
+        "--questions",
+        str(max(questions, 1)),
+        "--samples",
+        str(samples),
+        "--temperatures",
+        "1",
+        "--seed",
+        str(seed),
+        "--threads",
+        str(threads),
+    ]
 
 
 def measure_command(argv: Sequence[str]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchgym.cli._common import format_table
+from searchgym.cli.bench_headroom import command_options
 
 if TYPE_CHECKING:
     from searchgym.agents.training.config import TrainConfig
@@ -100,8 +101,13 @@ def run(args: argparse.Namespace) -> int:
         _row("SFT warm-start", sft_metrics, time.perf_counter() - start),
     ]
     print(f"      test EM {sft_metrics.get('eval/em', float('nan')):.3f}")
-    argv = headroom_argv(
-        root / "sft" / "checkpoint.pt", min(100, args.eval_questions), args.seed, args.threads
+    argv = command_options(
+        root / "sft" / "checkpoint.pt",
+        _ENV,
+        questions=min(100, args.eval_questions),
+        samples=4,
+        seed=args.seed,
+        threads=args.threads,
     )
     headroom = _headroom(argv, not args.no_progress)
     (root / "headroom.json").write_text(json.dumps(headroom) + "\n", encoding="utf-8")
@@ -224,31 +230,6 @@ def _evaluate_untrained(config: TrainConfig) -> dict[str, float]:
         policy.model, policy.tokenizer, config.env, config.eval, progress=config.run.progress
     )
     return {f"eval/{k}": v for k, v in scores.items()}
-
-
-def headroom_argv(checkpoint: Path, questions: int, seed: int, threads: int, samples: int = 4) -> list[str]:
-    """The ``searchgym bench headroom`` options the demo measures its warm-start with: ``samples`` samples at
-    temperature 1 on the first ``questions`` test questions, in the demo's env."""
-    return [
-        "--init",
-        str(checkpoint),
-        "--split",
-        "test",
-        "--max-turn-tokens",
-        str(_ENV["max_turn_tokens"]),
-        "--max-context-tokens",
-        str(_ENV["max_context_tokens"]),
-        "--questions",
-        str(max(questions, 1)),
-        "--samples",
-        str(samples),
-        "--temperatures",
-        "1",
-        "--seed",
-        str(seed),
-        "--threads",
-        str(threads),
-    ]
 
 
 def _headroom(argv: list[str], progress: bool) -> dict[str, Any]:

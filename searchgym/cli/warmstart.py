@@ -243,34 +243,6 @@ def build(
     return card
 
 
-def headroom_argv(
-    checkpoint: Path, recipe: Recipe, *, questions: int, samples: int, seed: int, threads: int
-) -> list[str]:
-    """The ``searchgym bench headroom`` options that measure ``checkpoint`` in ``recipe``'s world."""
-    return [
-        "--init",
-        str(checkpoint),
-        "--split",
-        "test",
-        "--topk",
-        str(recipe.topk),
-        "--max-turn-tokens",
-        str(recipe.max_turn_tokens),
-        "--max-context-tokens",
-        str(recipe.max_context_tokens),
-        "--questions",
-        str(questions),
-        "--samples",
-        str(samples),
-        "--temperatures",
-        "1",
-        "--seed",
-        str(seed),
-        "--threads",
-        str(threads),
-    ]
-
-
 def headroom(
     checkpoint: Path,
     recipe: Recipe,
@@ -284,9 +256,16 @@ def headroom(
 ) -> dict[str, Any]:
     """``searchgym bench headroom`` on ``checkpoint`` (its figures, the command that reproduces them, and the
     gate on :data:`HEADROOM_CLASS`)."""
-    from searchgym.cli.bench_headroom import measure_command
+    from searchgym.cli.bench_headroom import command_options, measure_command
 
-    argv = headroom_argv(checkpoint, recipe, questions=questions, samples=samples, seed=seed, threads=threads)
+    sizes = {
+        "topk": recipe.topk,
+        "max_turn_tokens": recipe.max_turn_tokens,
+        "max_context_tokens": recipe.max_context_tokens,
+    }
+    argv = command_options(
+        checkpoint, sizes, questions=questions, samples=samples, seed=seed, threads=threads
+    )
     extra = [*([] if progress else ["--no-progress"]), *([] if out is None else ["--out", str(out)])]
     figures = measure_command([*argv, *extra])
     kind = figures["by_kind"].get(HEADROOM_CLASS)
