@@ -985,7 +985,9 @@ def _first_hour(tmp_path: Path, fresh_venv: bool) -> None:
     printed = outputs[0]
     assert re.search(r"^\s*" + r"\s+".join(columns) + r"\s*$", printed, re.MULTILINE), printed[-3000:]
     assert all(re.search(rf"^\s*{re.escape(r['model'])}\s+[\d.]+\s+\[", printed, re.MULTILINE) for r in rows)
-    assert sentence.split(":")[0] + ":" in printed
+    # The sentence follows the numbers (a tiny budget may not teach the protocol): the README's, or its negation.
+    said = sentence.split(":")[0]
+    assert said + ":" in printed or said.replace("taught", "did not teach") + ":" in printed, printed[-3000:]
 
 
 @pytest.mark.slow
