@@ -95,7 +95,10 @@ BIN = Path(sys.executable).parent
 
 #: Small-budget options appended to long commands (by command path). argparse keeps an option's last
 #: value, so these override the documented ones; what runs is the documented command, only shorter.
-TINY_DEMO = "--extra-worlds 0 --demos-per-world 40 --grpo-steps 1 --questions-per-step 1 --eval-questions 2 --layers 1"
+TINY_DEMO = (
+    "--demos-per-world 12 --warmstart-layers 1 --warmstart-hidden 32 --warmstart-epochs 1 --warmstart-batch-size 4 "
+    "--grpo-steps 1 --questions-per-step 2 --eval-questions 4 --headroom-questions 2 --headroom-samples 2"
+)
 BUDGETS: dict[tuple[str, ...], list[str]] = {
     tuple(command.split()): options.split()
     for command, options in {

@@ -89,12 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace a warm-start already in --run-dir")
     parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrations, weights and order")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    group = parser.add_argument_group("recipe options (default: the recipe's)")
-    for name, (kind, text) in _OVERRIDES.items():
-        group.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
-    parser.add_argument(
-        "--demos-per-world", type=int, default=None, help="cap the demonstrations per world and split"
-    )
+    add_recipe_options(parser)
     parser.add_argument(
         "--eval-questions", type=int, default=1000, help="test questions scored greedily (the card's EM)"
     )
@@ -105,16 +100,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-def run(args: argparse.Namespace) -> int:
+def add_recipe_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The options that change one of a recipe's settings (``searchgym warmstart``; ``searchgym demo`` names
+    them with ``prefix``, e.g. ``--warmstart-epochs``)."""
+    group = parser.add_argument_group("recipe options (default: the recipe's)")
+    for name, (kind, text) in _OVERRIDES.items():
+        flag = "--" + prefix + name.replace("_", "-")
+        group.add_argument(flag, type=kind, default=None, help=text)
+    group.add_argument(
+        "--demos-per-world", type=int, default=None, help="cap the demonstrations per world and split"
+    )
+
+
+def recipe_changes(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
+    """The recipe settings ``args`` changes (those of :func:`add_recipe_options` given on the command line).
+
+    Raises:
+        ConfigError: an unknown learning-rate schedule.
+    """
     from searchgym.errors import ConfigError
 
-    recipe = RECIPES[args.recipe]
-    changes = {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
+    dest = prefix.replace("-", "_")
+    given = {name: getattr(args, dest + name) for name in _OVERRIDES}
+    changes = {name: value for name, value in given.items() if value is not None}
     if changes.get("lr_schedule", "linear") not in ("constant", "linear"):
-        raise ConfigError(f"--lr-schedule must be constant or linear, got {changes['lr_schedule']!r}")
+        flag = "--" + prefix + "lr-schedule"
+        raise ConfigError(f"{flag} must be constant or linear, got {changes['lr_schedule']!r}")
+    return changes
+
+
+def run(args: argparse.Namespace) -> int:
     card = build(
         Path(args.run_dir),
-        replace(recipe, **changes),
+        replace(RECIPES[args.recipe], **recipe_changes(args)),
         name=args.recipe,
         seed=args.seed,
         threads=args.threads,

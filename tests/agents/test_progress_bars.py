@@ -40,10 +40,12 @@ def test_train_sft_shows_its_closing_evaluation(tmp_path: Path, capsys: pytest.C
     assert run("hidden", False) == ""
 
 
-def test_the_demo_demonstrations_show_a_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from searchgym.cli.demo import _write_demonstrations
+def test_the_warm_start_demonstrations_show_a_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from searchgym.cli.warmstart import RECIPES, write_demonstrations
 
-    assert _write_demonstrations(tmp_path / "d.jsonl", 0, 0, cap=5, progress=True) == 5
+    counts = write_demonstrations(tmp_path / "d.jsonl", RECIPES["headroom"], 0, cap=5, progress=True)
+    assert sum(counts.values()) == 5
     assert "demos: 100%" in capsys.readouterr().err
-    assert _write_demonstrations(tmp_path / "e.jsonl", 0, 0, cap=5, progress=False) == 5
+    counts = write_demonstrations(tmp_path / "e.jsonl", RECIPES["headroom"], 0, cap=5, progress=False)
+    assert sum(counts.values()) == 5
     assert capsys.readouterr().err == ""
