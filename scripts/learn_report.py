@@ -3,7 +3,7 @@
 
 A run folder is kept only as long as the machine: ``summarize`` writes one small JSON per finished run (its
 per-step curves, each evaluation's per-question EM, the sampled test reward:
-:func:`searchgym.study.summary.run_summary`), and ``report`` recomputes every table and verdict of learn.md
+:func:`searchgym.app.study.summary.run_summary`), and ``report`` recomputes every table and verdict of learn.md
 from those files alone.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from searchgym.study.summary import em_vector, run_summary, series
-from searchgym.study.summary import load_summaries as load
+from searchgym.app.study.summary import em_vector, run_summary, series
+from searchgym.app.study.summary import load_summaries as load
 
 CURVES = (
     "rollout/sampled_reward",

@@ -180,7 +180,7 @@ def cmd_lld(args: argparse.Namespace) -> None:
         print("\n".join("  " + line for line in lld_verdict(by_arm, lr)))
     if args.plots is None:
         return
-    from searchgym.cli import plot
+    from searchgym.app.cli import plot
 
     def draw(paths: list[Path], labels: list[str], name: str, title: str) -> None:
         plot.run(

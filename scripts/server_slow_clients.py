@@ -48,7 +48,7 @@ def serve(corpus: str, extra: list[str], nofile: int | None = None) -> Iterator[
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     with tempfile.TemporaryFile("w+") as out:
-        cmd = [sys.executable, "-m", "searchgym.cli", "serve", "--corpus", corpus, "--port", "0"]
+        cmd = [sys.executable, "-m", "searchgym.app.cli", "serve", "--corpus", corpus, "--port", "0"]
         proc = subprocess.Popen(
             [*cmd, "--log-level", "error", *extra], stdout=out, stderr=subprocess.STDOUT, preexec_fn=limit
         )

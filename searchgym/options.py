@@ -2,7 +2,7 @@
 (:func:`option`), and a ``Literal`` annotation its choices (:func:`literal_choices`, :func:`check_choices`).
 
 The environments' :class:`~searchgym.envs.EnvSpec` and every trainer's config declare their fields with
-these; the CLI builds its options from the same fields (:mod:`searchgym.cli._options`), so an option's help is
+these; the CLI builds its options from the same fields (:mod:`searchgym.app.cli._options`), so an option's help is
 written once. Torch-free and import-light, so ``envs/`` and ``searchgym --help`` can use it.
 """
 

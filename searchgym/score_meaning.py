@@ -1,7 +1,7 @@
 """What a benchmark score means, beside the score: how much of it comes from search (retriever reliance
 under ablations), how many of its misses exact match may call wrong (near misses), and whether the questions
 could be answered at all (the audit on each dataset's card, and the figures on the answerable questions).
-The report's ``reliance`` rows are built here; :func:`searchgym.benchmark.markdown_report` adds these
+The report's ``reliance`` rows are built here; :func:`searchgym.app.benchmark.markdown_report` adds these
 sections' markdown."""
 
 from __future__ import annotations

@@ -762,7 +762,7 @@ def _mutated_run_record(data: Any, record: dict[str, Any]) -> tuple[str, bytes]:
 def fuzz_partial(cases: int) -> None:
     """``eval --resume``'s reading of ``OUT.partial`` (with its digests) and ``OUT.partial.run.json``: a held
     episode must be exactly one the run wrote, in its place; what is not is played again (a prefix is kept)."""
-    from searchgym.cli.eval import held_episodes
+    from searchgym.app.cli.eval import held_episodes
     from searchgym.data.digests import RecordDigests
 
     records = _episode_records(4)
@@ -818,7 +818,7 @@ def fuzz_partial(cases: int) -> None:
 def fuzz_pairs(cases: int) -> None:
     """``benchmark``'s cached pair files: a cache is entered only when its record's digest vouches for every
     line, in order; otherwise the pair is played again (counted here as a typed refusal)."""
-    from searchgym.cli.benchmark import RECORDS_DIGEST, _cached_records
+    from searchgym.app.cli.benchmark import RECORDS_DIGEST, _cached_records
     from searchgym.data.digests import chain_digest
     from searchgym.errors import DataFormatError
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from searchgym.audit import AnswerIndex, audit_questions, audit_shares, oracle_query
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.data import load_flashrag
 from searchgym.errors import ConfigError
 from searchgym.retrieval import BM25Retriever

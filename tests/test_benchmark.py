@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from searchgym.benchmark import build_report, dataset_group, markdown_report, plot_report, resolve_dataset
+from searchgym.app.benchmark import build_report, dataset_group, markdown_report, plot_report, resolve_dataset
 from searchgym.errors import ConfigError
 from searchgym.stats import mover_sum, paired_difference, wilson
 

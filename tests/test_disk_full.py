@@ -22,7 +22,7 @@ import torch
 
 from searchgym.agents.training.checkpoint import load_checkpoint, save_checkpoint
 from searchgym.agents.training.metrics import MetricLogger, read_metrics
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.errors import DiskFullError
 from searchgym.manifest import read_manifest, write_manifest
 from searchgym.retrieval import BM25Retriever

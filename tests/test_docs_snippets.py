@@ -68,7 +68,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli import build_parser
+from searchgym.app.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SEARCHGYM_SHARED_DATA", ROOT.parent / "shared" / "data")).parent
@@ -431,7 +431,7 @@ def test_documented_dataset_and_splits_exist(snippet: Snippet, parser: argparse.
     """Every documented command that names a folder of ``../shared/data`` — those not run here too (a GPU,
     hours) — names a dataset that exists and splits (slices included) that it has, as the command itself
     checks them before it starts."""
-    from searchgym.cli._splits import check_splits
+    from searchgym.app.cli._splits import check_splits
 
     if not (SHARED / "data").is_dir():
         pytest.skip(f"../shared is absent here ({SHARED})")
@@ -604,8 +604,8 @@ def readme_demo_table() -> tuple[list[str], list[dict[str, str]], str]:
 
 def test_readme_demo_table_is_consistent() -> None:
     """The table is what the demo prints, and its figures agree with each other and with the prose."""
-    from searchgym.cli.demo import COLUMNS, protocol_sentence, wilson
-    from searchgym.cli.demo import add_arguments as demo_arguments
+    from searchgym.app.cli.demo import COLUMNS, protocol_sentence, wilson
+    from searchgym.app.cli.demo import add_arguments as demo_arguments
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     columns, rows, sentence = readme_demo_table()

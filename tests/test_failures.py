@@ -12,7 +12,7 @@ import pytest
 import searchgym  # noqa: F401 - registers the env ids
 from searchgym.agents import OracleAgent, evaluate
 from searchgym.agents.scripted import ShortcutAgent, oracle_turns
-from searchgym.benchmark import build_report, markdown_report
+from searchgym.app.benchmark import build_report, markdown_report
 from searchgym.failures import answer_in_text, decompose, episode_stage, flip_table, tool_text
 
 N = 40

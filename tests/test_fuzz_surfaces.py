@@ -228,8 +228,8 @@ def test_study_protocols_load_or_are_one_line_and_never_reach_a_folder_they_did_
     import hashlib
 
     from searchgym.errors import ConfigError
-    from searchgym.study.protocol import load_protocol
-    from searchgym.study.runner import check_run_folders, run_states
+    from searchgym.app.study.protocol import load_protocol
+    from searchgym.app.study.runner import check_run_folders, run_states
 
     from .study.conftest import TINY_PROTOCOL
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.integrity import file_sha256, remove_stale_temp_files, sigint_held
 
 

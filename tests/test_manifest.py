@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli import main
-from searchgym.cli._manifest import warn_on_data_mismatch, write_config_manifest
+from searchgym.app.cli import main
+from searchgym.app.cli._manifest import warn_on_data_mismatch, write_config_manifest
 from searchgym.manifest import (
     corpus_mismatch,
     dataset_fingerprint,

@@ -24,8 +24,8 @@ pytest.importorskip("openenv", reason="OpenEnv is in the dev extra (`make test` 
 
 from searchgym.data import Question, load_dataset
 from searchgym.errors import ConfigError, UnknownQuestionError
-from searchgym.openenv import SearchQAAction, SearchQAEnvClient
-from searchgym.openenv.environment import SearchQAEnvironment
+from searchgym.app.openenv import SearchQAAction, SearchQAEnvClient
+from searchgym.app.openenv.environment import SearchQAEnvironment
 
 from .conftest import NON_DEFAULT_ENV, SERVER_WAIT
 
@@ -77,13 +77,13 @@ def _healthy(url: str) -> bool:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``searchgym openenv serve`` on a free port, the generated world's train split, top 2, three turns."""
     log = tmp_path_factory.mktemp("openenv") / "server.log"
-    command = [sys.executable, "-m", "searchgym.cli", "openenv", "serve", "--port", "0", *SERVER_ARGS]
+    command = [sys.executable, "-m", "searchgym.app.cli", "openenv", "serve", "--port", "0", *SERVER_ARGS]
     with _server([*command, "--log-level", "warning"], log) as url:
         yield url
 
 
 def test_cli_registers_openenv_serve() -> None:
-    from searchgym.cli import build_parser
+    from searchgym.app.cli import build_parser
 
     args = build_parser().parse_args(["openenv", "serve", "--reward", "f1", "--max-turns", "2"])
     assert args._command == ("openenv", "serve") and args.reward == "f1" and args.max_turns == 2
@@ -300,9 +300,9 @@ def test_every_env_field_arrives_in_the_sessions_episodes() -> None:
 def test_openenv_serve_takes_every_env_field(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every field given on the command line reaches the app's spec; the others keep the command's defaults
     (a patient retriever, as every command's)."""
-    import searchgym.openenv.server as server_module
-    from searchgym.cli import build_parser
-    from searchgym.cli.openenv_serve import build_app
+    import searchgym.app.openenv.server as server_module
+    from searchgym.app.cli import build_parser
+    from searchgym.app.cli.openenv_serve import build_app
     from searchgym.envs import EnvSpec
     from searchgym.envs.spec import RUN_PATIENCE
 
@@ -321,15 +321,15 @@ def test_openenv_serve_takes_every_env_field(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_app_module_reads_its_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``searchgym.openenv.app:app`` (openenv.yaml's ``app``) is built from ``SEARCHGYM_OPENENV_ARGS``."""
+    """``searchgym.app.openenv.app:app`` (openenv.yaml's ``app``) is built from ``SEARCHGYM_OPENENV_ARGS``."""
     import importlib
 
     from fastapi.testclient import TestClient
 
     monkeypatch.setenv("SEARCHGYM_OPENENV_ARGS", "--split test --topk 1")
-    sys.modules.pop("searchgym.openenv.app", None)
-    app = importlib.import_module("searchgym.openenv.app").app
-    sys.modules.pop("searchgym.openenv.app", None)
+    sys.modules.pop("searchgym.app.openenv.app", None)
+    app = importlib.import_module("searchgym.app.openenv.app").app
+    sys.modules.pop("searchgym.app.openenv.app", None)
     with TestClient(app) as client:
         assert client.get("/health").json() == {"status": "healthy"}
         with client.websocket_connect("/ws") as ws:
@@ -347,7 +347,7 @@ def test_trl_environment_factory_drives_the_client_in_a_grpo_step(
     rewards go through OpenEnv sessions on the server; the model's turns are scripted (a random tiny model
     makes no tool calls), the rest is TRL's."""
     torch = pytest.importorskip("torch")
-    from searchgym.openenv.tools import SearchQARemoteTools
+    from searchgym.app.openenv.tools import SearchQARemoteTools
 
     trainer, model = scripted_tool_grpo(SearchQARemoteTools.factory(server))
     before = [p.detach().clone() for p in model.parameters()]
@@ -369,7 +369,7 @@ def test_trl_environment_factory_drives_the_client_in_a_grpo_step(
 def test_idle_sessions_are_closed_and_free_their_slots() -> None:
     """With every session slot held by a client that went quiet, a new client still gets a session once the
     idle ones pass ``session_timeout``."""
-    from searchgym.openenv.server import create_searchqa_app
+    from searchgym.app.openenv.server import create_searchqa_app
     from searchgym.server import ServerThread
 
     app = create_searchqa_app(topk=2, max_sessions=2, session_timeout=1.0)
@@ -392,7 +392,7 @@ def test_idle_sessions_are_closed_and_free_their_slots() -> None:
 
 
 def test_bad_input_and_large_bodies_over_http_are_one_4xx_line() -> None:
-    from searchgym.openenv.server import create_searchqa_app
+    from searchgym.app.openenv.server import create_searchqa_app
     from searchgym.server import ServerThread
 
     from .conftest import server_client
@@ -417,8 +417,8 @@ def test_bad_input_and_large_bodies_over_http_are_one_4xx_line() -> None:
 
 
 def test_openenv_serve_options_reach_the_guards() -> None:
-    from searchgym.cli import build_parser
-    from searchgym.cli.openenv_serve import build_app
+    from searchgym.app.cli import build_parser
+    from searchgym.app.cli.openenv_serve import build_app
 
     parser = build_parser()
     app = build_app(parser.parse_args(["openenv", "serve"]))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.benchmark import build_report, markdown_report
-from searchgym.cli import main
+from searchgym.app.benchmark import build_report, markdown_report
+from searchgym.app.cli import main
 from searchgym.errors import ConfigError
 from searchgym.result_card import CARD_FIELDS, card_differences, check_cards, result_card
 

@@ -27,7 +27,7 @@ from .conftest import SHARED_DATA, wait_for_health
 
 pytestmark = pytest.mark.slow  # real server processes, killed and restarted
 
-CLI = [sys.executable, "-m", "searchgym.cli"]
+CLI = [sys.executable, "-m", "searchgym.app.cli"]
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.errors import ConfigError
 from searchgym.run_lock import LOCK_NAME, lock_run_dir
 

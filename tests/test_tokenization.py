@@ -87,7 +87,7 @@ def test_an_unavailable_hub_tokenizer_is_one_line(tmp_path: Path) -> None:
     argv = [
         sys.executable,
         "-m",
-        "searchgym.cli",
+        "searchgym.app.cli",
         "eval",
         "--agent",
         "random",

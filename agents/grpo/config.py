@@ -3,7 +3,7 @@ GRPO-style entry point shares (:class:`GroupedConfig`).
 
 Each section checks its own fields in ``__post_init__``, a config what spans its sections, with messages
 that say what to change. The CLI builds its options from the same fields
-(:func:`searchgym.cli._options.add_config_arguments`), so every option's help is written once, here, in the
+(:func:`searchgym.app.cli._options.add_config_arguments`), so every option's help is written once, here, in the
 field's ``metadata["help"]``. This module is torch-free so that ``searchgym --help``
 stays fast.
 """

@@ -3,7 +3,7 @@ the supervised warm-start's; :mod:`searchgym.agents.grpo.config` adds GRPO's sec
 
 Each section is a frozen dataclass that checks its own fields in ``__post_init__``; a config checks what
 spans its sections in its own, with messages that say what to change. The CLI
-builds its options from the same fields (:func:`searchgym.cli._options.add_config_arguments`), so every
+builds its options from the same fields (:func:`searchgym.app.cli._options.add_config_arguments`), so every
 option's help is written once, in the field's ``metadata["help"]`` (:func:`searchgym.options.option`). This
 module is torch-free so that ``searchgym --help`` stays fast.
 """

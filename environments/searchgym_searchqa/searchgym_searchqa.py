@@ -1,6 +1,6 @@
 """The verifiers id ``searchgym-searchqa``: searchgym's SearchQA taskset, env and harness (docs/verifiers.md)."""
 
-from searchgym.hub.verifiers_env import (
+from searchgym.app.hub.verifiers_env import (
     SearchQAEnv,
     SearchQAHarness,
     SearchQATaskset,

@@ -132,7 +132,7 @@ def test_fields_added_to_the_config_dataclass_are_checked_by_their_type_hint() -
 def test_eval_with_a_bad_checkpoint_config_is_a_one_line_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     for field, value in (("max_turn_tokens", "abc"), ("max_context_tokens", 10**12)):
         payload = grpo_payload()

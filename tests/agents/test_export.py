@@ -17,7 +17,7 @@ from searchgym.agents.training.checkpoint import save_checkpoint  # noqa: E402
 from searchgym.agents.training.config import ModelConfig  # noqa: E402
 from searchgym.agents.training.export import export_pretrained, load_policy  # noqa: E402
 from searchgym.agents.training.policy import build_policy  # noqa: E402
-from searchgym.cli import main  # noqa: E402
+from searchgym.app.cli import main  # noqa: E402
 from searchgym.errors import CheckpointError, ConfigError  # noqa: E402
 
 from .conftest import RunsCode  # noqa: E402

@@ -65,7 +65,7 @@ def test_lr_zero_is_refused_where_it_means_nothing() -> None:
 def test_reward_f1_reaches_the_env_the_evaluation_and_the_manifest(
     tmp_path: Path, tiny: Callable[..., GRPOConfig]
 ) -> None:
-    from searchgym.cli._manifest import write_config_manifest
+    from searchgym.app.cli._manifest import write_config_manifest
 
     cfg = tiny(tmp_path, reward="f1", eval_questions=3, eval_at_start=False)
     trainer = GRPOTrainer(cfg)

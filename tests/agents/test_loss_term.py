@@ -19,7 +19,7 @@ from searchgym.agents.grpo.config import GRPOConfig  # noqa: E402
 from searchgym.agents.grpo.loss_term import load_loss_term  # noqa: E402
 from searchgym.agents.grpo.trainer import GRPOTrainer  # noqa: E402
 from searchgym.agents.training.metrics import read_metrics  # noqa: E402
-from searchgym.cli import main  # noqa: E402
+from searchgym.app.cli import main  # noqa: E402
 from searchgym.errors import ConfigError  # noqa: E402
 
 TINY: dict[str, Any] = {

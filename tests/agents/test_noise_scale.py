@@ -17,7 +17,7 @@ from searchgym.agents.grpo.noise import (  # noqa: E402
     noise_scale_from_samples,
     noise_scale_two_batch,
 )
-from searchgym.cli import main  # noqa: E402
+from searchgym.app.cli import main  # noqa: E402
 
 DIM, SIGMA = 50, 1.0
 MEAN = torch.full((DIM,), math.sqrt(2.5 / DIM))

@@ -41,7 +41,7 @@ def test_train_sft_shows_its_closing_evaluation(tmp_path: Path, capsys: pytest.C
 
 
 def test_the_warm_start_demonstrations_show_a_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from searchgym.cli.warmstart import RECIPES, write_demonstrations
+    from searchgym.app.cli.warmstart import RECIPES, write_demonstrations
 
     counts = write_demonstrations(tmp_path / "d.jsonl", RECIPES["headroom"], 0, cap=5, progress=True)
     assert sum(counts.values()) == 5

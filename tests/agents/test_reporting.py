@@ -18,7 +18,7 @@ import pytest
 from searchgym.agents.training.config import SFTConfig
 from searchgym.agents.training.metrics import MetricLogger, read_metrics
 from searchgym.agents.training.reporting import WANDB_RUN_ID
-from searchgym.cli import build_parser, main
+from searchgym.app.cli import build_parser, main
 from searchgym.errors import MissingDependencyError, install_command
 
 TRAINERS = ("sft", "grpo", "trl", "sb3")
@@ -96,7 +96,7 @@ def test_the_install_advice_is_doctors_and_names_what_the_index_has(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import searchgym.errors
-    from searchgym.cli import _doctor
+    from searchgym.app.cli import _doctor
 
     # From this checkout: the same command as doctor's line for the extra, the checkout's constraints pinned.
     advice = str(MissingDependencyError("wandb", "wandb", "--report-to wandb"))

@@ -14,7 +14,7 @@ from searchgym.agents.training.config import ModelConfig, SFTConfig  # noqa: E40
 from searchgym.agents.training.metrics import MetricLogger, read_metrics  # noqa: E402
 from searchgym.agents.training.policy import build_policy, config_policy  # noqa: E402
 from searchgym.agents.training.run import prepare_run_dir  # noqa: E402
-from searchgym.cli import main  # noqa: E402
+from searchgym.app.cli import main  # noqa: E402
 from searchgym.errors import ConfigError, DataFormatError  # noqa: E402
 
 

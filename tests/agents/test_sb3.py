@@ -28,7 +28,7 @@ from searchgym.agents.sb3 import (
     load_model,
     token_policy_kwargs,
 )
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.errors import CheckpointError, ConfigError
 
 from .conftest import RunsCode
@@ -463,8 +463,8 @@ def test_eval_refuses_an_env_id_a_run_config_may_not_name_in_one_line(
 def test_train_sb3_shares_the_trainers_option_names_and_takes_the_old_ones_with_a_line(
     old: str, new: str, field: str, value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from searchgym.cli import build_parser
-    from searchgym.cli.train_sb3 import config_from_args
+    from searchgym.app.cli import build_parser
+    from searchgym.app.cli.train_sb3 import config_from_args
 
     configs = []
     for flag in (new, old):

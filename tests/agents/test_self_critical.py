@@ -190,7 +190,7 @@ def test_the_greedy_pass_leaves_the_sampled_batches_of_a_seed_unchanged(
 def test_gns_benchmark_refuses_the_greedy_advantage_in_one_line(
     tmp_path: Path, tiny: Callable[..., GRPOConfig]
 ) -> None:
-    from searchgym.bench.gns import run_gns_benchmark
+    from searchgym.app.bench.gns import run_gns_benchmark
 
     with pytest.raises(ConfigError, match="advantage 'greedy' needs greedy_rewards") as caught:
         run_gns_benchmark(tiny(tmp_path, advantage="greedy"), groups=2)

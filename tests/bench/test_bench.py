@@ -16,10 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from searchgym.bench.env import env_us_per_step  # noqa: E402
-from searchgym.bench.evaluation import run_eval_benchmark  # noqa: E402
-from searchgym.bench.training import run_rollout_benchmark, run_update_benchmark  # noqa: E402
-from searchgym.cli import build_parser, main  # noqa: E402
+from searchgym.app.bench.env import env_us_per_step  # noqa: E402
+from searchgym.app.bench.evaluation import run_eval_benchmark  # noqa: E402
+from searchgym.app.bench.training import run_rollout_benchmark, run_update_benchmark  # noqa: E402
+from searchgym.app.cli import build_parser, main  # noqa: E402
 
 SMALL: dict[str, Any] = {"max_turns": 2, "max_turn_tokens": 8, "max_context_tokens": 768, "probe_size": 4}
 

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from searchgym.bench import retrieval_backends
-from searchgym.bench.retrieval import RetrievalBenchConfig, run_retrieval_benchmark, zipf_corpus
-from searchgym.cli import main
+from searchgym.app.bench import retrieval_backends
+from searchgym.app.bench.retrieval import RetrievalBenchConfig, run_retrieval_benchmark, zipf_corpus
+from searchgym.app.cli import main
 from searchgym.errors import ConfigError
 from searchgym.retrieval import STOP_WORDS
 from searchgym.retrieval import bm25 as bm25_module

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from searchgym.bench.env import snapshot_us
-from searchgym.cli import main
+from searchgym.app.bench.env import snapshot_us
+from searchgym.app.cli import main
 
 
 def test_snapshot_figures() -> None:

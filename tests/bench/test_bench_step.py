@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from searchgym.bench.step import (  # noqa: E402
+from searchgym.app.bench.step import (  # noqa: E402
     PHASES,
     ModelShape,
     compare_phases,
@@ -26,7 +26,7 @@ from searchgym.bench.step import (  # noqa: E402
     split_phases,
     update_flops,
 )
-from searchgym.cli import build_parser, main  # noqa: E402
+from searchgym.app.cli import build_parser, main  # noqa: E402
 from searchgym.errors import ConfigError  # noqa: E402
 
 TINY = [
@@ -123,7 +123,7 @@ def test_matmul_peak_is_a_rate() -> None:
 
 
 def test_compare_options_are_parsed_over_the_command_line() -> None:
-    from searchgym.cli.bench_step import compare_config
+    from searchgym.app.cli.bench_step import compare_config
 
     args = build_parser().parse_args(["bench", "step", *TINY, "--lr", "3e-4"])
     other = compare_config(args, "--precision bf16-autocast --group-size 4 --minibatch-size 4")
@@ -155,7 +155,7 @@ def test_a_tiny_comparison_runs_end_to_end(capsys: pytest.CaptureFixture[str]) -
 
 def test_the_figures_of_a_run(tmp_path: Any) -> None:
     from searchgym.agents.grpo.config import GRPOConfig
-    from searchgym.cli._options import config_from_args
+    from searchgym.app.cli._options import config_from_args
 
     args = build_parser().parse_args(["bench", "step", *TINY, "--run-dir", str(tmp_path)])
     config = config_from_args(GRPOConfig, args)
@@ -177,7 +177,7 @@ def test_an_unshared_base_extends_every_context_and_plays_the_same_step(
 ) -> None:
     from searchgym.agents.grpo.config import GRPOConfig
     from searchgym.agents.llm.session import _Prefill
-    from searchgym.cli._options import config_from_args
+    from searchgym.app.cli._options import config_from_args
 
     seen: dict[bool, int] = {True: 0, False: 0}
     extend = _Prefill.extend

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from searchgym.bench.headroom import (
+from searchgym.app.bench.headroom import (
     FIGURE_KEYS,
     Draw,
     HeadroomSettings,
@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")
 
 from searchgym.agents.llm import Segment  # noqa: E402
 from searchgym.agents.scripted import oracle_turns  # noqa: E402
-from searchgym.cli import main  # noqa: E402
+from searchgym.app.cli import main  # noqa: E402
 from searchgym.envs.vector import SearchQAVectorEnv  # noqa: E402
 from searchgym.protocol import Source  # noqa: E402
 
@@ -205,7 +205,7 @@ SAMPLED = {
 
 
 class ScriptedPolicy:
-    """A :class:`~searchgym.bench.headroom.HeadroomPolicy` that plays :data:`GREEDY` and :data:`SAMPLED`:
+    """A :class:`~searchgym.app.bench.headroom.HeadroomPolicy` that plays :data:`GREEDY` and :data:`SAMPLED`:
     it reads the question from the prompt and the turn from the transcript, and writes the script's turn."""
 
     def __init__(self, env: SearchQAVectorEnv) -> None:
@@ -350,7 +350,7 @@ def test_runner_gives_the_scripted_policys_exact_figures() -> None:
 
 def test_llm_decoders_are_greedy_or_seeded_samplers() -> None:
     from searchgym.agents.llm import LLMPolicy, tiny_causal_lm
-    from searchgym.bench.headroom import LLMHeadroomPolicy
+    from searchgym.app.bench.headroom import LLMHeadroomPolicy
     from searchgym.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(None)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli._agent_options import agent_sha256, source_sha256
+from searchgym.app.cli._agent_options import agent_sha256, source_sha256
 
 
 def test_a_package_agents_digest_covers_every_module_of_its_package(

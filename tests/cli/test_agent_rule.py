@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli import main
-from searchgym.cli._agent_options import agent_label, agent_labels
+from searchgym.app.cli import main
+from searchgym.app.cli._agent_options import agent_label, agent_labels
 
 USER_AGENTS = """
 from searchgym.agents import Agent, HeuristicAgent

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli import main
+from searchgym.app.cli import main
 
 from ..conftest import HOTPOT, NQ, QUICKSTART, SHARED_DATA, require
 
@@ -44,7 +44,7 @@ def benchmark(
     tmp_path: Path, *extra: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "searchgym.cli", "benchmark", "--no-progress", *extra],
+        [sys.executable, "-m", "searchgym.app.cli", "benchmark", "--no-progress", *extra],
         cwd=tmp_path,
         env={**os.environ, **(env or {})},
         capture_output=True,

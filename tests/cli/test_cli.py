@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from searchgym.cli import main
+from searchgym.app.cli import main
 
 
 def test_eval_oracle_500_episodes_json(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -244,7 +244,7 @@ def test_failed_demos_keep_the_earlier_out_file(tmp_path: Path, monkeypatch: pyt
 def test_two_concurrent_eval_out_runs_lose_no_transcripts(tmp_path: Path) -> None:
     out = tmp_path / "transcripts.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "searchgym.cli", "eval", "--env", "SearchQAMacro-v0", "--agent", "random",
+    argv = [sys.executable, "-m", "searchgym.app.cli", "eval", "--env", "SearchQAMacro-v0", "--agent", "random",
             "--episodes", "60", "--no-progress", "--out", str(out)]  # fmt: skip
     procs = [
         subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -282,7 +282,7 @@ def test_upgrade_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "not a legacy searchgym checkpoint" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("target", ["os:system", "builtins:exec", "searchgym.cli._common:load_agent"])
+@pytest.mark.parametrize("target", ["os:system", "builtins:exec", "searchgym.app.cli._common:load_agent"])
 def test_an_agent_target_that_is_not_a_class_is_one_line(
     target: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

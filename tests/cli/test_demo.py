@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from searchgym.cli.demo import demo_dir, paired_gain, row, verdict, wilson
+from searchgym.app.cli.demo import demo_dir, paired_gain, row, verdict, wilson
 from searchgym.errors import ConfigError
 
 
@@ -69,7 +69,7 @@ def test_demo_runs_end_to_end_on_a_small_budget(
 ) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
-    from searchgym.cli import main, plot
+    from searchgym.app.cli import main, plot
 
     drawn: list[dict[str, Any]] = []
     draw = plot.draw

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from searchgym.cli import _doctor, main
+from searchgym.app.cli import _doctor, main
 
 REQUIRED = ("python", "requirements", "torch", "env", "bm25")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli import build_parser
+from searchgym.app.cli import build_parser
 from searchgym.envs import EnvSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,22 +34,22 @@ COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
 """Each command that takes the whole spec, and the fields it declares itself (with another form)."""
 
 FILES = (
-    "searchgym/cli/_common.py",
-    "searchgym/cli/_manifest.py",
-    "searchgym/cli/eval.py",
-    "searchgym/cli/demos.py",
-    "searchgym/cli/export_trajectories.py",
-    "searchgym/cli/bench_headroom.py",
-    "searchgym/cli/benchmark.py",
-    "searchgym/cli/prepare_verl.py",
-    "searchgym/cli/openenv_serve.py",
-    "searchgym/openenv/environment.py",
-    "searchgym/openenv/server.py",
-    "searchgym/cli/validate_env.py",
-    "searchgym/hub/checks.py",
-    "searchgym/hub/parity.py",
-    "searchgym/hub/replies.py",
-    "searchgym/hub/verifiers_env.py",
+    "searchgym/app/cli/_common.py",
+    "searchgym/app/cli/_manifest.py",
+    "searchgym/app/cli/eval.py",
+    "searchgym/app/cli/demos.py",
+    "searchgym/app/cli/export_trajectories.py",
+    "searchgym/app/cli/bench_headroom.py",
+    "searchgym/app/cli/benchmark.py",
+    "searchgym/app/cli/prepare_verl.py",
+    "searchgym/app/cli/openenv_serve.py",
+    "searchgym/app/openenv/environment.py",
+    "searchgym/app/openenv/server.py",
+    "searchgym/app/cli/validate_env.py",
+    "searchgym/app/hub/checks.py",
+    "searchgym/app/hub/parity.py",
+    "searchgym/app/hub/replies.py",
+    "searchgym/app/hub/verifiers_env.py",
     "agents/integrations/verl_data.py",
     "agents/integrations/export.py",
     "agents/integrations/trl_env.py",
@@ -93,8 +93,8 @@ def test_the_command_takes_every_spec_field(path: tuple[str, ...]) -> None:
 
 
 def test_given_options_change_the_commands_spec_and_the_rest_keep_its_defaults() -> None:
-    from searchgym.cli._common import env_spec_from_args
-    from searchgym.cli.eval import env_defaults
+    from searchgym.app.cli._common import env_spec_from_args
+    from searchgym.app.cli.eval import env_defaults
 
     args = build_parser().parse_args(
         ["eval", "--agent", "random", "--topk", "5", "--prompt-style", "chat", "--no-append-question-mark"]
@@ -124,7 +124,7 @@ def test_env_defaults_are_declared_in_the_spec_alone() -> None:
     # benchmark's own --retriever (one per dataset) and prepare verl's --split (repeated), see COMMANDS
     own = {("benchmark.py", "retriever"), ("prepare_verl.py", "split")}
     found = [
-        f for f in found if not any(f.startswith(f"searchgym/cli/{m}: ") and f'"--{n}"' in f for m, n in own)
+        f for f in found if not any(f.startswith(f"searchgym/app/cli/{m}: ") and f'"--{n}"' in f for m, n in own)
     ]
     assert not found, "env options declared outside envs/spec.py:\n" + "\n".join(found)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from searchgym.cli import main
+from searchgym.app.cli import main
 
 # the module (``searchgym.agents.evaluate`` as an attribute is the function of the same name)
 evaluate_module = importlib.import_module("searchgym.agents.evaluate")
@@ -242,7 +242,7 @@ def test_a_held_record_of_the_wrong_type_is_a_typed_error_even_with_fresh_digest
 ) -> None:
     """A file rewritten together with its digests passes them (they are not a signature): its records are
     still type-checked, one line naming the field, and nothing is lost."""
-    from searchgym.cli.eval import run_identity  # noqa: F401 - the identity is read back from the run record
+    from searchgym.app.cli.eval import run_identity  # noqa: F401 - the identity is read back from the run record
     from searchgym.data.digests import RecordDigests
 
     out = tmp_path / "e.jsonl"

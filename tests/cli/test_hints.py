@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli import main
+from searchgym.app.cli import main
 
 FORMS = "random, oracle, heuristic, checkpoint:PATH, sb3:PATH, openai:MODEL or package.module:Class"
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from searchgym import server as server_module
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.data import generate_world
 from searchgym.data.flashrag import read_corpus
 from searchgym.retrieval import BM25Retriever

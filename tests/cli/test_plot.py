@@ -13,8 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from searchgym.cli import main
-from searchgym.cli.plot import FIGURE_TITLE, PANELS, WARM_START, draw
+from searchgym.app.cli import main
+from searchgym.app.cli.plot import FIGURE_TITLE, PANELS, WARM_START, draw
 
 
 def record(step: int, **metrics: float) -> dict[str, float]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from searchgym import server as server_module
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.server import ServerThread
 
 from ..conftest import searchr1_client, server_client

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from searchgym.cli import main
+from searchgym.app.cli import main
 
 from ..conftest import SERVER_WAIT
 
@@ -88,7 +88,7 @@ def test_the_command_serves_on_loopback_and_a_down_server_is_one_line(
     trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     server = subprocess.Popen(
-        [sys.executable, "-m", "searchgym.cli", "serve-policy", str(trained), "--port", "0", "--model-name", "tiny",
+        [sys.executable, "-m", "searchgym.app.cli", "serve-policy", str(trained), "--port", "0", "--model-name", "tiny",
          "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip

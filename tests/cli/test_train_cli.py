@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 from searchgym.agents.grpo.config import GRPOConfig
 from searchgym.agents.integrations.config import TRLConfig
 from searchgym.agents.training.config import SFTConfig
-from searchgym.cli import build_parser, main
+from searchgym.app.cli import build_parser, main
 from searchgym.options import flat_values, is_section
 
 TINY = [
@@ -110,8 +110,8 @@ def test_old_train_trl_option_names_still_work_and_say_their_new_name(
     capsys: pytest.CaptureFixture[str], old: str, new: str, field: str, value: int
 ) -> None:
     from searchgym.agents.integrations.config import TRLConfig
-    from searchgym.cli import build_parser
-    from searchgym.cli._options import config_from_args
+    from searchgym.app.cli import build_parser
+    from searchgym.app.cli._options import config_from_args
 
     args = build_parser().parse_args(["train", "trl", old, str(value)])
     assert flat_values(config_from_args(TRLConfig, args))[field] == value
@@ -162,7 +162,7 @@ def test_demos_name_the_command_that_trains_on_them_and_sft_says_what_it_trains_
 def test_sigkill_then_resume_continues_from_the_saved_step(tmp_path: Path) -> None:
     run = tmp_path / "run"
     steps = 3
-    cmd = [sys.executable, "-m", "searchgym.cli", "train", "grpo", "--run-dir", str(run), *TINY]
+    cmd = [sys.executable, "-m", "searchgym.app.cli", "train", "grpo", "--run-dir", str(run), *TINY]
     cmd += ["--steps", str(steps), "--save-every", "1", "--llds", "action"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path)
     checkpoint = run / "checkpoint.pt"
@@ -200,8 +200,8 @@ def test_sft_then_grpo_from_it_then_plot(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_eval_of_a_checkpoint_defaults_to_its_training_turn_sizes(tmp_path: Path) -> None:
-    from searchgym.cli._common import env_spec_from_args
-    from searchgym.cli.eval import env_defaults, trained_env_spec, with_trained_sizes
+    from searchgym.app.cli._common import env_spec_from_args
+    from searchgym.app.cli.eval import env_defaults, trained_env_spec, with_trained_sizes
     from searchgym.envs import EnvSpec
 
     sft = tmp_path / "sft"
@@ -250,7 +250,7 @@ def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resu
         "-X",
         "faulthandler",
         "-m",
-        "searchgym.cli",
+        "searchgym.app.cli",
         "train",
         "grpo",
         "--run-dir",
@@ -290,7 +290,7 @@ def test_ctrl_c_during_train_grpo_is_one_line_naming_the_checkpoint_and_the_resu
 
 
 def test_ctrl_c_messages_of_each_training_command(tmp_path: Path) -> None:
-    from searchgym.cli._common import interrupted_message
+    from searchgym.app.cli._common import interrupted_message
 
     def message(*command: str, **fields: Any) -> str:
         return interrupted_message(argparse.Namespace(_command=command, run_dir=str(tmp_path), **fields))

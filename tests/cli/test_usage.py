@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from searchgym.cli import build_parser, main
+from searchgym.app.cli import build_parser, main
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli.warmstart import RECIPES, Recipe, card_text
+from searchgym.app.cli.warmstart import RECIPES, Recipe, card_text
 
 TINY = [
     "--threads",
@@ -48,7 +48,7 @@ def test_the_recipe_builds_a_warm_start_and_its_card(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("torch")
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     run_dir = tmp_path / "ws"
     assert main(["warmstart", "--recipe", "headroom", "--run-dir", str(run_dir), "--seed", "1", *TINY]) == 0
@@ -87,7 +87,7 @@ def test_the_recipe_builds_a_warm_start_and_its_card(
 
 
 def test_a_bad_schedule_gets_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     assert main(["warmstart", "--run-dir", str(tmp_path), "--lr-schedule", "cosine"]) != 0
     err = capsys.readouterr().err

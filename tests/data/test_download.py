@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.data import load_dataset
 from searchgym.data.download import CORPUS_REPO, FLASHRAG_REPO, INDEX_REPO, RECORD, catalog, fetch_file, get
 from searchgym.errors import ConfigError, DataFormatError, DownloadError

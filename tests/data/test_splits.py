@@ -10,7 +10,7 @@ import gymnasium as gym
 import pytest
 
 import searchgym  # noqa: F401  (registers the envs)
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.data import load_dataset, parse_split
 from searchgym.errors import ConfigError
 

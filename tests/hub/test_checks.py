@@ -15,10 +15,10 @@ from pydantic import Field
 
 from searchgym.envs import EnvSpec
 from searchgym.errors import ConfigError
-from searchgym.hub.checks import CHECKS, read_validation, run_checks
-from searchgym.openenv import SearchQAAction
-from searchgym.openenv.environment import SearchQAEnvironment
-from searchgym.openenv.models import SearchQAObservation, SearchQAState
+from searchgym.app.hub.checks import CHECKS, read_validation, run_checks
+from searchgym.app.openenv import SearchQAAction
+from searchgym.app.openenv.environment import SearchQAEnvironment
+from searchgym.app.openenv.models import SearchQAObservation, SearchQAState
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "openenv.yaml"
@@ -31,7 +31,7 @@ def _verdicts(
     action: type | None = None,
     only: tuple[str, ...] = CHECKS,
 ) -> dict[str, bool]:
-    import searchgym.openenv.server as server_module
+    import searchgym.app.openenv.server as server_module
     from searchgym.server import ServerThread
 
     if environment is not None:
@@ -45,7 +45,7 @@ def _verdicts(
 
 @pytest.fixture(scope="module")
 def shipped() -> Iterator[list[Any]]:
-    from searchgym.openenv.server import create_searchqa_app
+    from searchgym.app.openenv.server import create_searchqa_app
     from searchgym.server import ServerThread
 
     with ServerThread(create_searchqa_app(SPEC)) as srv:
@@ -149,7 +149,7 @@ def test_the_manifest_declares_the_bar_and_a_bad_one_is_refused(tmp_path: Path) 
 @pytest.mark.slow
 def test_the_floor_check_catches_sub_exact_match_scoring_a_candidate_list() -> None:
     """Under ``subem`` a list of candidates that holds the golden answer scores 1: the floor check says so."""
-    from searchgym.openenv.server import create_searchqa_app
+    from searchgym.app.openenv.server import create_searchqa_app
     from searchgym.server import ServerThread
 
     spec = EnvSpec(reward="subem")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from searchgym.envs import EnvSpec
-from searchgym.hub.parity import DOORS, Outcome, build_trajectories, compare, group_specs, play_all
+from searchgym.app.hub.parity import DOORS, Outcome, build_trajectories, compare, group_specs, play_all
 
 SPEC = EnvSpec()
 
@@ -26,7 +26,7 @@ def trajectories() -> list[Any]:
 def urls() -> Iterator[dict[str, str]]:
     """One OpenEnv server per group of trajectories (the default spec, and the spec with faults)."""
     pytest.importorskip("openenv", reason="OpenEnv is in the dev extra")
-    from searchgym.openenv.server import create_searchqa_app
+    from searchgym.app.openenv.server import create_searchqa_app
     from searchgym.server import ServerThread
 
     with contextlib.ExitStack() as stack:

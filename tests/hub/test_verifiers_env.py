@@ -29,7 +29,7 @@ import verifiers.v1 as vf
 from searchgym.data import load_dataset
 from searchgym.envs import EnvSpec
 from searchgym.errors import ConfigError
-from searchgym.hub.verifiers_env import TASKSET_ID, SearchQAEnv, load_environment, spec_of
+from searchgym.app.hub.verifiers_env import TASKSET_ID, SearchQAEnv, load_environment, spec_of
 
 from ..conftest import NON_DEFAULT_ENV
 
@@ -184,7 +184,7 @@ def test_vf_eval_of_a_served_checkpoint_scores_as_searchgym_eval(tmp_path: Path)
     checkpoint on 127.0.0.1: its mean reward equals `searchgym eval --agent checkpoint:` on the same questions.
     serve-policy answers whole completions and verifiers' harness streams, so a small front
     (tests/hub/sse_shim.py) turns each completion into server-sent events."""
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     n = 5
     run = tmp_path / "sft"

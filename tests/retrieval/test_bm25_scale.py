@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchgym.bench.retrieval import zipf_corpus
+from searchgym.app.bench.retrieval import zipf_corpus
 from searchgym.data import Passage
 from searchgym.errors import ConfigError, DataFormatError, MissingDependencyError, install_command
 from searchgym.retrieval import Analyzer, BM25Retriever

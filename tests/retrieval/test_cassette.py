@@ -12,7 +12,7 @@ import pytest
 
 import searchgym  # noqa: F401 - registers the env ids
 from searchgym.agents import HeuristicAgent, evaluate
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.data import load_dataset
 from searchgym.errors import ConfigError, DataFormatError, RetrieverError
 from searchgym.retrieval import BM25Retriever, Cassette, CassetteMissError, Hit, Retriever, make_retriever

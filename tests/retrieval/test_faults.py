@@ -14,7 +14,7 @@ import pytest
 import searchgym  # noqa: F401 - registers the env ids
 from searchgym.agents import HeuristicAgent, RandomAgent
 from searchgym.agents.evaluate import run_episode
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.data import load_dataset
 from searchgym.envs import SearchQAEnv, SearchQAVectorEnv
 from searchgym.errors import ConfigError

@@ -254,7 +254,7 @@ def test_concurrent_players_keep_n_requests_in_flight_and_play_the_same_episodes
 def test_eval_concurrency_against_a_local_server_writes_what_one_at_a_time_does(
     served: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     server, generator = served
     files = []

@@ -179,7 +179,7 @@ def test_serve_policy_refuses_options_out_of_range_at_start(
     options: list[str], part: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("torch")
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     assert main(["serve-policy", str(FIXTURE_CHECKPOINT), "--port", "0", *options]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -112,7 +112,7 @@ SLOW_SERVERS = {
         "run_server(app, port=0, log_level='critical', on_ready=lambda url: print(url, flush=True))\n"
     ),
     "openenv": (
-        "from searchgym.openenv.server import OPENENV_LIMITS, create_searchqa_app, serve\n"
+        "from searchgym.app.openenv.server import OPENENV_LIMITS, create_searchqa_app, serve\n"
         "from dataclasses import replace\n"
         "app = create_searchqa_app(limits=replace(OPENENV_LIMITS, read_timeout=60))\n"
         "serve(app, port=0, log_level='critical', on_ready=lambda url: print(url, flush=True))\n"

@@ -242,7 +242,7 @@ def test_malformed_answers_are_one_line(body: bytes) -> None:
 
 @pytest.mark.slow
 def test_nan_in_usage_is_recorded_as_null_and_the_output_stays_strict_json(tmp_path: Path) -> None:
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     body = (
         b'{"choices": [{"text": " <answer> x", "finish_reason": "stop"}], '
@@ -266,7 +266,7 @@ def test_nan_in_usage_is_recorded_as_null_and_the_output_stays_strict_json(tmp_p
 def test_eval_against_a_trickling_server_is_one_line_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     out = tmp_path / "out.jsonl"
     with hostile(_trickle(_answer(json.dumps(GOOD).encode()), 0.2)) as url:

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from searchgym.errors import ConfigError
-from searchgym.study import runner
-from searchgym.study.protocol import load_protocol
-from searchgym.study.runner import MARK, STUDY_LOCK, run_study
+from searchgym.app.study import runner
+from searchgym.app.study.protocol import load_protocol
+from searchgym.app.study.runner import MARK, STUDY_LOCK, run_study
 
 from .conftest import TINY_PROTOCOL
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli import main
-from searchgym.study.protocol import load_protocol
-from searchgym.study.runner import command
+from searchgym.app.cli import main
+from searchgym.app.study.protocol import load_protocol
+from searchgym.app.study.runner import command
 
 
 def test_the_tiny_protocol_reads_into_arms_options_and_runs(write_protocol: Callable[..., Path]) -> None:

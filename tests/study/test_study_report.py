@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from searchgym.cli import main
-from searchgym.study.criteria import count_word
-from searchgym.study.protocol import load_protocol
-from searchgym.study.report import Judge, report
-from searchgym.study.summary import load_summaries
+from searchgym.app.cli import main
+from searchgym.app.study.criteria import count_word
+from searchgym.app.study.protocol import load_protocol
+from searchgym.app.study.report import Judge, report
+from searchgym.app.study.summary import load_summaries
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "docs" / "experiments"
@@ -429,7 +429,7 @@ def test_lld4_md_quotes_every_table_row_the_report_prints(capsys: pytest.Capture
 def test_the_protocols_options_are_those_the_committed_runs_recorded(study: str, arm: str) -> None:
     """Every option the committed summaries record (learning rate, ramp, sizes, LLDS, SAPO, ledger, probes,
     evaluation …) is the one the protocol gives their arm: the protocol describes the runs that were made."""
-    from searchgym.study.runner import check_summaries
+    from searchgym.app.study.runner import check_summaries
 
     protocol = load_protocol(EXPERIMENTS / f"{study}.toml")
     check_summaries(protocol, protocol.summaries_dir)

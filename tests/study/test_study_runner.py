@@ -46,7 +46,7 @@ if "train" in sys.argv and any(a.endswith(os.environ["STUDY_TEST_PAUSE_RUN"]) fo
 
 def study(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "searchgym.cli", "study", *args],
+        [sys.executable, "-m", "searchgym.app.cli", "study", *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
@@ -117,7 +117,7 @@ def test_run_kill_resume_status_and_report(
         "STUDY_TEST_PAUSED": str(paused),
     }
     first = subprocess.Popen(
-        [sys.executable, "-m", "searchgym.cli", "study", "run", protocol, "--jobs", "2"],
+        [sys.executable, "-m", "searchgym.app.cli", "study", "run", protocol, "--jobs", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -196,7 +196,7 @@ def test_a_run_uses_the_installed_searchgym_not_a_folder_of_that_name_where_it_w
 ) -> None:
     """A study started from another checkout (a frozen worktree's interpreter, the main tree as working
     directory) must run the interpreter's code: ``python -m`` would import the working directory's copy."""
-    from searchgym.study.runner import RUN_CLI
+    from searchgym.app.study.runner import RUN_CLI
 
     (tmp_path / "searchgym").mkdir()
     (tmp_path / "searchgym" / "__init__.py").write_text(
@@ -204,7 +204,7 @@ def test_a_run_uses_the_installed_searchgym_not_a_folder_of_that_name_where_it_w
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     decoyed = subprocess.run(
-        [sys.executable, "-m", "searchgym.cli", "--help"],
+        [sys.executable, "-m", "searchgym.app.cli", "--help"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -20,7 +20,7 @@ pytest.importorskip("transformers", reason="the train extra is part of `all`: `m
 from searchgym.agents.grpo.advantages import compute_advantages  # noqa: E402
 from searchgym.agents.grpo.config import GRPOLossConfig, LLDSConfig  # noqa: E402
 from searchgym.agents.grpo.losses import entropy_bonus, grpo_llds_loss, kl_penalty, policy_loss  # noqa: E402
-from searchgym.agents.integrations.conform import (  # noqa: E402
+from searchgym.app.conform.runner import (  # noqa: E402
     CHECKS,
     ConformError,
     Episode,
@@ -35,7 +35,7 @@ from searchgym.agents.integrations.conform import (  # noqa: E402
     prepare,
     run_conformance,
 )
-from searchgym.agents.integrations.conform_native import (  # noqa: E402
+from searchgym.app.conform.native import (  # noqa: E402
     native_adapter,
     native_batch,
     native_loss,
@@ -96,7 +96,7 @@ def test_scripted_episodes_exercise_what_the_checks_need(scenario: Scenario) -> 
 
 def test_text_after_a_tag_falls_back_to_ids_no_transcript_holds(scenario: Scenario) -> None:
     """A tokenizer that writes the default text after a tag with ids the transcripts use gets other ids."""
-    from searchgym.agents.integrations.conform_episodes import _unused_ids
+    from searchgym.app.conform.episodes import _unused_ids
 
     tok = scenario.tokenizer
     used = {t for ep in scenario.main for t in ep.tokens} | set(scenario.junk)
@@ -123,7 +123,7 @@ def test_native_stack_passes_every_check(scenario: Scenario) -> None:
 
 def test_load_adapter_names_engines_and_refuses_the_rest() -> None:
     assert load_adapter("native") is native_adapter
-    assert load_adapter("searchgym.agents.integrations.conform_native:native_adapter") is native_adapter
+    assert load_adapter("searchgym.app.conform.native:native_adapter") is native_adapter
     with pytest.raises(
         ConfigError, match=r"unknown engine 'nope'; choose one of \['native', 'trl', 'verl'\]"
     ):
@@ -131,11 +131,11 @@ def test_load_adapter_names_engines_and_refuses_the_rest() -> None:
     with pytest.raises(ConfigError, match="cannot import 'no_such_module_xyz'"):
         load_adapter("no_such_module_xyz:adapter")
     with pytest.raises(ConfigError, match="has no callable 'missing'"):
-        load_adapter("searchgym.agents.integrations.conform_native:missing")
+        load_adapter("searchgym.app.conform.native:missing")
 
 
 def test_cli_prints_one_json_line_per_check_and_refuses_an_unknown_engine(capsys: Any) -> None:
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     assert main(["conform", "--engine", "native", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -149,7 +149,7 @@ def test_cli_prints_one_json_line_per_check_and_refuses_an_unknown_engine(capsys
 def test_an_adapter_returning_something_else_than_a_batch_is_one_line(
     tmp_path: Any, capsys: Any, returned: str, kind: str
 ) -> None:
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     adapter = tmp_path / "my_stack.py"
     adapter.write_text(f"def adapter(episodes, setup):\n    return {returned}\n")
@@ -400,7 +400,7 @@ def test_trl_stack_passes_every_check(loss_type: str, aggregation: str) -> None:
     """TRL's GRPOTrainer, fed by searchgym's rollout_func: its batch and loss conform; with loss_type grpo
     the measured aggregation is TRL's sequence mean, as declared."""
     pytest.importorskip("trl", reason="the trl extra is part of `all`: `make test` installs it")
-    from searchgym.agents.integrations.conform_trl import trl_adapter
+    from searchgym.app.conform.trl import trl_adapter
 
     results = run_conformance(functools.partial(trl_adapter, loss_type=loss_type), prepare())
     assert [r.status for r in results] == ["ok"] * len(CHECKS), [r.detail for r in results]

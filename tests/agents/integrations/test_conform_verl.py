@@ -18,7 +18,7 @@ if os.environ.get("SEARCHGYM_REQUIRE_VERL") != "1":
         "verl", reason="verl pins transformers < 5.11: `make test-verl` runs these in .venv-verl"
     )
 
-from searchgym.agents.integrations.conform import (
+from searchgym.app.conform.runner import (
     CHECKS,
     Episode,
     Setup,
@@ -26,7 +26,7 @@ from searchgym.agents.integrations.conform import (
     prepare,
     run_conformance,
 )
-from searchgym.agents.integrations.conform_verl import verl_adapter
+from searchgym.app.conform.verl import verl_adapter
 
 
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])

@@ -53,7 +53,7 @@ def test_records_use_each_engines_field_names() -> None:
 
 def test_export_trajectories_command(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     out = tmp_path / "traj.jsonl"
     argv = [
@@ -80,7 +80,7 @@ def test_export_trajectories_command(tmp_path: Path) -> None:
 def test_export_trajectories_shares_the_env_options(tmp_path: Path) -> None:
     """--max-obs-tokens, --reward and --prompt-style, as on train trl and prepare verl."""
     pytest.importorskip("torch")
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     out = tmp_path / "traj.jsonl"
     argv = ["export-trajectories", "--out", str(out), "--episodes", "4", "--batch", "4", "--format", "trl"]

@@ -520,7 +520,7 @@ SMOKE += ["--no-progress", "--max-turn-tokens", "16", "--max-context-tokens", "3
 def test_train_trl_on_two_processes(tmp_path: Path) -> None:
     """torchrun, 2 processes: one metrics line per step from the main process, 4 responses per step."""
     run = tmp_path / "run"
-    argv = ["-m", "searchgym.cli", "train", "trl", "--run-dir", str(run), "--updates", "2", *SMOKE]
+    argv = ["-m", "searchgym.app.cli", "train", "trl", "--run-dir", str(run), "--updates", "2", *SMOKE]
     out = _torchrun([*argv, "--eval-questions", "2", "--eval-batch", "2"], tmp_path)
     records = _records(run)
     steps = [r for r in records if "train/llds_loss" in r]
@@ -533,7 +533,7 @@ def test_train_trl_on_two_processes(tmp_path: Path) -> None:
 
 
 def test_train_trl_end_to_end_saves_and_resumes(tmp_path: Path, capsys: Any) -> None:
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     run = tmp_path / "run"
     argv = ["train", "trl", "--run-dir", str(run), *SMOKE, "--eval-questions", "0"]

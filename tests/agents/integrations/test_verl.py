@@ -382,7 +382,7 @@ def test_the_smoke_script_composes_and_its_data_step_runs(tmp_path: Path) -> Non
     prepare = text[text.index("searchgym prepare verl") :].split("\n\n", 1)[0].replace("\\\n", " ")
     prepare = prepare.replace('"$OUT', f'"{tmp_path}').replace("--limit 256", "--limit 4")
     done = subprocess.run(
-        [sys.executable, "-m", "searchgym.cli", *shlex.split(prepare)[1:]],
+        [sys.executable, "-m", "searchgym.app.cli", *shlex.split(prepare)[1:]],
         capture_output=True,
         text=True,
         check=False,
@@ -419,7 +419,7 @@ def test_the_v0_trainer_starts_without_transfer_queue() -> None:
 
 def test_prepare_verl_checks_that_the_plugin_loads(tmp_path: Path, capsys: Any) -> None:
     from searchgym.agents.integrations.verl_data import check_verl_plugin
-    from searchgym.cli import main
+    from searchgym.app.cli import main
 
     assert check_verl_plugin() is None  # installed, and it imports
     assert main(["prepare", "verl", "--out", str(tmp_path), "--limit", "2"]) == 0

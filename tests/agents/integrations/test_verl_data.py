@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.cli import main
+from searchgym.app.cli import main
 from searchgym.errors import ConfigError, install_command
 
 pq = pytest.importorskip("pyarrow.parquet", reason="the parquet extra is part of `all`")
@@ -100,7 +100,7 @@ def test_prepare_verl_shows_the_error_verl_would_hide(tmp_path: Path) -> None:
     fake = tmp_path / "site" / "verl"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")  # no verl.trainer: the plugin's first verl import fails
-    command = [sys.executable, "-m", "searchgym.cli", "prepare", "verl"]
+    command = [sys.executable, "-m", "searchgym.app.cli", "prepare", "verl"]
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     out = subprocess.run(
         [*command, "--out", str(tmp_path / "data")], capture_output=True, text=True, cwd="/", env=env

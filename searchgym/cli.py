@@ -1,0 +1,3 @@
+"""The command line, now :mod:`searchgym.app.cli`; this name stays importable for one release."""
+
+from searchgym.app.cli import build_parser, main  # noqa: F401

@@ -1,5 +1,0 @@
-import sys
-
-from searchgym.cli import main
-
-sys.exit(main())
