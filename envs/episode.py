@@ -118,7 +118,7 @@ class Event(enum.IntEnum):
     DONE = 3  # the episode ended (terminated or truncated)
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 

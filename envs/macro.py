@@ -24,7 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from searchgym.data import Dataset, Question, load_dataset
-from searchgym.envs.episode import Episode, _is_int
+from searchgym.envs.episode import Episode, is_int
 from searchgym.envs.spec import EnvSpec, make_spec
 from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError
 from searchgym.retrieval import Hit, Retriever
@@ -320,7 +320,7 @@ class SearchQAMacroEnv(gym.Env[np.ndarray, int]):
         n_answers: int = 12,
         **fields: Any,
     ) -> None:
-        if not all(_is_int(n) and 1 <= n <= MAX_CANDIDATES for n in (n_queries, n_answers)):
+        if not all(is_int(n) and 1 <= n <= MAX_CANDIDATES for n in (n_queries, n_answers)):
             raise ConfigError(
                 f"n_queries and n_answers must be integers >= 1 and <= {MAX_CANDIDATES}, got {n_queries!r:.40} "
                 f"and {n_answers!r:.40}"

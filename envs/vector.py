@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from searchgym.envs.episode import Episode, EpisodeSnapshot, Event, _is_int, check_segment
+from searchgym.envs.episode import Episode, EpisodeSnapshot, Event, check_segment, is_int
 from searchgym.envs.spec import EnvSpec, make_spec
 from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError, RetrieverError
 from searchgym.retrieval.faults import apply_faults
@@ -98,7 +98,7 @@ class SearchQAVectorEnv(VectorEnv[dict[str, np.ndarray], np.ndarray, np.ndarray]
         copy: bool = True,
         **fields: Any,
     ) -> None:
-        if not _is_int(num_envs) or not 1 <= num_envs <= MAX_NUM_ENVS:
+        if not is_int(num_envs) or not 1 <= num_envs <= MAX_NUM_ENVS:
             raise ConfigError(f"num_envs must be an integer >= 1 and <= {MAX_NUM_ENVS}, got {num_envs!r:.40}")
         fields.pop("max_episode_steps", None)  # episodes are bounded by the turn and context budgets
         fields.pop("render_mode", None)  # gym.make_vec passes one; the vector env renders nothing

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .losses import _as_bool, masked_mean
+from .losses import as_bool, masked_mean
 
 __all__ = ["displacement_by_advantage", "ledger_displacement", "likelihood_metrics", "probe_metrics"]
 
@@ -31,7 +31,7 @@ def likelihood_metrics(logp: Tensor, loss_mask: Tensor, correct: Tensor) -> dict
         ``logp_correct`` / ``logp_incorrect``: mean over responses of the summed log-likelihood;
         ``logp_token_correct`` / ``logp_token_incorrect``: token mean. ``nan`` when a set is empty.
     """
-    m = _as_bool(loss_mask)
+    m = as_bool(loss_mask)
     with torch.no_grad():
         per_resp = torch.where(m, logp, 0.0).sum(dim=1)
         out: dict[str, float] = {}
@@ -63,7 +63,7 @@ def displacement_by_advantage(
         ``delta_adv_pos`` (A > 0), ``delta_adv_zero`` (A = 0), ``delta_adv_neg`` (A < 0), and the responses
         in each set (``n_adv_pos`` …); a delta is ``nan`` when its set is empty.
     """
-    m = _as_bool(loss_mask)
+    m = as_bool(loss_mask)
     with torch.no_grad():
         delta = torch.where(m, logp_after.float() - logp_before.float(), 0.0)
         tokens = m.sum(dim=1)
@@ -97,7 +97,7 @@ def ledger_displacement(
     Returns:
         ``ledger_delta``, ``ledger_frac_displaced`` (``nan`` for an empty ledger) and ``ledger_size``.
     """
-    m = _as_bool(loss_mask)
+    m = as_bool(loss_mask)
     with torch.no_grad():
         tokens = m.sum(dim=1)
         keep = tokens > 0

@@ -68,7 +68,7 @@ DEFAULT_LLDS = LLDSConfig()
 # -- aggregation ---------------------------------------------------------------------------------------
 
 
-def _as_bool(mask: Tensor) -> Tensor:
+def as_bool(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
@@ -78,7 +78,7 @@ def _count(mask: Tensor, num_tokens: float | None) -> Tensor | float:
         if num_tokens <= 0:
             raise ConfigError(f"num_tokens must be > 0, got {num_tokens}")
         return float(num_tokens)
-    return _as_bool(mask).sum().clamp(min=1)
+    return as_bool(mask).sum().clamp(min=1)
 
 
 def masked_mean(values: Tensor, mask: Tensor, num_tokens: float | None = None) -> Tensor:
@@ -95,7 +95,7 @@ def masked_mean(values: Tensor, mask: Tensor, num_tokens: float | None = None) -
     Returns:
         A scalar tensor.
     """
-    m = _as_bool(mask)
+    m = as_bool(mask)
     return torch.where(m, values, torch.zeros_like(values)).sum() / _count(m, num_tokens)
 
 
@@ -149,7 +149,7 @@ def policy_loss(
     """
     if not ratio_cap > 1.0:
         raise ConfigError(f"ratio_cap must be > 1, got {ratio_cap}")
-    m = _as_bool(loss_mask)
+    m = as_bool(loss_mask)
     high = clip_eps if clip_eps_high is None else clip_eps_high
     adv = _token_advantages(advantages, m)
     raw = torch.where(m, logp - logp_old.detach(), 0.0)
@@ -220,7 +220,7 @@ def kl_penalty(
     Returns:
         ``(loss, {"kl_ref": loss, "kl_cap_frac": fraction of policy tokens at the cap})``.
     """
-    m = _as_bool(loss_mask)
+    m = as_bool(loss_mask)
     # Zero the inputs outside the mask first: garbage there would give inf * 0 = NaN in the gradient.
     kl = k3_kl(torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0), value_cap)
     loss = masked_mean(kl, m, num_tokens)
@@ -281,7 +281,7 @@ def action_ids(loss_mask: Tensor) -> Tensor:
     >>> action_ids(torch.tensor([[0, 1, 1, 0, 1]])).tolist()
     [[-1, 0, 0, -1, 1]]
     """
-    m = _as_bool(loss_mask)
+    m = as_bool(loss_mask)
     prev = torch.zeros_like(m)
     prev[:, 1:] = m[:, :-1]
     starts = m & ~prev
@@ -336,7 +336,7 @@ def answer_weights(answer_mask: Tensor, beta: float) -> Tensor:
         ``(B, T)`` float weights.
     """
     ones = torch.ones(answer_mask.shape, dtype=torch.float32, device=answer_mask.device)
-    return torch.where(_as_bool(answer_mask), ones * beta, ones)
+    return torch.where(as_bool(answer_mask), ones * beta, ones)
 
 
 # -- LLDS ----------------------------------------------------------------------------------------------
@@ -409,7 +409,7 @@ def llds_loss(
         raise ConfigError(
             f"llds_loss needs per-response advantages of shape (B,), got {tuple(advantages.shape)}"
         )
-    m = _as_bool(loss_mask)
+    m = as_bool(loss_mask)
     preserve = (advantages >= 0)[:, None] & m
     d = torch.where(preserve, logp_old.detach() - logp, 0.0)
     gate_w, units_open, units = _GATE_FNS[gate](d.detach(), preserve)
@@ -505,7 +505,7 @@ def sapo_loss(
         raise ConfigError(
             f"sapo_loss needs per-response advantages of shape (B,), got {tuple(advantages.shape)}"
         )
-    positive = (advantages >= 0)[:, None] & _as_bool(loss_mask)
+    positive = (advantages >= 0)[:, None] & as_bool(loss_mask)
     d = torch.where(positive, logp_old.detach() - logp, 0.0)
     low = positive & (d.detach() >= -math.log(threshold))
     denominator = _count(positive, num_tokens)
@@ -580,7 +580,7 @@ def grpo_llds_loss(
         total = total + loss.kl_coef * kl
         metrics.update(m)
         with torch.no_grad():
-            mask = _as_bool(loss_mask)
+            mask = as_bool(loss_mask)
             raw = torch.where(mask, logp - logp_old.detach(), 0.0)
             k3 = k3_kl(torch.where(mask, logp, 0.0), torch.where(mask, ref_logp, 0.0), loss.kl_value_cap)
             either = ((raw > math.log(loss.ratio_cap)) | (k3 >= loss.kl_value_cap)) & mask

@@ -104,7 +104,7 @@ class _VLLMTurns:
 
 
 @contextlib.contextmanager
-def _generation_model(trainer: Any) -> Iterator[Any]:
+def generation_model(trainer: Any) -> Iterator[Any]:
     """The trainer's model ready for generation, through TRL's own ``unwrap_model_for_generation``.
 
     As in TRL's generation path: DeepSpeed ZeRO-3 parameters are gathered (``ds3_gather_for_generation``),
@@ -199,7 +199,7 @@ class SearchQARollout:
             batch = collect_rollouts(env, cast(LLMPolicy, turns), seed=seed, group_size=1, question_ids=ids)
             turns.finish()
         else:
-            with _generation_model(trainer) as model:
+            with generation_model(trainer) as model:
                 policy = self._policy_for(trainer, env, model)
                 batch = collect_rollouts(env, policy, seed=seed, group_size=1, question_ids=ids)
         self.calls += 1

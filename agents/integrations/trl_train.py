@@ -41,7 +41,7 @@ from .trl import (
     question_dataset,
     trl_args,
 )
-from .trl_rollout import _generation_model
+from .trl_rollout import generation_model
 
 __all__ = ["end_processes", "last_checkpoint", "train_trl"]
 
@@ -126,7 +126,7 @@ def _evaluate(trainer: Any, config: TRLConfig, tokenizer: Tokenizer) -> dict[str
         )
         return {}
     evals: dict[str, float] = {}
-    with _generation_model(trainer) as model:
+    with generation_model(trainer) as model:
         if state.is_main_process:
             summary = evaluate_greedy(model, tokenizer, config.env, config.eval)
             evals = {f"eval/{k}": summary[k] for k in ("em", "f1", "searches")}

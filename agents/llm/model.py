@@ -2,8 +2,8 @@
 
 :func:`tiny_causal_lm` is the offline default (a small Qwen2-style model with random weights);
 :func:`causal_lm_from_config` gives random weights for any ``transformers`` architecture;
-:func:`load_pretrained` loads a checkpoint by name or path. :class:`_ModelIO`, :func:`_cache_of` and
-:func:`_select_rows` hide what changed across ``transformers`` versions (keyword names, cache classes) from
+:func:`load_pretrained` loads a checkpoint by name or path. :class:`ModelIO`, :func:`cache_of` and
+:func:`select_rows` hide what changed across ``transformers`` versions (keyword names, cache classes) from
 the scoring and generation code.
 """
 
@@ -126,14 +126,14 @@ def load_pretrained(name_or_path: str, *, dtype: Any = None, device: str | None 
 # -- calling them across transformers versions ---------------------------------------------------------
 
 
-def _output_size(model: Any) -> int:
+def output_size(model: Any) -> int:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])
     return int(model.config.vocab_size)
 
 
-class _ModelIO:
+class ModelIO:
     """Keyword names that changed across ``transformers`` versions, looked up once per policy.
 
     transformers 5 renamed ``past_key_values`` to ``cache`` (the old name still works with a warning);
@@ -152,16 +152,16 @@ class _ModelIO:
         if last_only and self.keep_last:
             kwargs["logits_to_keep"] = 1
         out = model(**kwargs)
-        return out.logits[:, -1], _cache_of(out)
+        return out.logits[:, -1], cache_of(out)
 
 
-def _cache_of(out: Any) -> Any:
+def cache_of(out: Any) -> Any:
     """The KV cache a model returned (its name changed across ``transformers`` versions), or ``None``."""
     keys = out.keys() if hasattr(out, "keys") else ()
     return next((out[k] for k in ("cache", "past_key_values") if k in keys), None)
 
 
-def _select_rows(cache: Any, index: Tensor) -> Any:
+def select_rows(cache: Any, index: Tensor) -> Any:
     """The cache with its batch rows ``index`` (repeats allowed), or ``None`` if this cache cannot do that."""
     if hasattr(cache, "reorder_cache"):  # transformers' Cache classes (DynamicCache and friends)
         try:

@@ -24,10 +24,10 @@ from searchgym.protocol import Source, StopScanner
 from searchgym.tokenization import Tokenizer, load_tokenizer
 
 from ..base import Observation, SegmentAgent
-from .model import _ModelIO, _output_size, load_pretrained, tiny_causal_lm
+from .model import ModelIO, load_pretrained, output_size, tiny_causal_lm
 from .sampling import sample_tokens
 from .scoring import DEFAULT_SCORING, ScoringOptions, token_logprobs
-from .session import _parameter_version, _Prefill, _Session
+from .session import Prefill, Session, parameter_version
 
 __all__ = ["LLMPolicy", "Segment"]
 
@@ -108,7 +108,7 @@ class LLMPolicy(SegmentAgent):
             raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
         if not (logit_noise >= 0 and math.isfinite(logit_noise)):
             raise ConfigError(f"logit_noise must be a finite number >= 0, got {logit_noise}")
-        size = _output_size(model)
+        size = output_size(model)
         if size < self.tokenizer.vocab_size:
             raise ConfigError(
                 f"the model outputs {size} logits but tokenizer {self.tokenizer.name!r} has "
@@ -120,9 +120,9 @@ class LLMPolicy(SegmentAgent):
         self.top_p = top_p
         self.reuse_cache = reuse_cache
         self.scoring = scoring
-        self._session: _Session | None = None
-        self._io = _ModelIO(model)
-        self._prefill = _Prefill(self._io, self.tokenizer.pad_token_id)
+        self._session: Session | None = None
+        self._io = ModelIO(model)
+        self._prefill = Prefill(self._io, self.tokenizer.pad_token_id)
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed)
         self.logit_noise = logit_noise
@@ -380,7 +380,7 @@ class LLMPolicy(SegmentAgent):
             self.model.train(was_training)
         if keep_cache and cache is not None:
             held = [c + ids[: fed[i] - len(c)] for i, (c, ids) in enumerate(zip(ctx, out_ids, strict=True))]
-            self._session = _Session(cache, mask, held, _parameter_version(self.model))
+            self._session = Session(cache, mask, held, parameter_version(self.model))
         logps = torch.stack(out_logp, dim=1).float().cpu() if out_logp else torch.zeros((batch, 0))
         return [
             Segment(tokens=t, logprobs=logps[i, : len(t)].clone(), stop=s)

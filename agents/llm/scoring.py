@@ -19,7 +19,7 @@ from torch import Tensor
 
 from searchgym.errors import ConfigError
 
-from .model import _cache_of, _ModelIO, _output_size, _select_rows
+from .model import ModelIO, cache_of, output_size, select_rows
 from .prefix_groups import prefix_levels
 
 __all__ = ["DEFAULT_SCORING", "ScoringOptions", "token_logprobs"]
@@ -190,7 +190,7 @@ def token_logprobs(
         ``t`` holds ``log p(x_t | x_<t)`` and the entropy of that distribution; each sequence's first token, padding,
         and ids outside the vocabulary hold 0.
     """
-    vocab = vocab_size if vocab_size is not None else _output_size(model)
+    vocab = vocab_size if vocab_size is not None else output_size(model)
     mask = attention_mask.to(torch.long)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     if score_mask is not None:
@@ -233,7 +233,7 @@ def _shared_prefix(input_ids: Tensor, mask: Tensor) -> int:
 def _outputs(out: Any) -> tuple[Tensor, Any]:
     """The last hidden states and the cache of a base model's output (any ``transformers`` version)."""
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    return hidden, _cache_of(out)
+    return hidden, cache_of(out)
 
 
 def _checkpointing(model: Any) -> bool:
@@ -262,12 +262,12 @@ def _hidden_states(
         and not _checkpointing(base)
     )
     if shareable:
-        cache_kw = _ModelIO(base).cache_kw
+        cache_kw = ModelIO(base).cache_kw
         head, cache = _outputs(
             base(input_ids=input_ids[:1, :prefix], position_ids=positions[:1, :prefix], use_cache=True)
         )
         index = torch.zeros(rows, dtype=torch.long, device=input_ids.device)
-        cache = _select_rows(cache, index) if cache is not None else None
+        cache = select_rows(cache, index) if cache is not None else None
         if cache is not None:
             tail, _ = _outputs(
                 base(
@@ -315,14 +315,14 @@ def _grouped_hidden(
     plan = prefix_levels(input_ids, lengths, min_prefix, _CALL_SLOTS)
     if plan is None or plan.slots(width) > (1 - _SHARED_PREFIX_SAVING) * rows * width:
         return None
-    cache_kw = _ModelIO(base).cache_kw
+    cache_kw = ModelIO(base).cache_kw
     cache: Any = None
     hidden: list[Tensor] = []
     offsets: list[int] = []  # where each level's (and the tail's) flattened hidden states start
     start, offset = 0, 0
     for level, (cut, first) in enumerate(zip(plan.cuts, plan.first, strict=True)):
         if level:
-            cache = _select_rows(cache, plan.parent(level))
+            cache = select_rows(cache, plan.parent(level))
             if cache is None:
                 return None
         out, cache = _outputs(
@@ -339,7 +339,7 @@ def _grouped_hidden(
         offsets.append(offset)
         offset += out.shape[0] * out.shape[1]
         start = cut
-    cache = _select_rows(cache, plan.owner[-1])
+    cache = select_rows(cache, plan.owner[-1])
     if cache is None:
         return None
     tail, _ = _outputs(

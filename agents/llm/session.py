@@ -1,7 +1,7 @@
 """The KV cache a policy keeps between turns, and how a batch of contexts is read into a cache.
 
 A batch of contexts is left-padded into one forward (identical contexts, such as the prompt a GRPO group
-shares, read once and their cache rows repeated). With a :class:`_Session` kept from the previous turn,
+shares, read once and their cache rows repeated). With a :class:`Session` kept from the previous turn,
 contexts that extend its rows feed only their new tokens, right-aligned in one chunk whose padding is
 masked out, each token's position counted as in a fresh forward.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .model import _ModelIO, _select_rows
+from .model import ModelIO, select_rows
 
 Prefilled = tuple[Tensor, Any, Tensor]
 """``(logits, cache, mask)``: each row's last-position logits ``(B, V_model)``, the KV cache, and the
@@ -22,7 +22,7 @@ attention mask ``(B, T)`` of what the cache holds (padding 0)."""
 
 
 @dataclass
-class _Session:
+class Session:
     """A KV cache kept between turns: row ``r`` holds ``tokens[r]`` in the columns where ``mask[r]`` is 1."""
 
     cache: Any
@@ -31,27 +31,27 @@ class _Session:
     version: tuple[tuple[int, int], ...]
 
 
-def _parameter_version(model: Any) -> tuple[tuple[int, int], ...]:
+def parameter_version(model: Any) -> tuple[tuple[int, int], ...]:
     """Changes whenever a parameter is modified in place (an optimizer step, ``load_state_dict``) or
     replaced: a cache computed before is then stale."""
     return tuple((id(p), p._version) for p in model.parameters())
 
 
-class _Prefill:
-    """Reads a batch of contexts into a KV cache, reusing a kept :class:`_Session` where it applies.
+class Prefill:
+    """Reads a batch of contexts into a KV cache, reusing a kept :class:`Session` where it applies.
 
     Args:
-        io: The model's keyword names (:class:`_ModelIO`).
+        io: The model's keyword names (:class:`ModelIO`).
         pad_token_id: The id written into padding (masked out of attention).
     """
 
-    def __init__(self, io: _ModelIO, pad_token_id: int) -> None:
+    def __init__(self, io: ModelIO, pad_token_id: int) -> None:
         self.io = io
         self.pad_token_id = pad_token_id
         self.rows_selectable = True  # becomes False for a model whose cache rows cannot be selected
         self.share_extensions = True  # equal contexts' extensions read once (False: the benchmarks' before)
 
-    def __call__(self, model: Any, session: _Session | None, contexts: list[list[int]]) -> Prefilled:
+    def __call__(self, model: Any, session: Session | None, contexts: list[list[int]]) -> Prefilled:
         """Extends ``session`` when every context extends one of its rows by at least one token; else reads
         the contexts whole. ``session``'s cache is consumed (updated in place) either way."""
         rows = self.match(model, session, contexts) if session is not None else None
@@ -65,7 +65,7 @@ class _Prefill:
         if len(unique) < len(contexts) and self.rows_selectable:
             logits, cache, mask = self.left_padded(model, [list(c) for c in unique])
             index = torch.tensor(inverse, device=mask.device)
-            selected = _select_rows(cache, index)
+            selected = select_rows(cache, index)
             if selected is not None:
                 return logits[index], selected, mask[index]
             self.rows_selectable = False
@@ -87,9 +87,9 @@ class _Prefill:
         )
         return logits, cache, mask
 
-    def match(self, model: Any, session: _Session, contexts: list[list[int]]) -> list[int] | None:
+    def match(self, model: Any, session: Session, contexts: list[list[int]]) -> list[int] | None:
         """For each context, the session row it extends by at least one token (``None`` if one extends none)."""
-        if session.version != _parameter_version(model) or not self.rows_selectable:
+        if session.version != parameter_version(model) or not self.rows_selectable:
             return None
         held = session.tokens
         rows: list[int] = []
@@ -107,7 +107,7 @@ class _Prefill:
         return rows
 
     def extend(
-        self, model: Any, session: _Session, rows: list[int], contexts: list[list[int]]
+        self, model: Any, session: Session, rows: list[int], contexts: list[list[int]]
     ) -> Prefilled | None:
         """Feeds each context's tokens beyond its cached row, right-aligned in one chunk (padding masked); each
         distinct context once (a GRPO group's responses that searched alike get the same tool output: their
@@ -123,15 +123,15 @@ class _Prefill:
             return None
         logits, cache, mask = out
         index = torch.tensor(inverse, device=mask.device)
-        selected = _select_rows(cache, index)
+        selected = select_rows(cache, index)
         return None if selected is None else (logits[index], selected, mask[index])
 
     def _extend(
-        self, model: Any, session: _Session, rows: list[int], contexts: list[list[int]]
+        self, model: Any, session: Session, rows: list[int], contexts: list[list[int]]
     ) -> Prefilled | None:
         device = session.mask.device
         index = torch.tensor(rows, device=device)
-        cache = _select_rows(session.cache, index)
+        cache = select_rows(session.cache, index)
         if cache is None:
             self.rows_selectable = False
             return None

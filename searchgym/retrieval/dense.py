@@ -27,16 +27,16 @@ from searchgym.retrieval.dense_index import (
     INDEX_TYPES,
     MANIFEST,
     IndexType,
-    _build_faiss,
-    _check_index_params,
-    _check_index_type,
-    _default_params,
-    _encoder_difference,
-    _finite_float32,
-    _import_faiss,
-    _open_embeddings,
-    _read_faiss,
     build_dense_index,
+    build_faiss,
+    check_index_params,
+    check_index_type,
+    default_params,
+    encoder_difference,
+    finite_float32,
+    import_faiss,
+    open_embeddings,
+    read_faiss,
     read_manifest,
 )
 from searchgym.retrieval.encoders import (
@@ -148,9 +148,9 @@ class DenseRetriever(Retriever):
         index: Any = None,
         index_type: str = "flat",
     ) -> None:
-        _check_index_type(index_type)
+        check_index_type(index_type)
         if index_type != "flat":
-            _import_faiss()  # fail now, naming the extra, rather than at the first search
+            import_faiss()  # fail now, naming the extra, rather than at the first search
         self.passages = list(passages)
         if embeddings.ndim != 2 or embeddings.shape[0] != len(self.passages):
             raise ConfigError(
@@ -163,8 +163,8 @@ class DenseRetriever(Retriever):
                 "rebuild the index with this one"
             )
         if index_type != "flat" and index is None:
-            params = _default_params(index_type, len(self.passages))
-            index = _build_faiss(embeddings, index_type, params, progress=False)
+            params = default_params(index_type, len(self.passages))
+            index = build_faiss(embeddings, index_type, params, progress=False)
         self.encoder = encoder
         self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         self.index = index
@@ -210,15 +210,15 @@ class DenseRetriever(Retriever):
             if not isinstance(meta["encoder"], dict):
                 raise TypeError("encoder must be an object")
             built = dict(meta["encoder"])
-            _check_index_type(index_type)
+            check_index_type(index_type)
         except (KeyError, TypeError, ValueError, ConfigError) as e:
             raise DataFormatError(str(root / MANIFEST), None, f"corrupt dense index manifest ({e})") from None
-        _check_index_params(index_type, meta.get("index_params"), root / MANIFEST)
-        embeddings = _open_embeddings(root / EMBEDDINGS, count, dim)
+        check_index_params(index_type, meta.get("index_params"), root / MANIFEST)
+        embeddings = open_embeddings(root / EMBEDDINGS, count, dim)
         check_sealed_file(
-            meta, root / MANIFEST, root / EMBEDDINGS, _finite_float32(root / EMBEDDINGS), record=True
+            meta, root / MANIFEST, root / EMBEDDINGS, finite_float32(root / EMBEDDINGS), record=True
         )
-        index = _read_faiss(root / FAISS_FILE, meta) if index_type != "flat" else None
+        index = read_faiss(root / FAISS_FILE, meta) if index_type != "flat" else None
         # A name or path is loaded with the recorded pooling, prefixes and length; an Encoder is used as is.
         options = {
             k: built[k] for k in ("pooling", "query_prefix", "passage_prefix", "max_length") if k in built
@@ -239,7 +239,7 @@ class DenseRetriever(Retriever):
                 f"{encoder.name!r} produces {encoder.dim}; pass the encoder the index was built with "
                 f"({built.get('name')!r}), or rebuild the index with this one"
             )
-        difference = _encoder_difference(built, encoder.identity())
+        difference = encoder_difference(built, encoder.identity())
         if difference is not None:
             raise ConfigError(
                 f"the index in {root} was built with another encoder than the one given ({difference}); "
@@ -263,7 +263,7 @@ class DenseRetriever(Retriever):
             if self.index_dir is not None and (self.index_dir / FAISS_FILE).is_file():
                 size += (self.index_dir / FAISS_FILE).stat().st_size
             else:
-                size += int(_import_faiss().serialize_index(self.index).nbytes)
+                size += int(import_faiss().serialize_index(self.index).nbytes)
         return size
 
     def search_vectors(self, vectors: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -67,7 +67,7 @@ FAISS_FILE = "index.faiss"
 _PROBE_MIN_COSINE = 0.999
 
 
-def _import_faiss() -> Any:
+def import_faiss() -> Any:
     try:
         import faiss
     except ImportError as e:
@@ -136,7 +136,7 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     return meta
 
 
-def _encoder_difference(built: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+def encoder_difference(built: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
     """Why two encoder identities differ (``None`` when they are the same encoder and settings)."""
     for key in ("dim", "pooling", "query_prefix", "passage_prefix", "max_length"):
         if built.get(key) != current.get(key):
@@ -174,7 +174,7 @@ def _npy_size(count: int, dim: int) -> int:
     return buffer.tell() + count * dim * 4
 
 
-def _open_embeddings(path: Path, count: int, dim: int, mode: Literal["r", "r+"] = "r") -> np.ndarray:
+def open_embeddings(path: Path, count: int, dim: int, mode: Literal["r", "r+"] = "r") -> np.ndarray:
     """The memory-mapped ``(count, dim)`` float32 embeddings, checked against the file's size.
 
     Raises:
@@ -204,7 +204,7 @@ def _open_embeddings(path: Path, count: int, dim: int, mode: Literal["r", "r+"] 
     return array
 
 
-def _finite_float32(path: Path) -> Any:
+def finite_float32(path: Path) -> Any:
     """A block callback for :func:`~searchgym.integrity.file_sha256` that refuses NaN and inf in the float32
     payload of a ``.npy`` file (its header is skipped), checked in the same pass as the hash.
 
@@ -231,7 +231,7 @@ def _finite_float32(path: Path) -> Any:
 # -- faiss indexes -----------------------------------------------------------------------------------------
 
 
-def _default_params(index_type: str, count: int) -> dict[str, int]:
+def default_params(index_type: str, count: int) -> dict[str, int]:
     """Search and build parameters of an index type for a corpus of ``count`` passages."""
     if index_type == "ivf":
         # ~4 sqrt(N) lists, with at least 39 training points per list (faiss's own minimum).
@@ -242,11 +242,11 @@ def _default_params(index_type: str, count: int) -> dict[str, int]:
     return {}
 
 
-def _build_faiss(
+def build_faiss(
     embeddings: np.ndarray, index_type: str, params: Mapping[str, int], progress: bool, chunk: int = 65536
 ) -> Any:
     """An ``ivf`` or ``hnsw`` faiss inner-product index over ``embeddings`` (added in chunks)."""
-    faiss = _import_faiss()
+    faiss = import_faiss()
     count, dim = embeddings.shape
     if index_type == "ivf":
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, params["nlist"], faiss.METRIC_INNER_PRODUCT)
@@ -276,12 +276,12 @@ def _set_search_params(index: Any, index_type: str, params: Mapping[str, int]) -
         index.hnsw.efSearch = params["ef_search"]
 
 
-def _read_faiss(path: Path, meta: Mapping[str, Any]) -> Any:
+def read_faiss(path: Path, meta: Mapping[str, Any]) -> Any:
     """The saved ``ivf``/``hnsw`` index, checked; HNSW vectors are memory-mapped.
 
     IVF lists are read into memory: faiss 1.15's memory-mapped IVF reading loses the list count.
     """
-    faiss = _import_faiss()
+    faiss = import_faiss()
     if not path.is_file():
         raise DataFormatError(str(path), None, "the faiss index file is missing; rebuild the index")
     check_sealed_file(meta, path.parent / MANIFEST, path, record=True)
@@ -309,13 +309,13 @@ def _read_faiss(path: Path, meta: Mapping[str, Any]) -> Any:
     return index
 
 
-def _check_index_params(index_type: str, params: Any, manifest: Path) -> None:
+def check_index_params(index_type: str, params: Any, manifest: Path) -> None:
     """The manifest's ``index_params``: exactly the keys of its index type, each a positive integer.
 
     Raises:
         DataFormatError: naming the bad key.
     """
-    expected = set(_default_params(index_type, 1_000_000))
+    expected = set(default_params(index_type, 1_000_000))
     if not isinstance(params, dict) or set(params) != expected:
         found = sorted(params) if isinstance(params, dict) else params
         raise DataFormatError(
@@ -333,7 +333,7 @@ def _check_index_params(index_type: str, params: Any, manifest: Path) -> None:
 # -- building ----------------------------------------------------------------------------------------------
 
 
-def _check_index_type(index_type: str) -> None:
+def check_index_type(index_type: str) -> None:
     if index_type not in INDEX_TYPES:
         raise ConfigError(f"unknown index type {index_type!r}; choose one of {list(INDEX_TYPES)}")
 
@@ -377,9 +377,9 @@ def build_dense_index(
         ConfigError: an empty corpus, an unknown index type, or ``out_dir`` holds an index (finished or
             half-built) of another encoder, settings or corpus and ``overwrite`` is false.
     """
-    _check_index_type(index_type)
+    check_index_type(index_type)
     if index_type != "flat":
-        _import_faiss()  # before hours of encoding, not after
+        import_faiss()  # before hours of encoding, not after
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     passages = list(passages)
@@ -404,7 +404,7 @@ def build_dense_index(
         "count": len(passages),
         "dim": encoder.dim,
         "index_type": index_type,
-        "index_params": _default_params(index_type, len(passages)),
+        "index_params": default_params(index_type, len(passages)),
         "rows_done": 0,
     }
     state["rows_done"] = _resume_point(root, state)
@@ -414,12 +414,12 @@ def build_dense_index(
         _write_json(root / BUILDING, state)
         _encode_into(root, passages, encoder, state, chunk_size, progress)
     _write_json(root / BUILDING, state)
-    embeddings = _open_embeddings(root / EMBEDDINGS, len(passages), encoder.dim)
+    embeddings = open_embeddings(root / EMBEDDINGS, len(passages), encoder.dim)
     files = {EMBEDDINGS: root / EMBEDDINGS}
     (root / FAISS_FILE).unlink(missing_ok=True)
     if index_type != "flat":
-        faiss = _import_faiss()
-        index = _build_faiss(embeddings, index_type, state["index_params"], progress)
+        faiss = import_faiss()
+        index = build_faiss(embeddings, index_type, state["index_params"], progress)
         tmp = temp_path(root / FAISS_FILE)
         try:
             faiss.write_index(index, str(tmp))
@@ -447,7 +447,7 @@ def _same_build(found: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | No
             f"another corpus ({found.get('count')} passages, hash {str(found.get('corpus_hash'))[:12]}…; "
             f"given: {wanted['count']} passages, hash {wanted['corpus_hash'][:12]}…)"
         )
-    difference = _encoder_difference(found.get("encoder") or {}, wanted["encoder"])
+    difference = encoder_difference(found.get("encoder") or {}, wanted["encoder"])
     return None if difference is None else f"another encoder ({difference})"
 
 
@@ -470,7 +470,7 @@ def _resume_point(root: Path, state: Mapping[str, Any]) -> int:
             found.get("index_type") == state["index_type"]
             and found.get("index_params") == state["index_params"]
         ):
-            _open_embeddings(root / EMBEDDINGS, count, state["dim"])  # a damaged finished index is an error
+            open_embeddings(root / EMBEDDINGS, count, state["dim"])  # a damaged finished index is an error
             check_seal(found, root / MANIFEST)
             check_sealed_file(found, root / MANIFEST, root / EMBEDDINGS, record=True)
             faiss_file = root / FAISS_FILE
@@ -519,7 +519,7 @@ def _encode_into(
         state["rows_done"] = 0
         array = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(count, dim))
     else:
-        array = _open_embeddings(partial, count, dim, mode="r+")
+        array = open_embeddings(partial, count, dim, mode="r+")
     bar = None
     if progress:
         from tqdm import tqdm

@@ -96,7 +96,7 @@ def test_the_install_advice_is_doctors_and_names_what_the_index_has(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import searchgym.errors
-    from searchgym.app.cli import _doctor
+    from searchgym.app.doctor import checks as _doctor
 
     # From this checkout: the same command as doctor's line for the extra, the checkout's constraints pinned.
     advice = str(MissingDependencyError("wandb", "wandb", "--report-to wandb"))

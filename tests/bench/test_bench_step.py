@@ -176,17 +176,17 @@ def test_an_unshared_base_extends_every_context_and_plays_the_same_step(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from searchgym.agents.grpo.config import GRPOConfig
-    from searchgym.agents.llm.session import _Prefill
+    from searchgym.agents.llm.session import Prefill
     from searchgym.app.cli._options import config_from_args
 
     seen: dict[bool, int] = {True: 0, False: 0}
-    extend = _Prefill.extend
+    extend = Prefill.extend
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
         seen[self.share_extensions] += 1
         return extend(self, *args, **kwargs)
 
-    monkeypatch.setattr(_Prefill, "extend", spy)
+    monkeypatch.setattr(Prefill, "extend", spy)
     args = build_parser().parse_args(
         ["bench", "step", *TINY, "--run-dir", str(tmp_path), "--base-rollout", "unshared"]
     )

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from searchgym.app.cli import _doctor, main
+from searchgym.app.cli import main
+from searchgym.app.doctor import checks as _doctor
 
 REQUIRED = ("python", "requirements", "torch", "env", "bm25")
 

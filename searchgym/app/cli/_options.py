@@ -23,7 +23,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-class _Deprecated(argparse.Action):
+class Deprecated(argparse.Action):
     """An old flag that still sets its field, and says once on stderr which flag replaced it."""
 
     def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
@@ -100,7 +100,7 @@ def add_field_arguments(
         for old in f.metadata.get("deprecated", ()):
             extra = {"type": kwargs["type"]} if "type" in kwargs else {}
             group.add_argument(
-                old, dest=name, action=_Deprecated, help=argparse.SUPPRESS, new=flags[0], **extra
+                old, dest=name, action=Deprecated, help=argparse.SUPPRESS, new=flags[0], **extra
             )
 
 

@@ -529,8 +529,8 @@ def _audits(
 ) -> dict[str, list[dict[str, Any]]]:
     """Each dataset's audit records (:func:`searchgym.audit.audit_questions`) of the questions played, with
     its retriever at the run's top-k."""
-    from searchgym.audit import audit_questions
     from searchgym.app.cli.eval import env_defaults
+    from searchgym.audit import audit_questions
     from searchgym.data import load_dataset
     from searchgym.retrieval import make_retriever
 

@@ -32,16 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from searchgym.app.conform.runner import load_adapter, prepare, run_conformance
-    from searchgym.app.cli._doctor import Check, exit_code, format_check, report_json
+    from searchgym.app.doctor.report import Check, exit_code, format_check, report_json
 
     adapter = load_adapter(args.engine)
     model = tokenizer = None
     if args.model:
         from searchgym.agents.llm.model import load_pretrained
-        from searchgym.app.cli._doctor_model import _quiet_transformers, offline
+        from searchgym.app.doctor.model import offline, quiet_transformers
         from searchgym.tokenization import load_tokenizer
 
-        with offline(), _quiet_transformers():
+        with offline(), quiet_transformers():
             tokenizer = load_tokenizer(args.model)
             model = load_pretrained(args.model)
     results = run_conformance(adapter, prepare(model, tokenizer))

@@ -9,7 +9,13 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from searchgym.app.cli._common import add_env_arguments, make_env, positive_int, repeats_note, run_env_defaults
+from searchgym.app.cli._common import (
+    add_env_arguments,
+    make_env,
+    positive_int,
+    repeats_note,
+    run_env_defaults,
+)
 
 if TYPE_CHECKING:
     from searchgym.agents.demonstrations import Demonstration

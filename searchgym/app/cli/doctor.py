@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from searchgym.app.cli._doctor import exit_code, format_check, report_json, run_checks
+    from searchgym.app.doctor.checks import exit_code, format_check, report_json, run_checks
 
     checks = run_checks(retriever=args.retriever, model=args.model, tokenizer=args.tokenizer)
     print(report_json(checks) if args.json else "\n".join(format_check(c) for c in checks))

@@ -130,7 +130,7 @@ DEPRECATED_FLAGS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from searchgym.agents.training.reporting import REPORT_TO, REPORT_TO_HELP
-    from searchgym.app.cli._options import _Deprecated
+    from searchgym.app.cli._options import Deprecated
 
     parser.add_argument("--algo", required=True, choices=["ppo", "a2c", "dqn"], help="SB3 algorithm")
     parser.add_argument(
@@ -163,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             old,
             dest=new[2:].replace("-", "_"),
-            action=_Deprecated,
+            action=Deprecated,
             new=new,
             help=argparse.SUPPRESS,
             type=types.get(old, int),

@@ -22,7 +22,7 @@ from torch import Tensor
 from searchgym.protocol import Source
 from searchgym.tokenization import Tokenizer
 
-from .runner import Built, LossOutput, Result, TrainBatch
+from .adapter import Built, LossOutput, Result, TrainBatch
 from .episodes import Episode
 
 __all__ = [
@@ -134,7 +134,7 @@ def _layout_problem(batch: TrainBatch) -> str | None:
     return None
 
 
-def _failed_build(name: str, built: Built) -> Result | None:
+def failed_build(name: str, built: Built) -> Result | None:
     """The result of a check that cannot run: the adapter raised, or returned a malformed batch."""
     if built.error is not None:
         return Result(
@@ -147,7 +147,7 @@ def _failed_build(name: str, built: Built) -> Result | None:
     return None
 
 
-def _failed_loss(name: str, built: Built) -> Result | None:
+def failed_loss(name: str, built: Built) -> Result | None:
     if built.loss_error is not None:
         return Result(name, "fail", f"the batch's loss failed: {_error(built.loss_error)}", None)
     return None
@@ -158,7 +158,7 @@ def _error(e: BaseException, limit: int = 200) -> str:
     return f"{type(e).__name__}: {text if len(text) <= limit else text[: limit - 1] + '…'}"
 
 
-def _by_position(
+def by_position(
     values: Tensor, offset: Sequence[int] | None, lengths: Sequence[int]
 ) -> tuple[list[np.ndarray], float]:
     """Per row, the value at each transcript position (``nan`` where ``values`` has none), and the largest
@@ -188,7 +188,7 @@ def _where(row: _Row, position: int, tok: Tokenizer) -> str:
     return f"row {row.index} ({row.episode.label}), token {position} {_text(tok, row.tokens[position : position + 1])}"
 
 
-def _advantage(batch: TrainBatch, row: int) -> float | None:
+def row_advantage(batch: TrainBatch, row: int) -> float | None:
     """A row's advantage: its value, or its per-token value where the row is trained (``None`` if untrained);
     ``nan`` when the per-token values differ inside the row."""
     value = batch.advantages[row]
@@ -207,7 +207,7 @@ def check_masks(built: Built, episodes: Sequence[Episode], tok: Tokenizer) -> Re
     """Prompt and tool tokens: loss mask 0, and exactly zero gradient through the loss's log-probs and
     entropies (a KL or entropy term over them has one: the reference differs from the policy)."""
     name = "masks"
-    failed = _failed_build(name, built)
+    failed = failed_build(name, built)
     if failed:
         return failed
     assert built.batch is not None
@@ -225,7 +225,7 @@ def check_masks(built: Built, episodes: Sequence[Episode], tok: Tokenizer) -> Re
             f"{_where(r, p, tok)}: a {source} token with mask {r.mask[p]}",
             MASK_FIX,
         )
-    failed = _failed_loss(name, built)
+    failed = failed_loss(name, built)
     if failed:
         return failed
     assert built.loss is not None and built.logp_grad is not None
@@ -241,11 +241,11 @@ def check_masks(built: Built, episodes: Sequence[Episode], tok: Tokenizer) -> Re
     trained = other = 0
     logp_grad: list[np.ndarray] = []
     for term, grad in terms:
-        by_pos, stray = _by_position(grad, out.offset, lengths)
+        by_pos, stray = by_position(grad, out.offset, lengths)
         if term == "log-prob":
             logp_grad = by_pos
         for r in rows:
-            moves = _advantage(built.batch, r.index)
+            moves = row_advantage(built.batch, r.index)
             for e, p in r.pairs:
                 g = by_pos[r.index][p]
                 if np.isnan(g):
@@ -334,12 +334,12 @@ def check_logprobs(built: Built, episodes: Sequence[Episode], tok: Tokenizer) ->
     log-prob depends on its context; which tokens are trained is the ``masks`` check's).
     """
     name = "log-probs"
-    failed = _failed_build(name, built) or _failed_loss(name, built)
+    failed = failed_build(name, built) or failed_loss(name, built)
     if failed:
         return failed
     assert built.batch is not None and built.loss is not None
     rows = _rows(built.batch, episodes)
-    values, _ = _by_position(built.loss.logp, built.loss.offset, [len(r) for r in built.batch.tokens])
+    values, _ = by_position(built.loss.logp, built.loss.offset, [len(r) for r in built.batch.tokens])
     judged, worst = 0, 0.0
     for r in rows:
         sampled = r.episode.logprobs
@@ -387,7 +387,7 @@ def check_logprobs(built: Built, episodes: Sequence[Episode], tok: Tokenizer) ->
 def check_stops(built: Built, episodes: Sequence[Episode], tok: Tokenizer, junk: Sequence[int]) -> Result:
     """No id the sampler wrote after a turn's closing tag is in a row (trained, or kept as context)."""
     name = "stops"
-    failed = _failed_build(name, built)
+    failed = failed_build(name, built)
     if failed:
         return failed
     assert built.batch is not None
@@ -428,7 +428,7 @@ def check_transcript(
     """Every episode has one row, and each row is its episode's transcript, token for token (what the sampler
     wrote after a tag is the ``stops`` check's)."""
     name = "transcript"
-    failed = _failed_build(name, built)
+    failed = failed_build(name, built)
     if failed:
         return failed
     assert built.batch is not None
@@ -485,7 +485,7 @@ def check_vocabulary(built: Built, episodes: Sequence[Episode], tok: Tokenizer) 
             f"{_error(built.error)}",
             VOCAB_FIX,
         )
-    failed = _failed_build(name, built) or _failed_loss(name, built)
+    failed = failed_build(name, built) or failed_loss(name, built)
     if failed:
         return failed
     assert built.batch is not None

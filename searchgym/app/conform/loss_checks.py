@@ -13,14 +13,14 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from .runner import AGGREGATIONS, ESTIMATORS, Built, Result
+from .adapter import AGGREGATIONS, ESTIMATORS, Built, Result
 from .checks import (
     RATIO_WINDOW,
     WEIGHT_TOLERANCE,
-    _advantage,
-    _by_position,
-    _failed_build,
-    _failed_loss,
+    by_position,
+    failed_build,
+    failed_loss,
+    row_advantage,
 )
 from .episodes import Episode
 
@@ -31,9 +31,9 @@ AGGREGATION_FIX = "declare the aggregation the loss uses, or aggregate the per-t
 
 
 def _failed_declaration(name: str, built: Built, field: str, valid: Iterable[str]) -> Result | None:
-    """The check's failure when the build failed (:func:`._failed_build`), or when its ``TrainBatch``
+    """The check's failure when the build failed (:func:`.failed_build`), or when its ``TrainBatch``
     declares a ``field`` value that is not one of ``valid``; ``None`` when there is something to check."""
-    failed = _failed_build(name, built)
+    failed = failed_build(name, built)
     if failed or built.batch is None:
         return failed
     value = getattr(built.batch, field)
@@ -65,7 +65,7 @@ def check_advantages(built: Built, episodes: Sequence[Episode]) -> Result:
         if index not in position:
             continue
         ep, want = ordered[position[index]], reference[position[index]]
-        got = _advantage(batch, i)
+        got = row_advantage(batch, i)
         if got is None:
             continue
         group = [f"{ordered[k].reward:g}" for k in range(len(ordered)) if ordered[k].group == ep.group]
@@ -105,17 +105,17 @@ def check_aggregation(built: Built, clip_eps: float) -> Result:
         return failed
     batch = built.batch
     assert batch is not None
-    failed = _failed_loss(name, built)
+    failed = failed_loss(name, built)
     if failed:
         return failed
     assert built.loss is not None and built.logp_grad is not None
     lengths = [len(r) for r in batch.tokens]
-    logp, _ = _by_position(built.loss.logp, built.loss.offset, lengths)
-    grad, _ = _by_position(built.logp_grad, built.loss.offset, lengths)
+    logp, _ = by_position(built.loss.logp, built.loss.offset, lengths)
+    grad, _ = by_position(built.logp_grad, built.loss.offset, lengths)
     window = min(RATIO_WINDOW, clip_eps / 2)
     weights, sizes = [], []
     for i in range(len(batch.tokens)):
-        advantage = _advantage(batch, i)
+        advantage = row_advantage(batch, i)
         if advantage is None or math.isnan(advantage) or abs(advantage) < 1e-6:
             continue
         count = sum(1 for m in batch.loss_mask[i] if m)

@@ -22,7 +22,7 @@ from searchgym.agents.llm import LLMPolicy, token_logprobs
 from searchgym.agents.training.rollout import RolloutBatch, collect_rollouts
 from searchgym.envs.vector import SearchQAVectorEnv
 
-from .runner import LossOutput, Setup, TrainBatch
+from .adapter import LossOutput, Setup, TrainBatch
 from .episodes import Episode, ScriptedTurns
 
 __all__ = ["native_adapter", "native_batch", "native_loss"]

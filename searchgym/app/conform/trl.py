@@ -17,12 +17,18 @@ from typing import Any, cast
 import torch
 
 from searchgym.agents.grpo.config import LLDSConfig
+from searchgym.agents.integrations.config import TRLConfig
+from searchgym.agents.integrations.trl import (
+    LLDSGRPOTrainer,
+    SearchQARollout,
+    episode_reward,
+    question_dataset,
+    trl_args,
+)
 from searchgym.envs.spec import EnvSpec
 
-from searchgym.agents.integrations.config import TRLConfig
-from .runner import LossOutput, Setup, TrainBatch
+from .adapter import LossOutput, Setup, TrainBatch
 from .episodes import ConformError, Episode, ScriptedTurns
-from searchgym.agents.integrations.trl import LLDSGRPOTrainer, SearchQARollout, episode_reward, question_dataset, trl_args
 
 __all__ = ["trl_adapter"]
 

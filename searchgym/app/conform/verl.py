@@ -23,9 +23,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .runner import LossOutput, Setup, TrainBatch
-from .episodes import Episode, ScriptedTurns
 from searchgym.agents.integrations.verl_data import write_verl_parquet
+
+from .adapter import LossOutput, Setup, TrainBatch
+from .episodes import Episode, ScriptedTurns
 
 __all__ = ["verl_adapter"]
 

@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from searchgym.app.hub.parity import Trajectory, build_trajectories
 from searchgym.data import Question
 from searchgym.envs.messages import TOOLS, shared_parts
 from searchgym.envs.spec import EnvSpec
 from searchgym.errors import ConfigError
-from searchgym.app.hub.parity import Trajectory, build_trajectories
 from searchgym.rewards import normalize_answer
 
 __all__ = ["CHECKS", "CheckResult", "Validation", "read_validation", "run_checks"]

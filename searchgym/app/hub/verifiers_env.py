@@ -37,9 +37,9 @@ except ImportError:
 from pydantic import create_model
 from verifiers.v1.harnesses.null import NullHarness  # type: ignore[import-not-found,unused-ignore]
 
+from searchgym.app.hub.replies import Reply, ToolCall, play_conversation
 from searchgym.envs.messages import SearchQAMessages
 from searchgym.envs.spec import EnvSpec, make_spec
-from searchgym.app.hub.replies import Reply, ToolCall, play_conversation
 
 __all__ = [
     "TASKSET_ID",

@@ -11,10 +11,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from searchgym.app.cli._doctor import Check, _fail, _ok, install_command
-from searchgym.errors import SearchGymError
+from searchgym.app.doctor.report import Check, fail, ok
+from searchgym.errors import SearchGymError, install_command
 
-__all__ = ["MODEL_FIX", "TAGS", "TOKENIZER_FIX", "check_model", "check_tokenizer", "offline"]
+__all__ = [
+    "MODEL_FIX",
+    "TAGS",
+    "TOKENIZER_FIX",
+    "check_model",
+    "check_tokenizer",
+    "offline",
+    "quiet_transformers",
+]
 
 TAGS = (
     "<search>",
@@ -70,7 +78,7 @@ def _missing_path(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """No ``transformers`` progress bar (its weight-loading bar) for the duration."""
     from transformers.utils import logging
 
@@ -101,14 +109,14 @@ def check_tokenizer(name: str | None, loaded: list[Any]) -> Check:
     from searchgym.tokenization import load_tokenizer
 
     if _missing_path(name):
-        return _fail("tokenizer", f"{name}: no such folder", "pass a folder that holds a tokenizer")
+        return fail("tokenizer", f"{name}: no such folder", "pass a folder that holds a tokenizer")
     try:
         with offline():
             tok = load_tokenizer(name)
     except MissingDependencyError as e:
-        return _fail("tokenizer", str(e).split(".")[0], install_command("train"))
+        return fail("tokenizer", str(e).split(".")[0], install_command("train"))
     except ConfigError as e:
-        return _fail(
+        return fail(
             "tokenizer",
             str(e),
             "pass a local folder holding a fast tokenizer (tokenizer.json), or a Hub name already in the "
@@ -121,7 +129,7 @@ def check_tokenizer(name: str | None, loaded: list[Any]) -> Check:
         if (got := tok.decode_bytes(tok.encode(tag))).strip() != tag.encode()
     ]
     if problems:
-        return _fail(
+        return fail(
             "tokenizer",
             f"{name}: tags that do not decode to themselves (the env would not see them): {', '.join(problems)}",
             "use a tokenizer in which the tags are plain text, not special or unknown tokens (remove added "
@@ -129,13 +137,13 @@ def check_tokenizer(name: str | None, loaded: list[Any]) -> Check:
         )
     turn = _play_turns(tok)
     if turn:
-        return _fail("tokenizer", f"{name}: {turn}", "use the tokenizer the model was trained with")
+        return fail("tokenizer", f"{name}: {turn}", "use the tokenizer the model was trained with")
     eos = (
         f"EOS id {tok.eos_token_id}"
         if tok.eos_token_id is not None
         else "no EOS token (turns end at tags only)"
     )
-    return _ok(
+    return ok(
         "tokenizer",
         f"{tok.name}: {tok.vocab_size} ids, {eos}; the {len(TAGS)} tags round-trip and SearchQA-v0 ends a "
         "search turn and an answer turn at their closing tags",
@@ -177,16 +185,16 @@ def check_model(name: str | None, tok: Any) -> Check:
         from searchgym.agents.llm.model import load_pretrained
         from searchgym.agents.llm.policy import LLMPolicy
     except ImportError as e:
-        return _fail("model", f"the LLM agents cannot be imported ({e})", install_command("train"))
+        return fail("model", f"the LLM agents cannot be imported ({e})", install_command("train"))
     if _missing_path(name):
-        return _fail("model", f"{name}: no such folder", "pass a folder that holds a model")
+        return fail("model", f"{name}: no such folder", "pass a folder that holds a model")
     start = time.perf_counter()
     try:
-        with offline(), _quiet_transformers():
+        with offline(), quiet_transformers():
             model = load_pretrained(name)
     except (OSError, ValueError) as e:  # not found, not in the cache, not a model folder
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        return _fail(
+        return fail(
             "model",
             f"{name} cannot be loaded offline: {first}",
             "pass a local model folder (config.json and weights), or a Hub name already in the Hugging Face "
@@ -196,9 +204,9 @@ def check_model(name: str | None, tok: Any) -> Check:
     params = sum(p.numel() for p in model.parameters())
     loaded = f"{name}: {model.config.model_type}, {params / 1e6:.1f}M parameters, loaded in {took:.1f}s"
     if tok is None:
-        return _ok("model", f"{loaded}; its logits not checked: no tokenizer (see its line)")
+        return ok("model", f"{loaded}; its logits not checked: no tokenizer (see its line)")
     try:
         LLMPolicy(model, tok)
     except SearchGymError as e:
-        return _fail("model", f"{name}: {e}", "pass --tokenizer with the model's own tokenizer")
-    return _ok("model", f"{loaded}; a logit for each of the tokenizer's {tok.vocab_size} ids")
+        return fail("model", f"{name}: {e}", "pass --tokenizer with the model's own tokenizer")
+    return ok("model", f"{loaded}; a logit for each of the tokenizer's {tok.vocab_size} ids")

@@ -8,21 +8,20 @@ line, not a crash. Everything runs offline: a model or tokenizer is loaded with 
 from __future__ import annotations
 
 import configparser
-import json
 import platform
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from functools import partial
 from importlib import metadata
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from searchgym.app.doctor.report import Check, exit_code, fail, format_check, ok, report_json
 from searchgym.errors import checkout_root, install_command
 
 __all__ = [
@@ -35,7 +34,6 @@ __all__ = [
     "run_checks",
 ]
 
-Status = Literal["ok", "fail", "warn", "skip"]
 
 DISTRIBUTION = "searchgym"
 
@@ -60,35 +58,9 @@ EXTRA_PURPOSE = {
     "verifiers": "the verifiers environment (searchgym-searchqa)",
 }
 VERL_VENV = ".venv-verl"
-MARKS: dict[str, str] = {"ok": "ok", "fail": "FAIL", "warn": "warn", "skip": "skip"}
 REINSTALL = "run `make venv` in the repository (or pip install -c constraints.txt -e '.[all,dev]')"
 #: What to run when the env or a search fails: Python's own error, with its traceback.
 TRACEBACK = "`searchgym eval --agent oracle --episodes 1` shows the full traceback"
-
-
-@dataclass(frozen=True)
-class Check:
-    """The outcome of one check.
-
-    Attributes:
-        name: What was checked (``"python"``, ``"torch"``, ``"extra trl"`` …).
-        status: ``"ok"``; ``"fail"``; ``"warn"`` (works, with a caveat); ``"skip"`` (not asked for, or an
-            optional part that is not installed).
-        required: A failure makes ``searchgym doctor`` exit 1; an optional check never does.
-        detail: What was found.
-        fix: What to do about a failure, a warning or a missing optional part (``None``: nothing to do).
-    """
-
-    name: str
-    status: Status
-    required: bool
-    detail: str
-    fix: str | None = None
-
-    @property
-    def failed(self) -> bool:
-        """A required check that failed."""
-        return self.required and self.status == "fail"
 
 
 def run_checks(
@@ -114,40 +86,12 @@ def run_checks(
         _guarded("bm25", check_bm25, f"{REINSTALL}; {TRACEBACK}"),
         _guarded("retriever", lambda: check_retriever(retriever)),
     ]
-    from searchgym.app.cli._doctor_model import MODEL_FIX, TOKENIZER_FIX, check_model, check_tokenizer
+    from searchgym.app.doctor.model import MODEL_FIX, TOKENIZER_FIX, check_model, check_tokenizer
 
     loaded: list[Any] = []
     checks.append(_guarded("tokenizer", lambda: check_tokenizer(tokenizer or model, loaded), TOKENIZER_FIX))
     checks.append(_guarded("model", lambda: check_model(model, loaded[0] if loaded else None), MODEL_FIX))
     return checks
-
-
-def exit_code(checks: list[Check]) -> int:
-    """1 when a required check failed, else 0."""
-    return int(any(c.failed for c in checks))
-
-
-def format_check(check: Check) -> str:
-    """One report line: the status mark, the check's name, what was found and what to do."""
-    line = f"{MARKS[check.status]:<4}  {check.name:<18} {check.detail}"
-    if check.fix:
-        line += f"; {'to enable' if check.status == 'skip' else 'fix'}: {check.fix}"
-    return line
-
-
-def report_json(checks: list[Check]) -> str:
-    """The report as one JSON object: ``ok`` (no required check failed) and the list of ``checks``."""
-    return json.dumps({"ok": exit_code(checks) == 0, "checks": [asdict(c) for c in checks]}, indent=2)
-
-
-def _ok(name: str, detail: str) -> Check:
-    """A required check that passed."""
-    return Check(name, "ok", True, detail)
-
-
-def _fail(name: str, detail: str, fix: str | None = None) -> Check:
-    """A required check that failed."""
-    return Check(name, "fail", True, detail, fix)
 
 
 def _guarded(name: str, check: Callable[[], Check], fix: str = REINSTALL, required: bool = True) -> Check:
@@ -230,12 +174,12 @@ def check_python() -> Check:
     """This interpreter against the package's ``python_requires``."""
     version, wanted = platform.python_version(), python_requires()
     if wanted and not _satisfies(version, SpecifierSet(wanted)):
-        return _fail(
+        return fail(
             "python",
             f"Python {version} does not satisfy {wanted}",
             f"use a Python {wanted} (in the repository: `make venv PYTHON=python3.11`)",
         )
-    return _ok("python", f"Python {version} ({platform.python_implementation()}), needs {wanted}")
+    return ok("python", f"Python {version} ({platform.python_implementation()}), needs {wanted}")
 
 
 def check_requirements() -> Check:
@@ -253,8 +197,8 @@ def check_requirements() -> Check:
             continue
         fixes.append(_pin(requirement))
     if problems:
-        return _fail("requirements", "; ".join(problems), " && ".join(fixes))
-    return _ok("requirements", ", ".join(found))
+        return fail("requirements", "; ".join(problems), " && ".join(fixes))
+    return ok("requirements", ", ".join(found))
 
 
 def check_torch() -> Check:
@@ -263,11 +207,11 @@ def check_torch() -> Check:
     try:
         import torch
     except ImportError as e:
-        return _fail("torch", f"not importable ({type(e).__name__}: {e}); the agents need it", fix)
+        return fail("torch", f"not importable ({type(e).__name__}: {e}); the agents need it", fix)
     version = str(torch.__version__)
     wanted = [r for r in requirements() if r.name == "torch" and _extra_of(r) == "train"]
     if wanted and not _satisfies(version, wanted[0].specifier):
-        return _fail("torch", f"torch {version} does not satisfy {_wanted(wanted[0])}", _pin(wanted[0]))
+        return fail("torch", f"torch {version} does not satisfy {_wanted(wanted[0])}", _pin(wanted[0]))
     cuda = torch.version.cuda
     build = f"CUDA {cuda} build" if cuda else "CPU build"
     devices = ["cpu"]
@@ -279,7 +223,7 @@ def check_torch() -> Check:
         devices.append("no CUDA device visible")
     if torch.backends.mps.is_available():
         devices.append("mps")
-    return _ok("torch", f"torch {version} ({build}); devices: {', '.join(devices)}")
+    return ok("torch", f"torch {version} ({build}); devices: {', '.join(devices)}")
 
 
 def check_bf16() -> Check:
@@ -376,8 +320,8 @@ def check_env() -> Check:
     took = time.perf_counter() - start
     if after != length + 1:
         fix = f"{REINSTALL}; {TRACEBACK}"
-        return _fail("env", f"one step made the transcript {after} tokens, not {length + 1}", fix)
-    return _ok("env", f"SearchQA-v0: reset ({length}-token prompt) and one step in {took:.2f}s")
+        return fail("env", f"one step made the transcript {after} tokens, not {length + 1}", fix)
+    return ok("env", f"SearchQA-v0: reset ({length}-token prompt) and one step in {took:.2f}s")
 
 
 def check_bm25() -> Check:
@@ -395,7 +339,7 @@ def check_bm25() -> Check:
         retriever.close()
     took = time.perf_counter() - start
     if not hits:
-        return _fail(
+        return fail(
             "bm25",
             f"no passage for {question.question!r} over {len(dataset.passages)}",
             REINSTALL,
@@ -403,7 +347,7 @@ def check_bm25() -> Check:
     ids = [h.passage_id for h in hits]
     gold = next((i for i, pid in enumerate(ids, 1) if pid in question.supporting_ids), None)
     where = f"gold passage at rank {gold}" if gold else "gold passage not in the top 3"
-    return _ok(
+    return ok(
         "bm25",
         f"{len(hits)} passages for {question.question!r} ({where}) over {len(dataset.passages)} passages, "
         f"index and search in {took:.2f}s",
@@ -430,9 +374,9 @@ def check_retriever(url: str | None) -> Check:
     try:
         client = HttpRetriever(url, timeout=5.0, retries=0)
     except MissingDependencyError as e:
-        return _fail("retriever", str(e).split(".")[0], install_command("server"))
+        return fail("retriever", str(e).split(".")[0], install_command("server"))
     except ConfigError as e:
-        return _fail("retriever", str(e), "pass --retriever http://HOST:PORT[/retrieve]")
+        return fail("retriever", str(e), "pass --retriever http://HOST:PORT[/retrieve]")
     with client:
         parts = urlsplit(client.url)
         address = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
@@ -440,7 +384,7 @@ def check_retriever(url: str | None) -> Check:
             if not _through_proxy(parts.scheme, parts.hostname or ""):  # the client honours HTTP(S)_PROXY
                 socket.create_connection(address, timeout=client.timeout).close()
         except OSError as e:
-            return _fail(
+            return fail(
                 "retriever",
                 f"{client.url} is not reachable ({type(e).__name__}: {e})",
                 "start a server (`searchgym serve --corpus DIR --port PORT`) or correct the URL",
@@ -449,7 +393,7 @@ def check_retriever(url: str | None) -> Check:
         try:
             hits = client.search([query], 3)[0]
         except RetrieverError as e:
-            return _fail(
+            return fail(
                 "retriever",
                 str(e),
                 "the server does not answer the /retrieve protocol (POST {queries, topk, return_scores} -> "
@@ -461,4 +405,4 @@ def check_retriever(url: str | None) -> Check:
         detail = f"{client.url} answers the protocol but returned no passage for {query!r}"
         return Check("retriever", "warn", True, detail)
     detail = f"{client.url}: {len(hits)} passages for {query!r} in {took:.2f}s (top: {hits[0].title!r})"
-    return _ok("retriever", detail)
+    return ok("retriever", detail)
