@@ -346,3 +346,23 @@ def test_the_floor_rule_finds_a_violation_planted_in_a_copy_of_the_tree(tmp_path
         "searchgym/planted_b.py:3: searchgym.planted_b imports searchgym.planted_a, closing a cycle among "
         "searchgym.planted_a, searchgym.planted_b",
     ]
+
+
+def test_architecture_md_draws_the_floors_the_imports_have() -> None:
+    """docs/architecture.md's table of imports between floors: no count above the diagonal (no arrow runs up),
+    and a count exactly where the package has imports from one floor to another."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(
+        r"^\| (applications|searchgym\.agents|searchgym\.envs|foundations) \| ([\d |]+)\|$", text, re.M
+    )
+    drawn = {
+        (FLOORS.index(name), target)
+        for name, cells in rows
+        for target, count in enumerate(cells.split("|"))
+        if int(count) > 0
+    }
+    edges, aliases = import_edges(ROOT)
+    floor = {module: 3 if module in aliases else floor_of(module) for module in package_modules(ROOT)}
+    assert len(rows) == len(FLOORS)
+    assert all(target <= source for source, target in drawn)
+    assert drawn == {(floor[edge.source], floor[edge.target]) for edge in edges}

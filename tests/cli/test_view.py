@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from searchgym.app.cli import main
-from searchgym.app.cli._view_html import embed_json, render_page
-from searchgym.app.cli._view_page import outcome, page_episodes, read_episodes, split_transcript_text
+from searchgym.app.view.html import embed_json, render_page
+from searchgym.app.view.page import outcome, page_episodes, read_episodes, split_transcript_text
 from searchgym.data import load_dataset
 from searchgym.errors import DataFormatError
 from searchgym.protocol import format_prompt

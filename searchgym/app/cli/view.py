@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from searchgym.app.cli._common import positive_int
 
 if TYPE_CHECKING:
-    from searchgym.app.cli._view_page import Episode
+    from searchgym.app.view.page import Episode
     from searchgym.tokenization import Tokenizer
 
 COMMAND = ("view",)
@@ -113,8 +113,8 @@ def manifest_tokenizer(path: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from searchgym.app.cli._view_html import render_page
-    from searchgym.app.cli._view_page import page_episodes, read_episodes
+    from searchgym.app.view.html import render_page
+    from searchgym.app.view.page import page_episodes, read_episodes
     from searchgym.data.jsonl import replace_on_success
     from searchgym.errors import ConfigError
 
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         return tokenizers[path]
 
     from searchgym.app.cli._agent_options import agent_labels
-    from searchgym.app.cli._view_page import file_labels
+    from searchgym.app.view.page import file_labels
 
     found = [file_agent(Path(f)) for f in args.files]
     names_of = agent_labels(list(dict.fromkeys(a for a, _ in found if a)))  # benchmark's names for them
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     labels = [dataset or label for (_, dataset), label in zip(found, file_labels(args.files), strict=True)]
     episodes = read_episodes(args.files, tokenizer_for, agents=[a for a, _ in found], labels=labels)
     if args.near_miss:
-        from searchgym.app.cli._view_page import episode_near_miss
+        from searchgym.app.view.page import episode_near_miss
 
         episodes = [e for e in episodes if episode_near_miss(e.fields)]
         print(f"{len(episodes)} near misses", file=sys.stderr)
@@ -199,7 +199,7 @@ def checkpoint_tokens(
 ) -> tuple[list[Any], dict[str, Any]]:
     """Every episode's policy tokens with their log-probs under each policy, and the page's colour legend."""
     from searchgym.agents.llm.colouring import sequence_logprobs
-    from searchgym.app.cli._view_tokens import policy_token_values, segment_ids
+    from searchgym.app.view.tokens import policy_token_values, segment_ids
 
     tokenizer = policies[0].tokenizer
     segments = [segment_ids(e, tokenizer) for e in episodes]
@@ -215,7 +215,7 @@ def checkpoint_tokens(
 
 def rollout_tokens(episodes: list[Episode], tokenizers: dict[Path, Tokenizer]) -> list[Any]:
     """The rollout log-probs export-trajectories rows carry, per policy token (``None`` for other records)."""
-    from searchgym.app.cli._view_tokens import policy_token_values
+    from searchgym.app.view.tokens import policy_token_values
 
     tokens: list[Any] = []
     for e in episodes:

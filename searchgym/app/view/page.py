@@ -398,7 +398,7 @@ def page_episodes(
             by title and text) and gold passages are its questions' supporting ids. Without it, passages
             come from the transcript's ``<information>`` blocks and gold ones from the record's own
             supporting ids, if any.
-        tokens: For each episode, :func:`searchgym.app.cli._view_tokens.policy_token_values` of its policy segments (or ``None``).
+        tokens: For each episode, :func:`searchgym.app.view.tokens.policy_token_values` of its policy segments (or ``None``).
         warn: Called with one line when episodes do not match ``dataset`` (their gold passages stay unknown).
     """
     corpus = _Corpus(dataset) if dataset is not None else None

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from searchgym.app.cli._view_page import Episode, SourceName
+from searchgym.app.view.page import Episode, SourceName
 
 if TYPE_CHECKING:
     import numpy as np
