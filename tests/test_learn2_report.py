@@ -1,17 +1,15 @@
-"""LEARN-2's pre-registered criteria (scripts/learn2_report.py) on hand-built summaries: G1 per seed (gain,
+"""LEARN-2's pre-registered criteria (searchgym/app/study/experiments/learn2.py) on hand-built summaries: G1 per seed (gain,
 paired interval, McNemar), the best RL arm, G2 against continued SFT, G3's flips by kind."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-learn2 = pytest.importorskip("learn2_report")
+from searchgym.app.study.experiments import learn2 as learn2
 
 N = 200
 """Questions per hand-built evaluation: the first N test questions of world 0."""

@@ -1,16 +1,13 @@
-"""LLD-3's pre-registered definitions (scripts/lld3_report.py) on hand-built summaries: learned, the
+"""LLD-3's pre-registered definitions (searchgym/app/study/experiments/lld3.py) on hand-built summaries: learned, the
 collapse step, the precursors and their lead, the phase windows, and the verdict per criterion."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-lld3 = pytest.importorskip("lld3_report")
+from searchgym.app.study.experiments import lld3 as lld3
 
 
 def summary(arm: str, seed: int, reward: list[float], **curves: list[float]) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -339,11 +338,10 @@ def study_report(protocol: Path, capsys: pytest.CaptureFixture[str]) -> str:
 
 
 @pytest.fixture
-def scripts(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    for name in ("learn_report", "lld3_report"):
-        sys.modules.pop(name, None)
-    return pytest.importorskip("lld3_report")
+def scripts() -> Any:
+    from searchgym.app.study.experiments import lld3
+
+    return lld3
 
 
 def test_lld3_re_reported_from_its_protocol_gives_lld3_mds_verdict(
@@ -388,7 +386,7 @@ def test_learn_re_reported_from_its_protocol_gives_learn_mds_verdict(
     scripts: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``searchgym study report docs/experiments/learn.toml``: L1-L3 per arm as ``lld_report.py learn``."""
-    learn_report = sys.modules["learn_report"]
+    learn_report = scripts.learn_report
     expected = {}
     for line in learn_report.report(EXPERIMENTS / "learn").split("verdict:\n")[1].splitlines():
         arm, _, rest = line.strip().partition(": ")

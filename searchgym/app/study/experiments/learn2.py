@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import learn_report
-from learn_report import em_vector, fmt, level, paired_gain, probe_change
-
+from searchgym.app.study.experiments import learn as learn_report
+from searchgym.app.study.experiments.learn import em_vector, fmt, level, paired_gain, probe_change
 from searchgym.stats import bootstrap_mean, mcnemar_p
 
 CONTROL = "control"
@@ -103,9 +102,9 @@ def report(folder: Path, plots: Path | None = None, seeds: int = 3) -> str:
                 f"greedy wrong {level(h['solvable_given_greedy_wrong'])}; bridge: greedy EM {level(b.get('greedy_em'))}, "
                 f"solvable | greedy wrong {level(b.get('solvable_given_greedy_wrong'))}"
             )
-    warm = next((em_vector(c, 0) for c in controls.values() if em_vector(c, 0) is not None), None)
-    for seed, c in sorted(controls.items()):
-        evals = {k: round(v["em"], 4) for k, v in c["eval"].items()}
+    warm = next((em_vector(r, 0) for r in controls.values() if em_vector(r, 0) is not None), None)
+    for seed, run in sorted(controls.items()):
+        evals = {k: round(v["em"], 4) for k, v in run["eval"].items()}
         lines.append(f"control s{seed}: greedy test EM by step {evals} (weights frozen: must all be equal)")
     if warm is None:
         lines.append("no control evaluation at step 0 yet: no criterion can be computed")

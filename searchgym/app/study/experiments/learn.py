@@ -179,9 +179,9 @@ def report(folder: Path, plots: Path | None = None, seeds: int = 3) -> str:
             f"{g['noise_scale_groups']:.4g} groups ({g['noise_scale_rollouts']:.4g} rollouts), informative "
             f"{g['informative_frac']:.3f}, SNR of a {g['minibatch_groups']:g}-group update {g['snr_minibatch']:.3g}"
         )
-    warm = next((em_vector(c, 0) for c in controls.values() if em_vector(c, 0) is not None), None)
-    for seed, c in sorted(controls.items()):
-        evals = {k: round(v["em"], 4) for k, v in c["eval"].items()}
+    warm = next((em_vector(r, 0) for r in controls.values() if em_vector(r, 0) is not None), None)
+    for seed, run in sorted(controls.items()):
+        evals = {k: round(v["em"], 4) for k, v in run["eval"].items()}
         lines.append(f"control s{seed}: greedy test EM by step {evals} (weights frozen: must all be equal)")
     lines.append("")
     lines.append(
@@ -222,7 +222,7 @@ def report(folder: Path, plots: Path | None = None, seeds: int = 3) -> str:
             l1_word = "NOT MET"
         else:
             l1_word = "undecided (seeds missing)"
-        l2 = (
+        l2: dict[str, Any] = (
             pooled_em_gain(list(by_arm[arm].values()), warm)
             if warm
             else {"mean": None, "lo": None, "hi": None, "met": None, "seeds": 0}

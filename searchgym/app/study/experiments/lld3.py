@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import learn_report
+from searchgym.app.study.experiments import learn as learn_report
 
 CURVES = (
     *learn_report.CURVES,
