@@ -599,7 +599,7 @@ def readme_demo_table() -> tuple[list[str], list[dict[str, str]], list[str]]:
         for line in rest
         if "  " in line.strip()
     ]
-    sentences = [line for line in rest if "  " not in line.strip() and line.strip()]
+    sentences = [line for line in rest if any(line.startswith(f"{r['model']}: ") for r in rows)]
     return columns, rows, sentences
 
 
@@ -614,7 +614,7 @@ def test_readme_demo_table_is_consistent() -> None:
     assert [r["model"] for r in rows] == ["warm-start", "GRPO", "GRPO+LLDS (action)"]
     demo = argparse.ArgumentParser()
     demo_arguments(demo)
-    questions = re.search(r"(\d+) test questions, greedy", readme)
+    questions = re.search(r"(\d+)\s+test\s+questions,\s+greedy", readme)
     assert questions is not None and int(questions[1]) == demo.get_default("eval_questions")
     n = int(questions[1])
     warm = float(rows[0]["test_em"])
@@ -636,16 +636,16 @@ def test_readme_demo_table_is_consistent() -> None:
         assert ("beyond the paired interval" in sentence) == (lo > 0 or hi < 0), sentence
 
     def quoted(pattern: str) -> list[float]:
-        found = re.search(pattern, readme)
+        found = re.search(pattern.replace(" ", r"\s+"), readme)
         assert found is not None, f"README no longer says {pattern!r}"
         return [float(x) for x in found.groups()]
 
     # What the prose under the table quotes from it, to its rounding.
     before, after, gain = quoted(r"GRPO lifts greedy test EM from ([\d.]+) to ([\d.]+) \(([+-][\d.]+),")
     assert [before, after, gain] == [warm, float(rows[1]["test_em"]), float(rows[1]["gain"])]
-    minutes = quoted(r"\(([\d.]+) min wall")
-    total = sum(float(r["minutes"]) for r in rows)
-    assert minutes[0] == pytest.approx(total, abs=0.3), "the wall time quoted is the table's minutes summed"
+    (minutes,) = quoted(r"([\d.]+) min wall at")
+    stages = sum(float(r["minutes"]) for r in rows)  # the headroom line's minute is the rest
+    assert stages - 0.05 <= minutes <= stages + 1.0, "the wall time quoted is the run's: its stages summed"
 
 
 # --- running the documented python blocks ------------------------------------------------------------------
