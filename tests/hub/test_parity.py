@@ -53,6 +53,7 @@ def test_the_set_covers_every_kind(trajectories: list[Any]) -> None:
         "search-then-guess",
         "answer-at-once",
         "malformed-tag",
+        "empty-search",
         "normalised-answer",
         "oracle-under-faults",
         "canary/empty-answer",
@@ -76,6 +77,11 @@ def test_every_door_gives_every_trajectory_the_same_reward_and_end(
     assert all(gym[t.name].reward == 0.0 for t in trajectories if t.name.startswith("canary/"))
     assert all(gym[t.name].end == "turn_budget" for t in trajectories if "no-answer" in t.name)
     assert all(gym[t.name].reward == 1.0 for t in trajectories if t.name.startswith(("malformed", "normal")))
+    # A search with an empty query (blank, alternately) runs no retrieval on any door: the TRL tool env
+    # refuses it, the others read it as a turn that calls no tool; the golden answer after it scores 1.
+    empty = [t for t in trajectories if t.name.startswith("empty-search/")]
+    assert {t.turns[0][1] for t in empty} == {"", " "}
+    assert all((gym[t.name].reward, len(gym[t.name].hits)) == (1.0, 1) for t in empty)
 
 
 @pytest.mark.slow
