@@ -14,6 +14,8 @@ import pytest
 from searchgym.envs import EnvSpec
 from searchgym.hub.parity import DOORS, Outcome, build_trajectories, compare, group_specs, play_all
 
+from ..conftest import HOTPOT, require
+
 SPEC = EnvSpec()
 
 
@@ -22,9 +24,9 @@ def trajectories() -> list[Any]:
     return build_trajectories(SPEC)
 
 
-@pytest.fixture(scope="module")
-def urls() -> Iterator[dict[str, str]]:
-    """One OpenEnv server per group of trajectories (the default spec, and the spec with faults)."""
+@contextlib.contextmanager
+def _servers(spec: EnvSpec) -> Iterator[dict[str, str]]:
+    """One OpenEnv server per group of trajectories (``spec``, and ``spec`` with faults)."""
     pytest.importorskip("openenv", reason="OpenEnv is in the dev extra")
     from searchgym.openenv.server import create_searchqa_app
     from searchgym.server import ServerThread
@@ -32,8 +34,14 @@ def urls() -> Iterator[dict[str, str]]:
     with contextlib.ExitStack() as stack:
         yield {
             group: stack.enter_context(ServerThread(create_searchqa_app(spec))).url
-            for group, spec in group_specs(SPEC).items()
+            for group, spec in group_specs(spec).items()
         }
+
+
+@pytest.fixture(scope="module")
+def urls() -> Iterator[dict[str, str]]:
+    with _servers(SPEC) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +120,17 @@ def test_a_perturbed_door_is_named_with_the_trajectory_and_both_values(
     first = some[0]
     want = play_all(SPEC, [first], doors=("gym",))["gym"][first.name].reward
     assert f"trl: trajectory {first.name}: reward {want + 0.5}, gym {want}" in lines
+
+
+@pytest.mark.slow
+def test_every_door_agrees_on_a_shared_data_folder() -> None:
+    """The same set built on HotpotQA's test split (its BM25 index, its questions): every door agrees."""
+    spec = EnvSpec(dataset=str(require(HOTPOT)), split="test")
+    trajectories = build_trajectories(spec)
+    assert len(trajectories) >= 50
+    with _servers(spec) as found:
+        outcomes = play_all(spec, trajectories, found)
+    assert set(outcomes) == set(DOORS) and compare(outcomes) == []
+    gym = outcomes["gym"]
+    assert all(gym[t.name].reward == 1.0 for t in trajectories if t.name.startswith("oracle"))
+    assert all(gym[t.name].reward == 0.0 for t in trajectories if t.name.startswith("canary/"))
