@@ -104,22 +104,42 @@ def test_the_faults_fired_and_every_door_drew_the_same(
     assert all(outcomes[door][t.name].hits == outcomes["gym"][t.name].hits for door in DOORS for t in faulted)
 
 
-@pytest.mark.slow
-def test_a_perturbed_door_is_named_with_the_trajectory_and_both_values(
-    trajectories: list[Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The TRL door's reward moved by 0.5 on every episode: the comparison names the door, each trajectory
-    and both values."""
-    from searchgym.agents.integrations.trl_env import SearchQAToolEnv
+def _perturb(door: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Moves ``door``'s reward by 0.5 on every episode."""
+    if door == "trl":
+        from searchgym.agents.integrations.trl_env import SearchQAToolEnv
 
-    original = SearchQAToolEnv.get_reward
-    monkeypatch.setattr(SearchQAToolEnv, "get_reward", lambda self: original(self) + 0.5)
+        original = SearchQAToolEnv.get_reward
+        monkeypatch.setattr(SearchQAToolEnv, "get_reward", lambda self: original(self) + 0.5)
+        return
+    from searchgym.hub import replies
+
+    play = replies.play_conversation
+
+    async def moved(*args: Any, **kwargs: Any) -> Any:
+        turn = await play(*args, **kwargs)
+        return None if turn is None else dataclasses.replace(turn, reward=turn.reward + 0.5)
+
+    monkeypatch.setattr(replies, "play_conversation", moved)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("door", ["trl", "verifiers"])
+def test_a_perturbed_door_is_named_with_the_trajectory_and_both_values(
+    door: str, trajectories: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One door's reward moved by 0.5 on every episode: the comparison names that door (only), each
+    trajectory and both values."""
     some = trajectories[:6]
+    want = play_all(SPEC, some, doors=("gym",))["gym"]
+    _perturb(door, monkeypatch)
     lines = compare(play_all(SPEC, some, doors=("gym", "trl", "verifiers")))
-    assert len(lines) == len(some)
-    first = some[0]
-    want = play_all(SPEC, [first], doors=("gym",))["gym"][first.name].reward
-    assert f"trl: trajectory {first.name}: reward {want + 0.5}, gym {want}" in lines
+    assert len(lines) == len(some) and all(line.startswith(f"{door}: ") for line in lines)
+    for t in some:
+        assert (
+            f"{door}: trajectory {t.name}: reward {want[t.name].reward + 0.5}, gym {want[t.name].reward}"
+            in lines
+        )
 
 
 @pytest.mark.slow
