@@ -175,6 +175,20 @@ def _constant_answer_demos(path: Path, questions: int) -> None:
     env.close()
 
 
+def _documented_vf_eval(n: str, model: str, port: str) -> list[str]:
+    """The arguments of docs/verifiers.md's `vf-eval` command, with its question count, model name and port
+    replaced."""
+    import shlex
+
+    text = (ROOT / "docs" / "verifiers.md").read_text()
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if b.startswith("vf-eval ")]
+    argv = shlex.split(block.replace("\\\n", " "))[1:]
+    swaps = {"-n": n, "-m": model, "--client.base-url": f"http://127.0.0.1:{port}/v1"}
+    for flag, value in swaps.items():
+        argv[argv.index(flag) + 1] = value
+    return argv
+
+
 @contextlib.contextmanager
 def _process(argv: list[str], log: Path, url: str) -> Any:
     """A server subprocess, until ``url`` answers (any HTTP status)."""
@@ -259,25 +273,12 @@ def test_vf_eval_of_a_served_checkpoint_scores_as_searchgym_eval(tmp_path: Path)
         done = subprocess.run(
             [
                 str(bin_dir / "vf-eval"),
-                TASKSET_ID,
-                "--env.taskset.split",
-                "test",
+                *_documented_vf_eval(n=str(n), model="tiny", port="8711"),
                 "--env.taskset.max-turns",
                 "2",
-                "-n",
-                str(n),
-                "-m",
-                "tiny",
-                "--client.base-url",
-                "http://127.0.0.1:8711/v1",
-                "--sampling.temperature",
-                "0",
                 "--sampling.max-tokens",
                 "16",
-                "--no-push",
                 "--no-rich",
-                "--env.agent.runtime.type",
-                "subprocess",
                 "--output-dir",
                 str(tmp_path / "vf"),
             ],
