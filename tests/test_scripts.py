@@ -218,6 +218,23 @@ def test_learn2_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
     assert "control s0: greedy test EM by step" in stdout and "scst: G1" in stdout and "G3" in stdout
 
 
+def test_learn2_rebuilds_its_warm_start_with_the_recipe(tmp_path: Path) -> None:
+    """``RECIPE=1``: the warm-start stage is ``searchgym warmstart --recipe headroom`` (no cached file), whose
+    demonstrations feed the continued-SFT arm, and every later stage plays the recipe's one passage per
+    search."""
+    summaries = tmp_path / "summaries"
+    env = small_env(tmp_path, SUMMARIES=str(summaries), RECIPE="1")
+    out = Path(env["OUT"])
+    run_stage("learn2_experiment.sh", ["warmstart"], env)
+    card = json.loads((out / "warmstart" / "card.json").read_text())
+    assert card["recipe"] == "headroom" and card["options"]["topk"] == 1
+    assert (out / "demos_headroom.jsonl").read_text() == (out / "warmstart" / "demos.jsonl").read_text()
+    run_stage("learn2_experiment.sh", ["lever", "grpo_recipe", "0", "group"], env)
+    manifest = json.loads((out / "grpo_recipe" / "s0" / "manifest.json").read_text())
+    assert manifest["config"]["init"] == str(out / "warmstart" / "checkpoint.pt")
+    assert manifest["episode"]["topk"] == 1
+
+
 @pytest.mark.parametrize("study", ["learn", "lld3", "learn2"])
 def test_the_study_page_quotes_the_report_of_the_committed_summaries(study: str) -> None:
     """docs/experiments/STUDY.md's tables and verdict are what ``lld_report.py STUDY`` prints from the

@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="headroom", help="the warm-start recipe")
     add_recipe_options(parser, prefix=RECIPE_PREFIX)
     parser.add_argument("--grpo-steps", type=int, default=20, help="rollout batches per GRPO variant")
-    parser.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate (constant)")
-    parser.add_argument("--questions-per-step", type=int, default=24, help="GRPO questions per rollout batch")
+    parser.add_argument("--lr", type=float, default=2e-4, help="GRPO learning rate (constant)")
+    parser.add_argument("--questions-per-step", type=int, default=48, help="GRPO questions per rollout batch")
     parser.add_argument("--group-size", type=int, default=5, help="GRPO samples per question")
     parser.add_argument(
         "--eval-questions", type=int, default=500, help="test questions every model is scored on, greedily"

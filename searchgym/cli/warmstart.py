@@ -38,11 +38,11 @@ class Recipe:
     """Passages per search (the demo-sized world: the default world's 3 cost ~50 % longer transcripts)."""
     max_turn_tokens: int = 48
     max_context_tokens: int = 1024
-    mix: str = "mix:oracle=0.2,shortcut=0.8"
+    mix: str = "mix:oracle=0.35,shortcut=0.65"
     """The demonstrator (``searchgym demos --demonstrator``)."""
     extra_worlds: int = 0
     """Also demonstrate every split of this many other generated worlds (seeds 1, 2, …)."""
-    epochs: int = 5
+    epochs: int = 10
     batch_size: int = 16
     lr: float = 4e-3
     lr_schedule: str = "linear"
