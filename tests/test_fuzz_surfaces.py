@@ -117,6 +117,13 @@ COMPLETION = json.dumps(
 CHAT = json.dumps(
     {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": " A"}]}
 ).encode()
+STREAMED = json.dumps(
+    {
+        "messages": [{"role": "user", "content": "Q"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+).encode()
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +168,7 @@ def test_serve_policy_bodies_are_answered_or_refused_with_one_4xx_line(
         strategy = st.one_of(
             st.tuples(st.just("/v1/completions"), mutated(COMPLETION)),
             st.tuples(st.just("/v1/chat/completions"), mutated(CHAT)),
+            st.tuples(st.just("/v1/chat/completions"), mutated(STREAMED)),
         )
         _fuzz("serve-policy bodies", count, strategy, check)
         assert client.get("/health").status_code == 200

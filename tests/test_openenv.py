@@ -340,6 +340,25 @@ def test_app_module_reads_its_options_from_the_environment(monkeypatch: pytest.M
             assert len(ws.receive_json()["data"]["observation"]["passage_ids"]) == 1
 
 
+@pytest.mark.slow
+def test_the_remote_tools_refuse_an_empty_query_as_the_local_tool_env_does(server: str) -> None:
+    """Nothing is sent: the session's step count and searches stay as they were, and a search follows."""
+    from searchgym.errors import InvalidActionError
+    from searchgym.openenv.tools import SearchQARemoteTools
+
+    tools = SearchQARemoteTools(server)
+    try:
+        tools.reset()
+        for query in ("", "   "):
+            with pytest.raises(InvalidActionError, match="the query is empty"):
+                tools.search(query)
+        state = tools._client.state()
+        assert state.step_count == 0 and state.hit_ids == []
+        assert tools.search("a question").startswith("<information>")
+    finally:
+        tools._client.close()
+
+
 def test_trl_environment_factory_drives_the_client_in_a_grpo_step(
     server: str, scripted_tool_grpo: Any
 ) -> None:
