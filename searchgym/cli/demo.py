@@ -4,7 +4,7 @@ Build a warm-start with designed headroom from nothing (``searchgym warmstart``'
 headroom RL could find (``bench headroom``) → train it further with GRPO and with GRPO+LLDS (action gate)
 for the same short budget → score all three greedily on the same test questions and print the table: test
 EM with its interval and each run's paired gain over the frozen warm-start, with McNemar's p. The curves go
-under ``RUN_DIR``. About a quarter of an hour on two CPU cores.
+under ``RUN_DIR``. About 11 minutes on two CPU cores (docs/experiments/warmstart.md).
 """
 
 from __future__ import annotations
