@@ -122,6 +122,6 @@ case "${1:-}" in
     "$PY" "$HERE/lld_report.py" learn2-summarize "$OUT" --out "$SUMMARIES"
     ;;
   *)
-    sed -n 2,9p "$0"; exit 2
+    sed -n '2,/SMALL=1/p' "$0"; exit 2
     ;;
 esac
