@@ -249,17 +249,22 @@ def _parse(
     }
 
 
-def _events(
-    head: dict[str, Any], chat: bool, done: Completion, usage: dict[str, int], include_usage: bool
-) -> list[bytes]:
-    """The server-sent events of a streamed completion (see the module docstring)."""
-    last: dict[str, Any] = {
+def _closing_choice(done: Completion) -> dict[str, Any]:
+    """What a completion's choice says of how it ended (an answer's choice, a stream's last chunk)."""
+    return {
         "index": 0,
         "finish_reason": done.finish_reason,
         "stop_reason": done.stop,
         "token_ids": done.token_ids,
         "logprobs": None,
     }
+
+
+def _events(
+    head: dict[str, Any], chat: bool, done: Completion, usage: dict[str, int], include_usage: bool
+) -> list[bytes]:
+    """The server-sent events of a streamed completion (see the module docstring)."""
+    last = _closing_choice(done)
     if chat:
         first = {
             "index": 0,
@@ -347,13 +352,7 @@ def create_completions_app(generator: Generator, model: str, limits: CompletionL
                 done = await run_in_threadpool(lambda: generator.complete(ids, **settings))
         finally:
             waiting[0] -= 1
-        choice: dict[str, Any] = {
-            "index": 0,
-            "finish_reason": done.finish_reason,
-            "stop_reason": done.stop,
-            "token_ids": done.token_ids,
-            "logprobs": None,
-        }
+        choice = _closing_choice(done)
         if chat:
             choice["message"] = {"role": "assistant", "content": done.text}
         else:
