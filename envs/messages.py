@@ -15,8 +15,9 @@ Two ways to play an episode:
   reward 0); an answer ends the episode with the metric as reward. The OpenEnv server and the ``verifiers``
   environment play this way.
 * :meth:`SearchQAMessages.search` and :meth:`SearchQAMessages.answer` are the bare tool calls, for a trainer
-  that runs the conversation loop itself (TRL): ``max_turns - 1`` searches, then ``search`` raises; a refused
-  call spends nothing.
+  that runs the conversation loop itself (TRL): ``max_turns - 1`` searches, then ``search`` raises; a search
+  with an empty query raises too (where :meth:`SearchQAMessages.play` and ``SearchQA-v0`` read it as a turn
+  that calls no tool, it runs no retrieval); a refused call spends nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from typing import Any, Literal
 from searchgym.data import Dataset, Question, load_dataset
 from searchgym.envs.search_qa import fault_rng
 from searchgym.envs.spec import EnvSpec, make_spec
-from searchgym.errors import ConfigError, EpisodeFinishedError, RetrieverError, UnknownQuestionError
+from searchgym.errors import (
+    ConfigError,
+    EpisodeFinishedError,
+    InvalidActionError,
+    RetrieverError,
+    UnknownQuestionError,
+)
 from searchgym.protocol import INVALID_TURN_MESSAGE, format_documents, format_search_failure
 from searchgym.retrieval.base import Retriever
 from searchgym.retrieval.faults import FaultyRetriever
@@ -214,10 +221,13 @@ class SearchQAMessages:
 
         Raises:
             EpisodeFinishedError: the question is already answered, or no searches are left.
+            InvalidActionError: the query is empty or blank (no retrieval is run; nothing is spent).
             RetrieverError: the retrieval failed and ``on_retrieval_error`` is ``"raise"``.
         """
         if self.given_answer is not None:
             raise EpisodeFinishedError("the question is already answered")
+        if not query.strip():
+            raise InvalidActionError("the query is empty: search needs words to look for")
         if len(self.queries) >= self.max_searches:
             raise EpisodeFinishedError(f"no searches left ({self.max_searches} allowed): call answer")
         try:

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The pre-registered study of docs/experiments/learn2.md (RL beyond imitation), stage by stage.
 #   scripts/learn2_experiment.sh warmstart        # headroom demonstrations, then 2 SFT epochs on them from sft_ext2
+#   RECIPE=1 scripts/learn2_experiment.sh warmstart   # or: `searchgym warmstart --recipe headroom` from nothing
 #   scripts/learn2_experiment.sh headroom         # bench headroom on the warm-start and on sft_ext2 (the gate)
 #   scripts/learn2_experiment.sh runs [SEEDS]     # control, grpo, scst, sft per seed, seed-major, JOBS at a time
 #   scripts/learn2_experiment.sh lever NAME SEED ADVANTAGE [OPTIONS...]   # one extra paired GRPO arm
 #   scripts/learn2_experiment.sh summarize        # one small JSON per finished run into docs/experiments/learn2/
 # Runs go to $OUT (default runs/learn2); BASE names the oracle warm-start (default: the cached sft_ext2
-# stage); MIX the demonstrator. SMALL=1 shrinks every budget (a smoke test of the stages on a tiny model).
+# stage); MIX the demonstrator. RECIPE=1 builds the warm-start with the package's recipe instead (no cached
+# file: its world has one passage per search, so every stage then plays --topk 1, and the recipe's
+# demonstrations are the continued-SFT arm's). SMALL=1 shrinks every budget (a smoke test on a tiny model).
 set -euo pipefail
 SG=${SEARCHGYM:-searchgym}
 PY=${PYTHON:-python}
@@ -31,6 +34,10 @@ else
   HEADROOM="--questions 300 --samples 8"
 fi
 WARM=$OUT/warmstart/checkpoint.pt
+if [ "${RECIPE:-0}" = 1 ]; then
+  ENVSIZE="$ENVSIZE --topk 1"; BASE=""
+  RECIPE_SIZE=""; [ "${SMALL:-0}" = 1 ] && RECIPE_SIZE="--layers 1 --hidden 32 --epochs 1 --batch-size 4 --demos-per-world 8"
+fi
 mkdir -p "$OUT" "$SUMMARIES"
 
 grpo() {  # grpo ARM SEED LR ADVANTAGE [options...]
@@ -74,6 +81,14 @@ export SG PY HERE OUT STEPS WARM MODEL SIZES EVAL PROBES SUMMARIES ENVSIZE SFTAR
 
 case "${1:-}" in
   warmstart)
+    if [ "${RECIPE:-0}" = 1 ]; then
+      # shellcheck disable=SC2086
+      "$SG" warmstart --recipe headroom --run-dir "$OUT/warmstart" --overwrite --seed 0 --threads 2 $RECIPE_SIZE \
+        --eval-questions "$(set -- $EVAL; echo "$2")" --headroom-questions 0 --no-progress
+      cp "$OUT/warmstart/demos.jsonl" "$OUT/demos_headroom.jsonl"
+      sha256sum "$WARM"
+      exit 0
+    fi
     # shellcheck disable=SC2086
     "$SG" demos --split train $ENVSIZE $DEMOS --demonstrator "$MIX" --seed 0 --out "$OUT/demos_headroom.jsonl"
     # shellcheck disable=SC2086
@@ -107,6 +122,6 @@ case "${1:-}" in
     "$PY" "$HERE/lld_report.py" learn2-summarize "$OUT" --out "$SUMMARIES"
     ;;
   *)
-    sed -n 2,9p "$0"; exit 2
+    sed -n '2,/SMALL=1/p' "$0"; exit 2
     ;;
 esac

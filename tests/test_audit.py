@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from searchgym.audit import AnswerIndex, audit_questions, audit_shares, oracle_query
 from searchgym.app.cli import main
+from searchgym.audit import AnswerIndex, audit_questions, audit_shares, oracle_query
 from searchgym.data import load_flashrag
 from searchgym.errors import ConfigError
 from searchgym.retrieval import BM25Retriever

@@ -117,6 +117,13 @@ COMPLETION = json.dumps(
 CHAT = json.dumps(
     {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": " A"}]}
 ).encode()
+STREAMED = json.dumps(
+    {
+        "messages": [{"role": "user", "content": "Q"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+).encode()
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +168,7 @@ def test_serve_policy_bodies_are_answered_or_refused_with_one_4xx_line(
         strategy = st.one_of(
             st.tuples(st.just("/v1/completions"), mutated(COMPLETION)),
             st.tuples(st.just("/v1/chat/completions"), mutated(CHAT)),
+            st.tuples(st.just("/v1/chat/completions"), mutated(STREAMED)),
         )
         _fuzz("serve-policy bodies", count, strategy, check)
         assert client.get("/health").status_code == 200
@@ -227,9 +235,9 @@ def test_study_protocols_load_or_are_one_line_and_never_reach_a_folder_they_did_
 ) -> None:
     import hashlib
 
-    from searchgym.errors import ConfigError
     from searchgym.app.study.protocol import load_protocol
     from searchgym.app.study.runner import check_run_folders, run_states
+    from searchgym.errors import ConfigError
 
     from .study.conftest import TINY_PROTOCOL
 

@@ -22,10 +22,10 @@ import pytest
 
 pytest.importorskip("openenv", reason="OpenEnv is in the dev extra (`make test` installs it) and `openenv`")
 
-from searchgym.data import Question, load_dataset
-from searchgym.errors import ConfigError, UnknownQuestionError
 from searchgym.app.openenv import SearchQAAction, SearchQAEnvClient
 from searchgym.app.openenv.environment import SearchQAEnvironment
+from searchgym.data import Question, load_dataset
+from searchgym.errors import ConfigError, UnknownQuestionError
 
 from .conftest import NON_DEFAULT_ENV, SERVER_WAIT
 
@@ -338,6 +338,25 @@ def test_app_module_reads_its_options_from_the_environment(monkeypatch: pytest.M
             assert obs["question_id"].startswith("test-")
             ws.send_json({"type": "step", "data": {"tool": "search", "text": obs["question"]}})
             assert len(ws.receive_json()["data"]["observation"]["passage_ids"]) == 1
+
+
+@pytest.mark.slow
+def test_the_remote_tools_refuse_an_empty_query_as_the_local_tool_env_does(server: str) -> None:
+    """Nothing is sent: the session's step count and searches stay as they were, and a search follows."""
+    from searchgym.app.openenv.tools import SearchQARemoteTools
+    from searchgym.errors import InvalidActionError
+
+    tools = SearchQARemoteTools(server)
+    try:
+        tools.reset()
+        for query in ("", "   "):
+            with pytest.raises(InvalidActionError, match="the query is empty"):
+                tools.search(query)
+        state = tools._client.state()
+        assert state.step_count == 0 and state.hit_ids == []
+        assert tools.search("a question").startswith("<information>")
+    finally:
+        tools._client.close()
 
 
 def test_trl_environment_factory_drives_the_client_in_a_grpo_step(

@@ -218,6 +218,48 @@ def test_learn2_experiment_stages_at_a_tiny_size(tmp_path: Path) -> None:
     assert "control s0: greedy test EM by step" in stdout and "scst: G1" in stdout and "G3" in stdout
 
 
+def test_learn2_rebuilds_its_warm_start_with_the_recipe(tmp_path: Path) -> None:
+    """``RECIPE=1``: the warm-start stage is ``searchgym warmstart --recipe headroom`` (no cached file), whose
+    demonstrations feed the continued-SFT arm, and every later stage plays the recipe's one passage per
+    search."""
+    summaries = tmp_path / "summaries"
+    env = small_env(tmp_path, SUMMARIES=str(summaries), RECIPE="1")
+    out = Path(env["OUT"])
+    run_stage("learn2_experiment.sh", ["warmstart"], env)
+    card = json.loads((out / "warmstart" / "card.json").read_text())
+    assert card["recipe"] == "headroom" and card["options"]["topk"] == 1
+    assert (out / "demos_headroom.jsonl").read_text() == (out / "warmstart" / "demos.jsonl").read_text()
+    run_stage("learn2_experiment.sh", ["lever", "grpo_recipe", "0", "group"], env)
+    manifest = json.loads((out / "grpo_recipe" / "s0" / "manifest.json").read_text())
+    assert manifest["config"]["init"] == str(out / "warmstart" / "checkpoint.pt")
+    assert manifest["episode"]["topk"] == 1
+
+
+def test_the_warmstart_page_quotes_its_frontier(tmp_path: Path) -> None:
+    """docs/experiments/warmstart.md's frontier table is what scripts/warmstart_frontier.py prints from the
+    points committed beside it, and the script draws the figure; an empty folder is one error line."""
+    script = ROOT / "scripts" / "warmstart_frontier.py"
+    folder = ROOT / "docs" / "experiments" / "warmstart"
+    done = subprocess.run(
+        [sys.executable, str(script), str(folder), "--plot", str(tmp_path / "f.png")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
+    printed = done.stdout.split("\nwrote ")[0].strip()
+    doc = (ROOT / "docs" / "experiments" / "warmstart.md").read_text()
+    start = "<!-- frontier: python scripts/warmstart_frontier.py docs/experiments/warmstart -->"
+    quoted = doc.split(start)[1].split("<!-- /frontier -->")[0].strip()
+    assert quoted == printed
+    assert len(printed.splitlines()) == 2 + len(list(folder.glob("e*.json")))
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+    empty = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert empty.returncode == 1 and "no frontier points" in empty.stderr
+
+
 @pytest.mark.parametrize("study", ["learn", "lld3", "learn2"])
 def test_the_study_page_quotes_the_report_of_the_committed_summaries(study: str) -> None:
     """docs/experiments/STUDY.md's tables and verdict are what ``lld_report.py STUDY`` prints from the

@@ -55,7 +55,8 @@ class SearchQAToolEnv:
             ``on_retrieval_error`` (``"observe"``: a failed search answers ``Search failed: …``, else it
             raises, which TRL shows the model as an error); ``topk`` passages per search, each cut to
             ``max_passage_words``; ``max_turns`` tool turns, the answer included, so ``max_turns - 1``
-            searches, then ``search`` answers with an error; the ``reward`` metric; and
+            searches, then ``search`` answers with an error (so does a search with an empty query, which
+            ``SearchQA-v0`` reads as an invalid turn); the ``reward`` metric; and
             ``append_question_mark``. The fields of :data:`NOT_APPLIED` change nothing.
         seed: Seed of the question draw when a row names no question.
         **fields: :class:`~searchgym.envs.EnvSpec` fields changed from ``spec`` (e.g. ``topk=5``).

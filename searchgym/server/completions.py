@@ -4,10 +4,17 @@ Routes: ``POST /v1/completions`` (``prompt`` as text or token ids), ``POST /v1/c
 (``messages``; the contents are joined in order into one prompt — the policy was trained on Search-R1's raw
 text, with no chat template — so a chat that continues the assistant's message continues that text), ``GET
 /v1/models`` and ``GET /health``. Requests take ``model``, ``max_tokens``, ``temperature`` (0: greedy),
-``top_p``, ``stop`` (up to 4 strings), ``seed`` and ``n`` (1 only); streaming is not offered. A choice
-carries OpenAI's ``text`` (or ``message``) and ``finish_reason``, vLLM's ``stop_reason`` (the stop string
-matched) and ``token_ids`` (every generated id, the stop's own tokens included), and the answer its
-``usage``.
+``top_p``, ``stop`` (up to 4 strings), ``seed``, ``n`` (1 only) and ``stream``. A choice carries OpenAI's
+``text`` (or ``message``) and ``finish_reason``, vLLM's ``stop_reason`` (the stop string matched) and
+``token_ids`` (every generated id, the stop's own tokens included), and the answer its ``usage``.
+
+``stream: true`` answers server-sent events in OpenAI's chunk format (``text/event-stream``): each event a
+``data: {...}`` line — a ``chat.completion.chunk`` (its ``delta``: the role, then the text) or a
+``text_completion`` chunk, the last one with the ``finish_reason``, ``stop_reason`` and ``token_ids`` —
+then, when ``stream_options.include_usage`` is true, a chunk with no choices and the ``usage`` (every other
+chunk then has ``"usage": null``), and ``data: [DONE]``. The completion is generated whole before the first
+event is sent (one generation at a time, as above), so the text arrives in one delta; a request refused is
+one 4xx JSON line, as unstreamed.
 
 Bounded like ``searchgym serve``: the same body-size and read-time guards and connection cap
 (:mod:`searchgym.server.guards`, :mod:`searchgym.server.connections`), and the same bounded JSON parser
@@ -23,6 +30,7 @@ them, then get 503). Every bad request is one 4xx line, never a 500.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 import uuid
@@ -159,8 +167,18 @@ def _parse(
         raise _BadRequest(
             404, f"model {body.get('model')!r} is not served here (this server serves {model!r})"
         )
-    if body.get("stream"):
-        raise _BadRequest(400, "streaming is not offered by this server; send stream=false")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _BadRequest(400, f"stream must be true or false, got {stream!r}")
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise _BadRequest(400, "stream_options must be an object whose include_usage is true or false")
+    if options and not stream:
+        raise _BadRequest(400, "stream_options is only allowed with stream=true")
     if body.get("n", 1) != 1:
         raise _BadRequest(400, f"n must be 1, got {body.get('n')!r}")
     if chat:
@@ -226,7 +244,43 @@ def _parse(
         "top_p": _number(body, "top_p", 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]"),
         "seed": seed,
         "stops": stops,
+        "stream": stream,
+        "include_usage": bool(options.get("include_usage", False)),
     }
+
+
+def _closing_choice(done: Completion) -> dict[str, Any]:
+    """What a completion's choice says of how it ended (an answer's choice, a stream's last chunk)."""
+    return {
+        "index": 0,
+        "finish_reason": done.finish_reason,
+        "stop_reason": done.stop,
+        "token_ids": done.token_ids,
+        "logprobs": None,
+    }
+
+
+def _events(
+    head: dict[str, Any], chat: bool, done: Completion, usage: dict[str, int], include_usage: bool
+) -> list[bytes]:
+    """The server-sent events of a streamed completion (see the module docstring)."""
+    last = _closing_choice(done)
+    if chat:
+        first = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "finish_reason": None,
+            "logprobs": None,
+        }
+        text = {"index": 0, "delta": {"content": done.text}, "finish_reason": None, "logprobs": None}
+        choices = [first, text, {**last, "delta": {}}]
+    else:
+        choices = [{**last, "text": done.text}]
+    chunks: list[dict[str, Any]] = [{**head, "choices": [c]} for c in choices]
+    if include_usage:
+        chunks = [{**c, "usage": None} for c in chunks] + [{**head, "choices": [], "usage": usage}]
+    events = [b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n" for c in chunks]
+    return [*events, b"data: [DONE]\n\n"]
 
 
 class _LoopSemaphore:
@@ -252,7 +306,7 @@ def create_completions_app(generator: Generator, model: str, limits: CompletionL
     """
     try:
         from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import JSONResponse, StreamingResponse
         from starlette.concurrency import run_in_threadpool
     except ImportError:
         raise MissingDependencyError("fastapi", "server", "The policy server") from None
@@ -290,6 +344,7 @@ def create_completions_app(generator: Generator, model: str, limits: CompletionL
         if waiting[0] >= limits.max_waiting:
             return error(503, f"{waiting[0]} requests are waiting for the model; try again later")
         lock = locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+        stream, include_usage = settings.pop("stream"), settings.pop("include_usage")
         waiting[0] += 1
         try:
             async with lock:
@@ -297,13 +352,7 @@ def create_completions_app(generator: Generator, model: str, limits: CompletionL
                 done = await run_in_threadpool(lambda: generator.complete(ids, **settings))
         finally:
             waiting[0] -= 1
-        choice: dict[str, Any] = {
-            "index": 0,
-            "finish_reason": done.finish_reason,
-            "stop_reason": done.stop,
-            "token_ids": done.token_ids,
-            "logprobs": None,
-        }
+        choice = _closing_choice(done)
         if chat:
             choice["message"] = {"role": "assistant", "content": done.text}
         else:
@@ -313,16 +362,19 @@ def create_completions_app(generator: Generator, model: str, limits: CompletionL
             "completion_tokens": len(done.token_ids),
             "total_tokens": len(ids) + len(done.token_ids),
         }
-        return JSONResponse(
-            {
-                "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
-                "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
+        head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
+        if stream:
+            head["object"] = "chat.completion.chunk" if chat else "text_completion"
+            events = _events(head, chat, done, usage, include_usage)
+            return StreamingResponse(
+                iter(events), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+            )
+        return JSONResponse({**head, "choices": [choice], "usage": usage})
 
     async def completions(request: Request) -> Any:
         return await serve(request, chat=False)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from searchgym.audit import audit_questions, audit_shares
 from searchgym.app.cli import main
+from searchgym.audit import audit_questions, audit_shares
 from searchgym.result_card import card_audit
 
 # An agent that never searches and answers from "memory" (the golden answer the env's info shows it).

@@ -148,3 +148,15 @@ def test_a_second_demo_never_replaces_the_first(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(ConfigError, match="--overwrite"):
         demo_dir("runs/demo", False)
     assert demo_dir("runs/demo", True) == Path("runs/demo")
+
+
+def test_the_demo_names_its_recipe_options_in_its_refusals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchgym.app.cli import main
+
+    run_dir = tmp_path / "demo"
+    assert main(["demo", "--run-dir", str(run_dir), "--warmstart-lr-schedule", "cosine"]) != 0
+    err = capsys.readouterr().err
+    assert err == "searchgym: error: --warmstart-lr-schedule must be constant or linear, got 'cosine'\n"
+    assert not run_dir.exists()  # nothing written

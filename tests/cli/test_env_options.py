@@ -124,7 +124,9 @@ def test_env_defaults_are_declared_in_the_spec_alone() -> None:
     # benchmark's own --retriever (one per dataset) and prepare verl's --split (repeated), see COMMANDS
     own = {("benchmark.py", "retriever"), ("prepare_verl.py", "split")}
     found = [
-        f for f in found if not any(f.startswith(f"searchgym/app/cli/{m}: ") and f'"--{n}"' in f for m, n in own)
+        f
+        for f in found
+        if not any(f.startswith(f"searchgym/app/cli/{m}: ") and f'"--{n}"' in f for m, n in own)
     ]
     assert not found, "env options declared outside envs/spec.py:\n" + "\n".join(found)
 

@@ -13,12 +13,12 @@ pytest.importorskip("openenv", reason="OpenEnv is in the dev extra")
 
 from pydantic import Field
 
-from searchgym.envs import EnvSpec
-from searchgym.errors import ConfigError
 from searchgym.app.hub.checks import CHECKS, read_validation, run_checks
 from searchgym.app.openenv import SearchQAAction
 from searchgym.app.openenv.environment import SearchQAEnvironment
 from searchgym.app.openenv.models import SearchQAObservation, SearchQAState
+from searchgym.envs import EnvSpec
+from searchgym.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "openenv.yaml"

@@ -26,10 +26,10 @@ if os.environ.get("SEARCHGYM_REQUIRE_VERIFIERS") != "1":
 
 import verifiers.v1 as vf
 
+from searchgym.app.hub.verifiers_env import TASKSET_ID, SearchQAEnv, load_environment, spec_of
 from searchgym.data import load_dataset
 from searchgym.envs import EnvSpec
 from searchgym.errors import ConfigError
-from searchgym.app.hub.verifiers_env import TASKSET_ID, SearchQAEnv, load_environment, spec_of
 
 from ..conftest import NON_DEFAULT_ENV
 
@@ -144,7 +144,49 @@ def test_the_documented_load_block_runs() -> None:
 
 
 E2E = "SEARCHGYM_VF_EVAL_E2E"
-SIZES = ["--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768"]
+SIZES = ["--max-turns", "2", "--max-turn-tokens", "16", "--max-context-tokens", "768"]
+ANSWER = "sculptor"  # the golden answer of one of the first five test questions of the generated world
+
+
+def _constant_answer_demos(path: Path, questions: int) -> None:
+    """Demonstrations that answer :data:`ANSWER` at once, after ``SearchQA-v0``'s prompt and after the
+    message-level view's (what a chat endpoint sees), on the first training questions: the policy trained on
+    them makes the same move whichever door asks it, and scores neither 0 nor 1 on the test questions."""
+    import gymnasium as gym
+
+    from searchgym.envs.messages import SearchQAMessages
+
+    env = gym.make("SearchQA-v0", split="train", max_turns=2, max_turn_tokens=16, max_context_tokens=768)
+    base, view = env.unwrapped, SearchQAMessages(split="train")
+    reply = base.tokenizer.encode(f"<answer> {ANSWER} </answer>")
+    with path.open("w") as out:
+        for i in range(questions):
+            env.reset(options={"question_index": i})
+            prompts = [base.episode.tokens[: base.episode.length].tolist()]
+            prompts.append(base.tokenizer.encode(view.prompt(base.questions[i])))
+            for prompt in prompts:
+                record = {
+                    "question_id": base.questions[i].id,
+                    "tokens": prompt + reply,
+                    "sources": [1] * len(prompt) + [2] * len(reply),
+                    "reward": 1.0,
+                }
+                out.write(json.dumps(record) + "\n")
+    env.close()
+
+
+def _documented_vf_eval(n: str, model: str, port: str) -> list[str]:
+    """The arguments of docs/verifiers.md's `vf-eval` command, with its question count, model name and port
+    replaced."""
+    import shlex
+
+    text = (ROOT / "docs" / "verifiers.md").read_text()
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if b.startswith("vf-eval ")]
+    argv = shlex.split(block.replace("\\\n", " "))[1:]
+    swaps = {"-n": n, "-m": model, "--client.base-url": f"http://127.0.0.1:{port}/v1"}
+    for flag, value in swaps.items():
+        argv[argv.index(flag) + 1] = value
+    return argv
 
 
 @contextlib.contextmanager
@@ -181,14 +223,15 @@ def _process(argv: list[str], log: Path, url: str) -> Any:
 )
 def test_vf_eval_of_a_served_checkpoint_scores_as_searchgym_eval(tmp_path: Path) -> None:
     """verifiers' own entry point, `vf-eval`, on N questions against `searchgym serve-policy` of a trained
-    checkpoint on 127.0.0.1: its mean reward equals `searchgym eval --agent checkpoint:` on the same questions.
-    serve-policy answers whole completions and verifiers' harness streams, so a small front
-    (tests/hub/sse_shim.py) turns each completion into server-sent events."""
+    checkpoint on 127.0.0.1 (its streamed chat completions, as verifiers' harness asks them): its mean
+    reward equals `searchgym eval --agent checkpoint:` on the same questions, and lies strictly between 0
+    and 1, so that agreeing on nothing cannot pass."""
     from searchgym.app.cli import main
 
     n = 5
-    run = tmp_path / "sft"
-    args = ["train", "sft", "--run-dir", str(run), *SIZES, "--demo-episodes", "8", "--epochs", "1"]
+    demos, run = tmp_path / "demos.jsonl", tmp_path / "sft"
+    _constant_answer_demos(demos, 16)
+    args = ["train", "sft", "--run-dir", str(run), *SIZES, "--demos", str(demos), "--epochs", "20"]
     assert main([*args, "--eval-questions", "0", "--threads", "1", "--no-progress", "--no-tensorboard"]) == 0
     checkpoint = run / "checkpoint.pt"
     bin_dir = Path(sys.executable).parent
@@ -215,6 +258,7 @@ def test_vf_eval_of_a_served_checkpoint_scores_as_searchgym_eval(tmp_path: Path)
     )
     assert local.returncode == 0, local.stderr
     local_em = json.loads(local.stdout.strip().splitlines()[-1])["em"]
+    assert 0.0 < local_em < 1.0, local_em
     serve = [
         str(bin_dir / "searchgym"),
         "serve-policy",
@@ -224,30 +268,17 @@ def test_vf_eval_of_a_served_checkpoint_scores_as_searchgym_eval(tmp_path: Path)
         "--model-name",
         "tiny",
     ]
-    shim = [sys.executable, str(Path(__file__).with_name("sse_shim.py")), "http://127.0.0.1:8711/v1", "8712"]
     environ = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path)}
-    with (
-        _process(serve, tmp_path / "serve.log", "http://127.0.0.1:8711/v1/models"),
-        _process(shim, tmp_path / "shim.log", "http://127.0.0.1:8712/v1/chat/completions"),
-    ):
+    with _process(serve, tmp_path / "serve.log", "http://127.0.0.1:8711/v1/models"):
         done = subprocess.run(
             [
                 str(bin_dir / "vf-eval"),
-                TASKSET_ID,
-                "--env.taskset.split",
-                "test",
+                *_documented_vf_eval(n=str(n), model="tiny", port="8711"),
                 "--env.taskset.max-turns",
                 "2",
-                "-n",
-                str(n),
-                "-m",
-                "tiny",
-                "--client.base-url",
-                "http://127.0.0.1:8712/v1",
-                "--no-push",
+                "--sampling.max-tokens",
+                "16",
                 "--no-rich",
-                "--env.agent.runtime.type",
-                "subprocess",
                 "--output-dir",
                 str(tmp_path / "vf"),
             ],
@@ -261,9 +292,13 @@ def test_vf_eval_of_a_served_checkpoint_scores_as_searchgym_eval(tmp_path: Path)
     (traces,) = (tmp_path / "vf").glob("*/traces.jsonl")
     rows = [json.loads(line) for line in traces.read_text().splitlines()]  # one per episode
     assert len(rows) == n and all(r["ok"] and not r["errors"] for r in rows), rows[0]["errors"]
-    local_ids = [json.loads(line)["question_id"] for line in out.read_text().splitlines()]
-    assert sorted(r["task"]["data"]["question_id"] for r in rows) == sorted(local_ids)  # the same questions
-    rewards = [t["rewards"]["searchqa"]["score"] for r in rows for t in r["traces"]]
+    local_rewards = {
+        record["question_id"]: record["reward"] for record in map(json.loads, out.read_text().splitlines())
+    }
+    rewards = {
+        r["task"]["data"]["question_id"]: t["rewards"]["searchqa"]["score"] for r in rows for t in r["traces"]
+    }
     assert len(rewards) == n and all(t["metrics"]["turns"] >= 1 for r in rows for t in r["traces"])
-    print(f"mean reward on {n} questions: vf-eval {sum(rewards) / n}, searchgym eval {local_em}")
-    assert sum(rewards) / n == local_em
+    print(f"mean reward on {n} questions: vf-eval {sum(rewards.values()) / n}, searchgym eval {local_em}")
+    assert rewards == local_rewards  # the same questions, each scored the same
+    assert sum(rewards.values()) / n == local_em

@@ -91,7 +91,9 @@ def test_the_app_answers_completions_and_chats_as_openai_does(served: Any) -> No
     ("body", "status", "message"),
     [
         ({"model": "other", "prompt": "x"}, 404, "model 'other' is not served here"),
-        ({"prompt": "x", "stream": True}, 400, "streaming is not offered"),
+        ({"prompt": "x", "stream": "yes"}, 400, "stream must be true or false, got 'yes'"),
+        ({"prompt": "x", "stream": True, "stream_options": []}, 400, "stream_options must be an object"),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "only allowed with stream=true"),
         ({"prompt": "x", "n": 2}, 400, "n must be 1"),
         ({"prompt": "x", "max_tokens": 65}, 400, "max_tokens must be an integer in 1..64"),
         ({"prompt": "x", "temperature": -1}, 400, "temperature must be"),
@@ -107,6 +109,64 @@ def test_bad_requests_get_one_clear_message(served: Any, body: Any, status: int,
     response = httpx.post(server.url + "/v1/completions", json=body, timeout=SERVER_WAIT)
     assert response.status_code == status
     assert message in response.json()["error"]["message"]
+
+
+def _sse(response: httpx.Response) -> list[Any]:
+    """The ``data:`` payloads of a server-sent-event answer, ``[DONE]`` kept as the string."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in response.text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events), events
+    return [e[6:] if e == "data: [DONE]" else json.loads(e[6:]) for e in events]
+
+
+def test_streamed_answers_are_openai_chunks_ending_in_done(served: Any) -> None:
+    """Raw SSE, both routes: the chunks join to the unstreamed text, the last choice has the finish reason,
+    the usage chunk comes only when asked, then ``[DONE]``."""
+    server, generator = served
+    body = {"model": "scripted", "prompt": "Q:", "max_tokens": 9, "stop": ["</search>"]}
+    with httpx.Client(base_url=server.url, timeout=SERVER_WAIT) as client:
+        whole = client.post("/v1/completions", json=body).json()
+        events = _sse(client.post("/v1/completions", json={**body, "stream": True}))
+        assert events[-1] == "[DONE]" and all(e["object"] == "text_completion" for e in events[:-1])
+        assert "".join(e["choices"][0]["text"] for e in events[:-1]) == whole["choices"][0]["text"]
+        assert events[-2]["choices"][0]["finish_reason"] == "stop"
+        assert events[-2]["choices"][0]["stop_reason"] == "</search>"
+        assert all("usage" not in e for e in events[:-1])  # not asked
+        messages = [{"role": "user", "content": "Q:"}]
+        asked = {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+        events = _sse(client.post("/v1/chat/completions", json=asked))
+    chunks, usage = events[:-2], events[-2]
+    assert events[-1] == "[DONE]" and all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == generator.text  # no stop asked: the whole text
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert all(c["usage"] is None for c in chunks) and usage["choices"] == []
+    assert usage["usage"]["prompt_tokens"] == len(generator.encode("Q:"))
+    assert usage["usage"]["completion_tokens"] == len(chunks[-1]["choices"][0]["token_ids"])
+    assert len({e["id"] for e in events[:-1]}) == 1
+
+
+def test_the_openai_clients_streaming_api_reads_the_chunks(served: Any) -> None:
+    """The ``openai`` package's own streaming readers (chat and completions), as verifiers' harness uses
+    them: the streamed text, finish reason and usage are those of the unstreamed answer."""
+    openai = pytest.importorskip("openai", reason="the openai client is not installed")
+    server, generator = served
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=SERVER_WAIT, max_retries=0)
+    messages = [{"role": "user", "content": "Q:"}]
+    whole = client.chat.completions.create(model="scripted", messages=messages, stop=["</search>"])
+    with client.chat.completions.stream(
+        model="scripted", messages=messages, stop=["</search>"], stream_options={"include_usage": True}
+    ) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    assert final.choices[0].message.content == whole.choices[0].message.content == "<search> where "
+    assert final.choices[0].finish_reason == "stop" and final.usage is not None
+    assert final.usage.completion_tokens == whole.usage.completion_tokens
+    pieces = client.completions.create(model="scripted", prompt="Q:", stream=True, max_tokens=5)
+    assert "".join(p.choices[0].text for p in pieces) == generator.text
+    client.close()
 
 
 def _env() -> Any:

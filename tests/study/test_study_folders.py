@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.errors import ConfigError
 from searchgym.app.study import runner
 from searchgym.app.study.protocol import load_protocol
 from searchgym.app.study.runner import MARK, STUDY_LOCK, run_study
+from searchgym.errors import ConfigError
 
 from .conftest import TINY_PROTOCOL
 

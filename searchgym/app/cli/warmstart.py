@@ -38,11 +38,11 @@ class Recipe:
     """Passages per search (the demo-sized world: the default world's 3 cost ~50 % longer transcripts)."""
     max_turn_tokens: int = 48
     max_context_tokens: int = 1024
-    mix: str = "mix:oracle=0.2,shortcut=0.8"
+    mix: str = "mix:oracle=0.35,shortcut=0.65"
     """The demonstrator (``searchgym demos --demonstrator``)."""
     extra_worlds: int = 0
     """Also demonstrate every split of this many other generated worlds (seeds 1, 2, …)."""
-    epochs: int = 5
+    epochs: int = 10
     batch_size: int = 16
     lr: float = 4e-3
     lr_schedule: str = "linear"
@@ -165,7 +165,7 @@ def build(
 
     Steps: the mixed demonstrator's transcripts (``demos.jsonl``), supervised training from fresh tiny
     weights (``checkpoint.pt``: the wall time of these two is the card's ``wall_s``), greedy play of the first
-    ``eval_questions`` test questions, and ``bench headroom`` on the first ``headroom_questions`` (K
+    ``eval_questions`` test questions (per question in ``eval_episodes.jsonl``, step 0), and ``bench headroom`` on the first ``headroom_questions`` (K
     ``headroom_samples``, T 1; per question in ``headroom.jsonl``).
 
     Returns:
@@ -180,6 +180,7 @@ def build(
     from searchgym.agents.training.config import SFTConfig
     from searchgym.agents.training.policy import build_policy
     from searchgym.agents.training.rollout import evaluate_greedy
+    from searchgym.agents.training.run import append_eval_episodes
     from searchgym.stats import wilson
 
     torch.set_num_threads(threads)
@@ -230,13 +231,16 @@ def build(
         policy, _ = build_policy(
             replace(config.model, init=str(checkpoint)), max_context_tokens=recipe.max_context_tokens
         )
+        episodes: list[dict[str, Any]] = []
         result = evaluate_greedy(
             policy.model,
             policy.tokenizer,
             config.env,
             replace(config.eval, questions=eval_questions, batch=100),
+            episodes,
             progress=progress,
         )
+        append_eval_episodes(run_dir, 0, episodes, config.env.reward)
         n = int(result["episodes"])
         interval = wilson(result["em"] * n, n)
         card["test"] = {

@@ -4,7 +4,8 @@ A trajectory is what a model does in one episode: a question, a reset seed, and 
 ``search``, an ``answer``, or a turn that calls no tool (a malformed tag). :func:`build_trajectories` makes
 the set from the scripted agents (the oracle, the shortcut teacher, search-then-guess, answer-at-once), the
 reward canaries (empty answer, no answer, a candidate list, the answer written in a query), malformed tags,
-answers that differ from the golden one only in case and punctuation, and oracle runs under seeded retriever
+searches with an empty query (the TRL tool env refuses them; the other doors read them as turns that call no
+tool), answers that differ from the golden one only in case and punctuation, and oracle runs under seeded retriever
 faults. Each door plays every trajectory and reports its reward and how the episode ended:
 
 * ``gym``: ``SearchQA-v0`` through :class:`~searchgym.envs.TurnLevelWrapper`, each turn rendered as
@@ -33,7 +34,7 @@ from typing import Any, Literal
 from searchgym.data import Question
 from searchgym.envs.messages import SearchQAMessages, shared_parts
 from searchgym.envs.spec import EnvSpec, make_spec
-from searchgym.errors import EpisodeFinishedError
+from searchgym.errors import EpisodeFinishedError, InvalidActionError
 from searchgym.protocol import parse_action
 
 __all__ = [
@@ -144,7 +145,7 @@ def build_trajectories(spec: EnvSpec | None = None, *, per_kind: int = 5, **fiel
         if shortcut is not None and bridges < per_kind:
             add("shortcut", q, _tagged(shortcut))
             bridges += 1
-    for q in questions[:per_kind]:
+    for n, q in enumerate(questions[:per_kind]):
         golden = q.golden_answers[0]
         hits = retriever.search([q.question], spec.topk)[0]
         guess = data.passage_index[hits[0].passage_id].title if hits else "unknown"
@@ -167,6 +168,7 @@ def build_trajectories(spec: EnvSpec | None = None, *, per_kind: int = 5, **fiel
             q,
             [(None, f"<search> {q.question} </serch>"), ("search", q.question), ("answer", golden)],
         )
+        add("empty-search", q, [("search", " " * (n % 2)), ("search", q.question), ("answer", golden)])
     for q in questions[per_kind : per_kind + 3]:
         add("normalised-answer", q, [("answer", f"The {q.golden_answers[0].upper()}.")])
     for i, q in enumerate(supported[:per_kind]):
@@ -216,8 +218,9 @@ def play_gym(spec: EnvSpec, trajectories: Sequence[Trajectory]) -> dict[str, Out
 
 def play_trl(spec: EnvSpec, trajectories: Sequence[Trajectory]) -> dict[str, Outcome]:
     """Plays each trajectory through the TRL tool env, as TRL's loop calls it: a turn that calls no tool is a
-    call TRL cannot run (it answers the model an error; the env sees nothing), a refused call raises. The
-    episode ends when answered, or at the budget when a search is refused for it."""
+    call TRL cannot run (it answers the model an error; the env sees nothing), a refused call raises (a
+    search with an empty query spends nothing). The episode ends when answered, or at the budget when a
+    search is refused for it."""
     from searchgym.agents.integrations.trl_env import SearchQAToolEnv
 
     out: dict[str, Outcome] = {}
@@ -231,6 +234,8 @@ def play_trl(spec: EnvSpec, trajectories: Sequence[Trajectory]) -> dict[str, Out
                 continue
             try:
                 getattr(env, tool)(text)
+            except InvalidActionError:  # an empty query: refused, nothing spent
+                continue
             except EpisodeFinishedError as e:
                 if "no searches left" in str(e):
                     end = "turn_budget"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from searchgym.errors import EpisodeFinishedError
+from searchgym.errors import EpisodeFinishedError, InvalidActionError
 
 from .client import SearchQAEnvClient
 from .models import SearchQAAction, SearchQAObservation
@@ -59,6 +59,8 @@ class SearchQARemoteTools:
         Returns:
             The best passages, each as "Doc i(Title: title) text".
         """
+        if not query.strip():  # refused here, as the local tool env refuses it: nothing sent, nothing spent
+            raise InvalidActionError("the query is empty: search needs words to look for")
         return self._play(SearchQAAction.search(query))
 
     def answer(self, answer: str) -> str:

@@ -20,6 +20,14 @@ pytest.importorskip("transformers", reason="the train extra is part of `all`: `m
 from searchgym.agents.grpo.advantages import compute_advantages  # noqa: E402
 from searchgym.agents.grpo.config import GRPOLossConfig, LLDSConfig  # noqa: E402
 from searchgym.agents.grpo.losses import entropy_bonus, grpo_llds_loss, kl_penalty, policy_loss  # noqa: E402
+from searchgym.agents.llm import token_logprobs  # noqa: E402
+from searchgym.agents.training.rollout import RolloutBatch, pad_transcripts  # noqa: E402
+from searchgym.app.conform.native import (  # noqa: E402
+    native_adapter,
+    native_batch,
+    native_loss,
+    train_batch,
+)
 from searchgym.app.conform.runner import (  # noqa: E402
     CHECKS,
     ConformError,
@@ -35,14 +43,6 @@ from searchgym.app.conform.runner import (  # noqa: E402
     prepare,
     run_conformance,
 )
-from searchgym.app.conform.native import (  # noqa: E402
-    native_adapter,
-    native_batch,
-    native_loss,
-    train_batch,
-)
-from searchgym.agents.llm import token_logprobs  # noqa: E402
-from searchgym.agents.training.rollout import RolloutBatch, pad_transcripts  # noqa: E402
 from searchgym.errors import ConfigError  # noqa: E402
 from searchgym.protocol import Source  # noqa: E402
 

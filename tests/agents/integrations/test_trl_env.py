@@ -10,7 +10,7 @@ import pytest
 from searchgym.agents.integrations.trl_env import NOT_APPLIED, SearchQAToolEnv, tool_env_dataset
 from searchgym.data import load_dataset
 from searchgym.envs import EnvSpec
-from searchgym.errors import ConfigError, EpisodeFinishedError, RetrieverError
+from searchgym.errors import ConfigError, EpisodeFinishedError, InvalidActionError, RetrieverError
 from searchgym.retrieval.faults import FaultyRetriever
 
 from ...conftest import NON_DEFAULT_ENV, QUICKSTART, require
@@ -35,6 +35,18 @@ def test_every_field_arrives_in_the_spec_and_the_episode() -> None:
     env.answer("x " + env.question.golden_answers[0])
     assert 0.0 < env.get_reward() < 1.0
     assert set(NOT_APPLIED) < set(EnvSpec.field_names())
+
+
+def test_a_search_with_an_empty_query_is_refused_and_spends_nothing() -> None:
+    """As ``SearchQA-v0`` reads an empty search as an invalid turn: no retrieval, no search spent."""
+    env = SearchQAToolEnv(max_turns=2)
+    env.reset()
+    for query in ("", "  \n"):
+        with pytest.raises(InvalidActionError, match="the query is empty"):
+            env.search(query)
+    assert env.hit_ids == [] and env.view.queries == []
+    env.search(env.question.question)  # the one search of the budget is still there
+    assert len(env.hit_ids) == 1
 
 
 def test_a_failed_search_is_observed_or_raised() -> None:
