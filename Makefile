@@ -34,7 +34,7 @@ typecheck: venv
 	ln -s $(CURDIR)/agents build/typecheck/searchgym/agents
 	cd build/typecheck && MYPYPATH=. $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p searchgym
 
-# Debian's Chromium for the headless-browser test of `searchgym view`'s page (tests/cli/test_view.py), driven
+# Debian's Chromium for the headless-browser test of `searchgym view`'s page (tests/app/cli/test_view.py), driven
 # through Playwright (dev extra); installed with apt when missing (CI runs as root on Debian). Where it cannot
 # be installed (no root, no apt), the suite goes on and that test skips, saying why.
 browser:
@@ -52,8 +52,8 @@ test-fast: lint
 # The numeric tests under each set of CPU kernels torch may pick on the project's machines: the native one,
 # AVX2 only and torch's scalar `default` (MKL and oneDNN limited to match). Float32 kernels round differently
 # on each; these tests must pass on all three (docs/dev/portability.md).
-PORTABLE_TESTS ?= tests/agents/test_grpo_numerics.py tests/agents/test_grpo_losses.py tests/agents/test_mismatch.py \
-	tests/agents/test_advantages.py tests/agents/test_displacement.py tests/test_stats.py tests/test_rewards.py
+PORTABLE_TESTS ?= tests/agents/grpo/test_grpo_numerics.py tests/agents/grpo/test_grpo_losses.py tests/agents/grpo/test_mismatch.py \
+	tests/agents/grpo/test_advantages.py tests/agents/grpo/test_displacement.py tests/test_stats.py tests/test_rewards.py
 
 test-portable: venv
 	$(BIN)/pytest -m "not fuzz and not install" -k "not another_cpu_kernel_set" $(PORTABLE_TESTS)
@@ -77,7 +77,7 @@ $(VERL_STAMP): setup.cfg pyproject.toml constraints.txt
 
 test-verl: $(VERL_STAMP)
 	SEARCHGYM_REQUIRE_VERL=1 $(VERL_BIN)/pytest tests/agents/integrations/test_verl.py tests/agents/integrations/test_verl_tool.py \
-		tests/agents/integrations/test_conform_verl.py
+		tests/app/conform/test_conform_verl.py
 
 # verifiers 0.4 pins mcp==2.0.0 and OpenEnv 0.10 (dev extra) needs mcp<2.0, so the verifiers environment is
 # tested in its own virtualenv, with the small distribution that gives it its id (environments/). In .venv
@@ -94,7 +94,7 @@ $(VF_STAMP): setup.cfg pyproject.toml constraints.txt environments/searchgym_sea
 	touch $(VF_STAMP)
 
 test-verifiers: $(VF_STAMP)
-	SEARCHGYM_REQUIRE_VERIFIERS=1 $(VF_BIN)/pytest -p no:cacheprovider tests/hub/test_verifiers_env.py
+	SEARCHGYM_REQUIRE_VERIFIERS=1 $(VF_BIN)/pytest -p no:cacheprovider tests/app/hub/test_verifiers_env.py
 
 test: lint typecheck unit test-verl test-verifiers
 

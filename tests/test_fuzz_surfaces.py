@@ -239,7 +239,7 @@ def test_study_protocols_load_or_are_one_line_and_never_reach_a_folder_they_did_
     from searchgym.app.study.runner import check_run_folders, run_states
     from searchgym.errors import ConfigError
 
-    from .study.conftest import TINY_PROTOCOL
+    from .app.study.conftest import TINY_PROTOCOL
 
     warm = tmp_path / "warm" / "checkpoint.pt"
     warm.parent.mkdir()

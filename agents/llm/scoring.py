@@ -27,7 +27,7 @@ __all__ = ["DEFAULT_SCORING", "ScoringOptions", "token_logprobs"]
 
 def score_dtype(t: Tensor) -> torch.dtype:
     """The dtype log-probabilities are computed and kept in: float32, or float64 for a float64 model (whose
-    runs must not round to float32 anywhere on the way to a sample: see ``tests/agents/test_grpo_numerics.py``)."""
+    runs must not round to float32 anywhere on the way to a sample: see ``tests/agents/grpo/test_grpo_numerics.py``)."""
     return torch.promote_types(t.dtype, torch.float32)
 
 

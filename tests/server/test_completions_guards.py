@@ -20,7 +20,7 @@ from searchgym.server.completions import MAX_CHARS_PER_TOKEN, CompletionLimits, 
 from ..conftest import SERVER_WAIT
 from .test_completions import Scripted
 
-FIXTURE_CHECKPOINT = Path(__file__).parents[1] / "agents" / "fixtures" / "sft-checkpoint.pt"
+FIXTURE_CHECKPOINT = Path(__file__).parents[1] / "agents" / "training" / "fixtures" / "sft-checkpoint.pt"
 
 
 class Counting(Scripted):

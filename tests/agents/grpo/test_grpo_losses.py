@@ -26,7 +26,7 @@ from searchgym.agents.grpo.losses import (
 from searchgym.errors import ConfigError
 from searchgym.protocol import Source
 
-from .conftest import close
+from ..conftest import close
 
 P, T, PAD, PR = int(Source.POLICY), int(Source.TOOL), int(Source.PAD), int(Source.PROMPT)
 

@@ -14,7 +14,7 @@ from searchgym import server as server_module
 from searchgym.app.cli import main
 from searchgym.server import ServerThread
 
-from ..conftest import searchr1_client, server_client
+from ...conftest import searchr1_client, server_client
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ Every metric of ``metrics.jsonl`` except ``time/*`` (wall clock) must equal its 
 A refactoring of the trainer passes unchanged; a change that moves a number fails here (the planted changes
 below show that it does), and the new values are written with
 
-    .venv/bin/python tests/agents/test_grpo_numerics.py --write
+    .venv/bin/python tests/agents/grpo/test_grpo_numerics.py --write
 
 (which says in its output what changed; the reason belongs in the commit; without ``--write`` it only
 compares).
@@ -200,7 +200,7 @@ def test_three_grpo_steps_reproduce_the_committed_metrics(tmp_path: Path) -> Non
     found = differences(run_metrics(tmp_path), expected)
     assert not found, (
         f"{len(found)} metric(s) moved; if intended, regenerate with "
-        "`.venv/bin/python tests/agents/test_grpo_numerics.py --write` and give the reason in the commit:\n"
+        "`.venv/bin/python tests/agents/grpo/test_grpo_numerics.py --write` and give the reason in the commit:\n"
         + "\n".join(found[:40])
     )
 

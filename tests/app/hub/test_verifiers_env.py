@@ -31,9 +31,9 @@ from searchgym.data import load_dataset
 from searchgym.envs import EnvSpec
 from searchgym.errors import ConfigError
 
-from ..conftest import NON_DEFAULT_ENV
+from ...conftest import NON_DEFAULT_ENV
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_field_reaches_the_environment_and_its_tasks() -> None:

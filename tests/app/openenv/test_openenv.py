@@ -27,9 +27,9 @@ from searchgym.app.openenv.environment import SearchQAEnvironment
 from searchgym.data import Question, load_dataset
 from searchgym.errors import ConfigError, UnknownQuestionError
 
-from .conftest import NON_DEFAULT_ENV, SERVER_WAIT
+from ...conftest import NON_DEFAULT_ENV, SERVER_WAIT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 READY = re.compile(r"serving SearchQA \(OpenEnv\) on (http://\S+)")
 STARTUP_TIMEOUT_S = SERVER_WAIT  # a hang guard: the machine may be busy
@@ -414,7 +414,7 @@ def test_bad_input_and_large_bodies_over_http_are_one_4xx_line() -> None:
     from searchgym.app.openenv.server import create_searchqa_app
     from searchgym.server import ServerThread
 
-    from .conftest import server_client
+    from ...conftest import server_client
 
     app = create_searchqa_app(topk=2)
     with ServerThread(app) as srv, server_client(srv.url) as http:

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 from searchgym.app.cli import main
 
-from ..conftest import SERVER_WAIT
+from ...conftest import SERVER_WAIT
 
 SIZES = ["--max-turns", "2", "--max-turn-tokens", "8", "--max-context-tokens", "768"]
 

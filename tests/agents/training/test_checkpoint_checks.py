@@ -12,7 +12,7 @@ import pytest
 from searchgym.errors import CheckpointError
 from searchgym.options import flat_options
 
-from .conftest import grpo_payload
+from ..conftest import grpo_payload
 
 torch = pytest.importorskip("torch")
 

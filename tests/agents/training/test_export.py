@@ -20,7 +20,7 @@ from searchgym.agents.training.policy import build_policy  # noqa: E402
 from searchgym.app.cli import main  # noqa: E402
 from searchgym.errors import CheckpointError, ConfigError  # noqa: E402
 
-from .conftest import RunsCode  # noqa: E402
+from ..conftest import RunsCode  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from searchgym.app.openenv.models import SearchQAObservation, SearchQAState
 from searchgym.envs import EnvSpec
 from searchgym.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MANIFEST = ROOT / "openenv.yaml"
 SPEC = EnvSpec()
 

@@ -178,7 +178,7 @@ def test_view_names_a_class_agent_as_the_benchmark_does(
 def test_answerable_only_leaves_out_what_the_corpus_cannot_answer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ..test_audit import CORPUS, QUESTIONS
+    from ...test_audit import CORPUS, QUESTIONS
 
     folder = tmp_path / "scripted"
     folder.mkdir()

@@ -10,7 +10,7 @@ import pytest
 
 from searchgym.errors import CheckpointError
 
-from .conftest import grpo_payload, linear_run
+from ..conftest import grpo_payload, linear_run
 
 torch = pytest.importorskip("torch")
 

@@ -1,5 +1,5 @@
 """Checkpoints written by an earlier build still load: the committed fixtures (made by
-``tests/agents/fixtures/make_checkpoints.py``) are read, their configs taken back, a GRPO run resumed from
+``tests/agents/training/fixtures/make_checkpoints.py``) are read, their configs taken back, a GRPO run resumed from
 one and a new run started from the other."""
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def test_the_wandb_extra_is_declared() -> None:
     import configparser
 
     setup = configparser.ConfigParser()
-    setup.read(Path(__file__).parents[2] / "setup.cfg")
+    setup.read(Path(__file__).parents[3] / "setup.cfg")
     assert setup["options.extras_require"]["wandb"].split() == ["wandb>=0.16"]
 
 

@@ -13,7 +13,7 @@ import pytest
 from searchgym.app.cli import build_parser
 from searchgym.envs import EnvSpec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("eval",): (),

@@ -14,7 +14,7 @@ import pytest
 
 from searchgym.app.cli import main
 
-from ..conftest import HOTPOT, NQ, QUICKSTART, SHARED_DATA, require
+from ...conftest import HOTPOT, NQ, QUICKSTART, SHARED_DATA, require
 
 # An agent that plays as the heuristic does, logs every episode it starts, and SIGKILLs its own process at
 # the episode named in KILL_AT ("DATASET_SIZE:INDEX"), as a machine that goes down mid-run would.

@@ -17,7 +17,7 @@ import pytest
 
 from searchgym.errors import CheckpointError
 
-from .conftest import RunsCode, grpo_payload
+from ..conftest import RunsCode, grpo_payload
 
 torch = pytest.importorskip("torch")
 

@@ -15,7 +15,7 @@ from searchgym.agents.training.run import RESUMABLE_OPTIONS, check_resume_config
 from searchgym.errors import ConfigError
 from searchgym.options import flat_values
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAVED = flat_values(GRPOConfig())  # one value per option, as a resume compares them
 
 

@@ -15,7 +15,7 @@ from searchgym.data.flashrag import read_corpus
 from searchgym.retrieval import BM25Retriever
 from searchgym.retrieval.dense import DenseRetriever, read_manifest
 
-from ..conftest import server_client
+from ...conftest import server_client
 
 pytest.importorskip("faiss", reason="the dense extra (faiss-cpu) is not installed")
 pytest.importorskip("transformers", reason="the dense extra (transformers) is not installed")

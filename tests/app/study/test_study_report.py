@@ -17,7 +17,7 @@ from searchgym.app.study.protocol import load_protocol
 from searchgym.app.study.report import Judge, report
 from searchgym.app.study.summary import load_summaries
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXPERIMENTS = ROOT / "docs" / "experiments"
 
 

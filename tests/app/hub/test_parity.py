@@ -14,7 +14,7 @@ import pytest
 from searchgym.app.hub.parity import DOORS, Outcome, build_trajectories, compare, group_specs, play_all
 from searchgym.envs import EnvSpec
 
-from ..conftest import HOTPOT, require
+from ...conftest import HOTPOT, require
 
 SPEC = EnvSpec()
 

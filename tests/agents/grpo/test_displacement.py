@@ -11,7 +11,7 @@ from searchgym.agents.grpo.spans import PROBE_ACTIONS, probe_masks
 from searchgym.protocol import Source
 from searchgym.tokenization import builtin_tokenizer
 
-from .conftest import close
+from ..conftest import close
 
 P, T, PR = int(Source.POLICY), int(Source.TOOL), int(Source.PROMPT)
 
