@@ -120,18 +120,22 @@ def seeds_criterion(judge: Any, c: Any) -> list[Verdict]:
 
 def lead_criterion(judge: Any, c: Any) -> list[Verdict]:
     """Per arm: in every seed whose ``event`` happened (at least ``min_events`` of them), the same signal
-    turned at least ``lead`` steps before it. Every signal's leads are listed."""
+    turned at least ``lead`` steps before it. Every signal's leads are listed. While seeds are missing, a
+    verdict they could change is undecided: a missing seed whose event comes without the lead undoes MET,
+    and one with the event can make the criterion applicable; NOT MET stands (no seed adds a lead)."""
     out = []
     for arm in judge.arms_of(c.params["arms"]):
+        missing = len(judge.seeds) - len(judge.views(arm))
         views = [v for v in judge.views(arm) if v.find(c.params["event"]).step is not None]
         seeds = [v.seed for v in views]
         if len(views) < c.params["min_events"]:
+            word = WORDS[2] if len(views) + missing >= c.params["min_events"] else "not applicable"
             out.append(
                 Verdict(
                     c.id,
                     c.name,
                     arm,
-                    "not applicable",
+                    word,
                     f"{c.params['event']} in {len(views)} seed(s) {seeds}, {c.params['min_events']} needed",
                 )
             )
@@ -145,7 +149,7 @@ def lead_criterion(judge: Any, c: Any) -> list[Verdict]:
         }
         met = [sig for sig, xs in leads.items() if all(x is not None and x >= c.params["lead"] for x in xs)]
         listed = ", ".join(f"{sig} {xs}" for sig, xs in leads.items())
-        word = "MET" if met else "NOT MET"
+        word = "NOT MET" if not met else WORDS[2] if missing else "MET"
         by = f"by {' and '.join(met)}; " if met else ""
         out.append(
             Verdict(

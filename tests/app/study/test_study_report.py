@@ -124,6 +124,62 @@ lead = 2
     assert "not logged by these runs: ledger, entropy, grad_norm, searches, response_length" in text
 
 
+def test_a_lead_criterion_waits_for_missing_seeds(
+    tmp_path: Path, write_protocol: Callable[..., Path]
+) -> None:
+    """With seed 1 missing, a lead met in seed 0 is undecided (seed 1 could collapse without it), a lead
+    missed in seed 0 is NOT MET already (no seed adds a lead), and a criterion needing two collapses while one
+    is in waits too."""
+    lead = """
+[signals.P]
+kind = "drawdown"
+metric = "lld/probe_onpolicy_heldout"
+drop = 0.05
+
+[[criteria]]
+id = "C2"
+kind = "lead"
+arms = ["grpo"]
+event = "collapse"
+signals = ["P"]
+lead = 1
+min_events = 1
+
+[[criteria]]
+id = "C2b"
+kind = "lead"
+arms = ["grpo"]
+event = "collapse"
+signals = ["P"]
+lead = 2
+min_events = 1
+
+[[criteria]]
+id = "C2c"
+kind = "lead"
+arms = ["grpo"]
+event = "collapse"
+signals = ["P"]
+lead = 1
+min_events = 2
+"""
+    path = four_step_protocol(write_protocol, lead)
+    probe = {"lld/probe_onpolicy_heldout": [-1.0, -1.1, -1.2, -1.3]}
+    evals = {0: "1100", 2: "1110", 4: "1000"}
+    write(
+        tmp_path / "summaries",
+        [
+            summary("control", 0, [0.5] * 4, evals={0: "1100", 2: "1100", 4: "1100"}),
+            summary("grpo", 0, [0.7, 0.8, -0.1, 0.0], evals=evals, **probe),
+        ],
+    )
+    verdict = report(load_protocol(path)).split("verdict:\n")[1]
+    lines = {line.split()[0]: line for line in verdict.strip().splitlines()}
+    assert "grpo: undecided (seeds missing) (by P;" in lines["C2"]
+    assert "grpo: NOT MET" in lines["C2b"] and "P [1]" in lines["C2b"]
+    assert "grpo: undecided (seeds missing) (collapse in 1 seed(s) [0], 2 needed)" in lines["C2c"]
+
+
 def test_criteria_wait_for_missing_seeds(tmp_path: Path, write_protocol: Callable[..., Path]) -> None:
     path = four_step_protocol(write_protocol)
     write(
