@@ -721,12 +721,32 @@ def budgeted(argv: Sequence[str]) -> list[str]:
 
 
 SHIM = """#!{python}
-# `searchgym` for the documented lines: the real command, with the test's budget appended.
+# `searchgym` for the documented lines: the real command, with the test's budget appended; forked from the
+# module's fork server when it runs (tests/searchgym_forkserver.py: the imports done once).
 import os, sys
 sys.path.insert(0, {tests!r})
 from test_docs_snippets import BIN, budgeted
-os.execv(str(BIN / "searchgym"), [str(BIN / "searchgym"), *budgeted(sys.argv[1:])])
+argv = budgeted(sys.argv[1:])
+if {socket!r}:
+    from searchgym_forkserver import client
+    sys.argv = [sys.argv[0], *argv]
+    client({socket!r}, str(BIN / "searchgym"))
+os.execv(str(BIN / "searchgym"), [str(BIN / "searchgym"), *argv])
 """
+FORKSERVER: dict[str, str] = {}
+"""The socket of the module's fork server (:func:`forked_searchgym`), while it runs."""
+
+
+@pytest.fixture(scope="module")
+def forked_searchgym() -> Iterator[None]:
+    """A server the documented ``searchgym`` lines fork from: each still its own process, in its folder,
+    with its environment, streams and exit code; torch and transformers are imported once, not per line."""
+    from .searchgym_forkserver import forkserver
+
+    with forkserver(BIN / "searchgym") as folder:
+        FORKSERVER["socket"] = str(folder.parent / "socket")
+        yield
+    FORKSERVER.clear()
 
 
 def scratch_folder(base: Path) -> tuple[Path, dict[str, str]]:
@@ -739,7 +759,9 @@ def scratch_folder(base: Path) -> tuple[Path, dict[str, str]]:
     for relative, text in DOCUMENTED_FILES.items():
         (work / relative).parent.mkdir(parents=True, exist_ok=True)
         (work / relative).write_text(text, encoding="utf-8")
-    shim = SHIM.format(python=sys.executable, tests=str(Path(__file__).parent))
+    shim = SHIM.format(
+        python=sys.executable, tests=str(Path(__file__).parent), socket=FORKSERVER.get("socket", "")
+    )
     for folder in (base / "bin", work / ".venv" / "bin"):
         folder.mkdir(parents=True)
         (folder / "searchgym").write_text(shim, encoding="utf-8")
@@ -818,7 +840,7 @@ def written_paths(words: Sequence[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def prerequisites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def prerequisites(tmp_path_factory: pytest.TempPathFactory, forked_searchgym: None) -> dict[str, Path]:
     """Files some pages use without making them, built once with small budgets by the commands the docs give
     for them: a warm-start checkpoint, its Hugging Face folder, an SB3 macro model, and a checkpoint in the
     format before v2 (the warm-start's payload tagged v1, what ``upgrade`` converts)."""

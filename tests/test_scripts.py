@@ -5,7 +5,9 @@ questions; lld_experiment.sh's seeds 0-2 to seed 0), so what is checked is that 
 options it passes today and writes what the next stage and the report read; the figures are meaningless
 at this size. The stages run in order in one temporary ``OUT`` with the ``searchgym`` and ``python`` of
 the virtualenv running the tests. Every training run is its own ``searchgym`` process, and importing torch
-and transformers is most of each one's ~10 s of CPU, so the number of runs sets the cost.
+and transformers is most of each one's CPU, so the number of runs sets the cost: the ``searchgym`` the
+scripts get forks each run from a server that has done those imports once (tests/searchgym_forkserver.py),
+still one process per run, in the script's folder, with its environment, streams and exit code.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .searchgym_forkserver import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -29,6 +34,21 @@ pytestmark = [
         not Path("/usr/bin/time").is_file(), reason="the scripts time runs with /usr/bin/time"
     ),
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def searchgym_command() -> Iterator[Path]:
+    """The ``searchgym`` the scripts run: forked from one server for the module (see the module doc)."""
+    if shutil.which("searchgym", path=str(BIN)) is None:
+        pytest.skip(f"no searchgym command in {BIN}")
+    with forkserver(BIN / "searchgym") as folder:
+        SEARCHGYM["command"] = str(folder / "searchgym")
+        yield folder / "searchgym"
+    SEARCHGYM["command"] = str(BIN / "searchgym")
+
+
+SEARCHGYM = {"command": str(BIN / "searchgym")}
+"""The ``searchgym`` command :func:`small_env` gives the scripts (set by :func:`searchgym_command`)."""
 
 
 def run_stage(script: str, args: list[str], env: dict[str, str]) -> str:
@@ -66,7 +86,7 @@ def small_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         **os.environ,
         "SMALL": "1",
         "OUT": str(tmp_path / "runs"),
-        "SEARCHGYM": str(BIN / "searchgym"),
+        "SEARCHGYM": SEARCHGYM["command"],
         "PYTHON": sys.executable,
         "JOBS": "2",
         "MPLBACKEND": "Agg",
