@@ -200,7 +200,7 @@ class LossConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class GroupedConfig(TrainConfig):
     """What every GRPO-style entry point (``train grpo``, ``train trl``) is made of on top of
     :class:`TrainConfig`: the sections ``batch`` (groups, mini-batches), ``loss`` (temperature, clip, KL,
@@ -483,7 +483,7 @@ class GRPOEvalConfig(EvalConfig):
             raise ConfigError(f"eval_every must be >= 0 (0: only at the end), got {self.every}")
 
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class GRPOConfig(GroupedConfig):
     """GRPO (optionally with LLDS) on SearchQA.
 

@@ -155,7 +155,7 @@ class TRLEngineConfig:
             raise ConfigError(f"warning_window must be >= 1, got {self.warning_window}")
 
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class TRLConfig(GroupedConfig):
     """GRPO (optionally with LLDS) on SearchQA, trained by TRL's ``GRPOTrainer``.
 

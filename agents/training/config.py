@@ -175,13 +175,15 @@ class EvalConfig:
             raise ConfigError(f"eval_split must be a non-empty string, got {self.split!r}")
 
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class TrainConfig:
     """What every training entry point is made of: the sections ``run``, ``model``, ``env``, ``optim`` and
     ``eval``; each trainer's config adds its own.
 
     A config is built from its options by name (``GRPOConfig(lr=1e-3, llds="token")``, the names of the
     CLI's flags), or with whole sections (``llds=LLDSConfig(...)``): :func:`searchgym.options.gather_options`.
+    It is frozen, as its sections are: ``dataclasses.replace(config, batch=...)`` gives a varied copy,
+    checked as any other.
     """
 
     run: RunConfig = section(RunConfig(), "run")  # noqa: RUF009 - a frozen dataclass
@@ -195,7 +197,7 @@ class TrainConfig:
 
     def __init__(self, **options: Any) -> None:
         for name, value in gather_options(type(self), options).items():
-            setattr(self, name, value)
+            object.__setattr__(self, name, value)  # the one assignment: a frozen config's construction
         self.__post_init__()
 
     def to_dict(self) -> dict[str, Any]:
@@ -252,7 +254,7 @@ class SFTOptions:
         parse_demonstrator(self.demonstrator)
 
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class SFTConfig(TrainConfig):
     """Supervised warm-start on oracle demonstrations: cross-entropy on the policy's tokens only."""
 

@@ -74,3 +74,47 @@ class _Clash:
 def test_a_section_field_named_like_another_option_is_refused() -> None:
     with pytest.raises(ConfigError, match="two fields share the option 'lr'"):
         flat_options(_Clash)
+
+
+def _config_kinds() -> list[Any]:
+    """One instance of every config kind: each trainer's config, every section it holds, and the other
+    option dataclasses (the env spec, SB3's, the benchmarks', the world's)."""
+    from searchgym.app.bench.retrieval import RetrievalBenchConfig
+    from searchgym.app.cli.train_sb3 import SB3TrainConfig
+    from searchgym.data.world import WorldConfig
+    from searchgym.envs.spec import EnvSpec
+
+    kinds: dict[str, Any] = {}
+    for cls in CONFIGS:
+        config = cls()
+        kinds[cls.__name__] = config
+        for f in dataclasses.fields(config):
+            section_value = getattr(config, f.name)
+            kinds[type(section_value).__name__] = section_value
+    for other in (EnvSpec(), SB3TrainConfig(algo="ppo"), RetrievalBenchConfig(), WorldConfig()):
+        kinds[type(other).__name__] = other
+    return list(kinds.values())
+
+
+KINDS = _config_kinds()
+
+
+@pytest.mark.parametrize("config", KINDS, ids=[type(c).__name__ for c in KINDS])
+def test_assigning_to_a_field_of_a_config_is_refused(config: Any) -> None:
+    name = dataclasses.fields(config)[0].name
+    value = getattr(config, name)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(config, name, value)
+    assert getattr(config, name) is value
+
+
+def test_every_config_kind_is_covered_and_replace_gives_a_checked_copy() -> None:
+    names = {type(c).__name__ for c in KINDS}
+    assert {"TrainConfig", "GRPOConfig", "TRLConfig", "SFTConfig", "EnvSpec", "LLDSConfig"} <= names
+    assert {"GRPOBatchConfig", "GRPOLossConfig", "TRLEngineConfig", "SFTOptions", "SamplerConfig"} <= names
+    config = GRPOConfig()
+    varied = dataclasses.replace(config, batch=dataclasses.replace(config.batch, length_buckets=False))
+    assert varied.batch.length_buckets is False and config.batch.length_buckets is True
+    assert varied.loss == config.loss and type(varied) is GRPOConfig
+    with pytest.raises(ConfigError, match="group_size must be >= 2"):
+        dataclasses.replace(config.batch, group_size=1)
