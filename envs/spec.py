@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from searchgym.data import Dataset
 from searchgym.errors import ConfigError
-from searchgym.options import check_bounds, check_choices, option
+from searchgym.options import NO_LIMIT, check_bounds, check_choices, option
 from searchgym.retrieval import Retriever
 from searchgym.retrieval.faults import parse_faults
 from searchgym.rewards import get_metric
@@ -60,7 +60,7 @@ class EnvSpec:
     dataset: str | Path | Dataset | None = option(  # noqa: RUF009 - the default is None
         None, "FlashRAG folder, or 'world' (default: the generated world)"
     )
-    world_seed: int = option(0, "seed of the generated world (ignored with --dataset)", bounds=(0, 2**63 - 1))
+    world_seed: int = option(0, "seed of the generated world (ignored with --dataset)", bounds=(0, NO_LIMIT))
     split: str = option("train", "question split")
     retriever: str | Retriever = option(  # noqa: RUF009 - the default is an immutable str
         "bm25", "bm25, rank_bm25, dense:INDEX_DIR, hybrid:INDEX_DIR, or the URL of a /retrieve server"

@@ -24,8 +24,8 @@ episode has several tool turns: the case the cross-turn cache is for.
 
 from __future__ import annotations
 
-import dataclasses
 import copy
+import dataclasses
 import math
 import resource
 import statistics
