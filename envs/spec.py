@@ -8,13 +8,14 @@ and help are written here and checked here, in ``__post_init__``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from searchgym.data import Dataset
 from searchgym.errors import ConfigError
-from searchgym.options import check_bounds, check_choices, option
+from searchgym.options import NO_LIMIT, check_bounds, check_choices, option
 from searchgym.retrieval import Retriever
 from searchgym.retrieval.faults import parse_faults
 from searchgym.rewards import get_metric
@@ -59,7 +60,7 @@ class EnvSpec:
     dataset: str | Path | Dataset | None = option(  # noqa: RUF009 - the default is None
         None, "FlashRAG folder, or 'world' (default: the generated world)"
     )
-    world_seed: int = option(0, "seed of the generated world (ignored with --dataset)", bounds=(0, 2**63 - 1))
+    world_seed: int = option(0, "seed of the generated world (ignored with --dataset)", bounds=(0, NO_LIMIT))
     split: str = option("train", "question split")
     retriever: str | Retriever = option(  # noqa: RUF009 - the default is an immutable str
         "bm25", "bm25, rank_bm25, dense:INDEX_DIR, hybrid:INDEX_DIR, or the URL of a /retrieve server"
@@ -132,6 +133,30 @@ class EnvSpec:
         if out["retriever_faults"] is not None:
             out["retriever_faults"] = dataclasses.asdict(out["retriever_faults"])
         return out
+
+    def to_record(self) -> dict[str, Any]:
+        """The spec as a record stores it (a manifest's env, an SB3 run's ``config.json``, a verl row, an eval
+        run's identity): every field, plain data. :meth:`from_record` reads it back."""
+        return self.to_dict()
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any] | None) -> EnvSpec:
+        """The spec a stored record describes: the one way back from plain data to a spec.
+
+        A field the record lacks (a record written before the field existed) takes the spec's own default;
+        keys that are not fields (a record's ``tokenizer``, ``render_mode``) are left to the caller.
+
+        Raises:
+            ConfigError: the record is not a mapping, or a value is invalid (the message names the field).
+        """
+        if record is None:
+            return cls()
+        if not isinstance(record, Mapping):
+            raise ConfigError(
+                f"an environment record must be a mapping of its fields, got {type(record).__name__}"
+            )
+        names = cls.field_names()
+        return cls(**{k: v for k, v in record.items() if k in names})
 
     def episode_settings(self) -> dict[str, Any]:
         """The fields of the episode section (the dynamics a snapshot must be restored under)."""

@@ -290,6 +290,11 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+ENV_RECORD_KEYS = ("dataset", "world_seed", "split", "retriever", "retriever_faults", "topk", "reward")
+"""The fields of an env record (``EnvSpec.to_record()``) a manifest and a result card read: always given,
+so no default of the spec's is written twice."""
+
+
 def run_manifest(
     command: str,
     env: Mapping[str, Any] | None,
@@ -303,16 +308,15 @@ def run_manifest(
 
     Args:
         command: The command, e.g. ``"train grpo"``.
-        env: The environment's keyword arguments as the run used them (every episode setting given
-            explicitly: ``dataset``, ``world_seed``, ``split``, ``tokenizer``, ``retriever``, ``topk``,
-            ``reward``, ``prompt_style`` …); ``None`` for a command without an environment (``index``).
+        env: The environment as the run used it: its spec's record (``EnvSpec.to_record()``, every field)
+            and the ``tokenizer`` by name; ``None`` for a command without an environment (``index``).
         seeds: The run's seeds by name.
         config: The command's full configuration (a dataclass or a mapping).
         argv: The command line (default: ``sys.argv``).
         extra: More sections (an index command's corpus and output hash, say).
 
     Raises:
-        ConfigError: the dataset named in ``env`` cannot be found.
+        ConfigError: ``env`` lacks one of :data:`ENV_RECORD_KEYS`, or the dataset it names cannot be found.
     """
     manifest: dict[str, Any] = {
         "manifest_version": MANIFEST_VERSION,
@@ -322,19 +326,20 @@ def run_manifest(
         "git": _git(),
     }
     if env is not None:
-        manifest["data"] = dataset_fingerprint(
-            env.get("dataset"), str(env.get("split", "train")), int(env.get("world_seed", 0))
-        )
-        manifest["retriever"] = retriever_fingerprint(
-            env.get("retriever", "bm25"), env.get("topk"), env.get("retriever_faults")
-        )
+        missing = sorted(set(ENV_RECORD_KEYS) - set(env))
+        if missing:
+            raise ConfigError(
+                f"the env record of a manifest lacks {missing}: give EnvSpec.to_record()'s whole"
+            )
+        manifest["data"] = dataset_fingerprint(env["dataset"], str(env["split"]), int(env["world_seed"]))
+        manifest["retriever"] = retriever_fingerprint(env["retriever"], env["topk"], env["retriever_faults"])
         manifest["tokenizer"] = tokenizer_fingerprint(env.get("tokenizer"))
         manifest["episode"] = {
             k: _plain(v)
             for k, v in env.items()
             if k not in ("dataset", "world_seed", "split", "tokenizer", "retriever", "retriever_faults")
         }
-        manifest["reward"] = {"metric": env.get("reward"), "rewards_sha256": _rewards_digest()}
+        manifest["reward"] = {"metric": env["reward"], "rewards_sha256": _rewards_digest()}
     manifest["seeds"] = _plain(dict(seeds or {}))
     if config is not None:
         manifest["config"] = _plain(config)

@@ -21,6 +21,8 @@ import numpy as np
 from searchgym.errors import ConfigError
 
 __all__ = [
+    "NO_LIMIT",
+    "bounds_text",
     "check_bounds",
     "check_choices",
     "flat_options",
@@ -36,6 +38,10 @@ __all__ = [
 ]
 
 
+NO_LIMIT = 2**63 - 1
+"""The upper end of an integer option's ``bounds`` that has none (a float option's is ``math.inf``)."""
+
+
 def option(
     default: Any,
     help: str,
@@ -48,8 +54,8 @@ def option(
     dataclass declares its fields with it, so ``--help`` is written once.
 
     ``deprecated`` flags still set the field, and say on stderr which flag to use instead. ``bounds`` are the
-    field's inclusive range, checked by :func:`check_bounds`: integers when both ends are, else finite
-    numbers. ``name`` is the option's name on the command line and in flat configs, where it differs from
+    field's inclusive range, checked by :func:`check_bounds` and shown in ``--help`` (:func:`bounds_text`):
+    integers when both ends are (:data:`NO_LIMIT` for no upper end), else finite numbers (``math.inf``). ``name`` is the option's name on the command line and in flat configs, where it differs from
     the field's (a section's field, e.g. LLDS's ``gate`` is ``--llds``)."""
     metadata: dict[str, Any] = {"help": help, "flags": flags, "deprecated": deprecated}
     if name is not None:
@@ -82,17 +88,29 @@ def check_choices(config: Any) -> None:
             raise ConfigError(f"unknown {option_name(f)} {value!r}; choose one of {list(choices)}")
 
 
+def _unbounded(high: float) -> bool:
+    return high >= NO_LIMIT
+
+
+def bounds_text(bounds: tuple[float, float]) -> str:
+    """A range as ``--help`` and the error of :func:`check_bounds` say it: ``>= 1``, or ``>= 1 and <= 1024``."""
+    low, high = bounds
+    return f">= {low}" if _unbounded(high) else f">= {low} and <= {high}"
+
+
 def check_bounds(config: Any) -> None:
     """Every field declared with ``bounds`` lies in them (``None`` is allowed where the default is ``None``);
     NumPy numbers become plain ones. Works on frozen dataclasses too.
 
     Raises:
-        ConfigError: a value is of the wrong kind or out of range; the message gives the range.
+        ConfigError: a value is of the wrong kind or out of range; the message names the option
+            (:func:`option_name`) and gives the range.
     """
     for f in dataclasses.fields(config):
         if "bounds" not in f.metadata:
             continue
         low, high = f.metadata["bounds"]
+        name = option_name(f)
         value = getattr(config, f.name)
         optional = f.default is None
         if value is None and optional:
@@ -102,9 +120,10 @@ def check_bounds(config: Any) -> None:
         kind = (int, np.integer) if integer else (int, float, np.integer, np.floating)
         if not isinstance(value, kind) or isinstance(value, bool | np.bool_):
             what = "an integer" if integer else "a number"
-            raise ConfigError(f"{f.name} must be {what} in [{low}, {high}]{none}, got {value!r:.40}")
+            where = f">= {low}" if _unbounded(high) else f"in [{low}, {high}]"
+            raise ConfigError(f"{name} must be {what} {where}{none}, got {value!r:.40}")
         if not (low <= value <= high and math.isfinite(value)):
-            raise ConfigError(f"{f.name} must be >= {low} and <= {high}{none}, got {value}")
+            raise ConfigError(f"{name} must be {bounds_text((low, high))}{none}, got {value}")
         object.__setattr__(config, f.name, int(value) if integer else float(value))
 
 

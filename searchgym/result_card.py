@@ -59,22 +59,25 @@ def _played_retriever(spec: Any) -> Any:
 
 
 def result_card(
-    env_kwargs: Mapping[str, Any], *, env: str, temperature: float, samples: int, seed: int
+    record: Mapping[str, Any], *, env: str, temperature: float, samples: int, seed: int
 ) -> dict[str, Any]:
-    """The card of a run whose environment had ``env_kwargs`` (as ``gym.make`` takes them, every episode
-    setting given) on env id ``env``.
+    """The card of a run whose environment's spec has the record ``record`` (``EnvSpec.to_record()``: every
+    field given) on env id ``env``.
 
     Raises:
-        ConfigError: the dataset cannot be found.
+        ConfigError: ``record`` lacks a field the card reads, or the dataset cannot be found.
     """
     from searchgym import rewards
-    from searchgym.manifest import dataset_fingerprint, file_digest, retriever_fingerprint
+    from searchgym.manifest import ENV_RECORD_KEYS, dataset_fingerprint, file_digest, retriever_fingerprint
 
-    data = dataset_fingerprint(
-        env_kwargs.get("dataset"), str(env_kwargs.get("split", "test")), int(env_kwargs.get("world_seed", 0))
-    )
-    spec = _played_retriever(env_kwargs.get("retriever", "bm25"))
-    retriever = retriever_fingerprint(spec, env_kwargs.get("topk"), env_kwargs.get("retriever_faults"))
+    missing = sorted({*ENV_RECORD_KEYS, "max_turns", "prompt_style"} - set(record))
+    if missing:
+        raise ConfigError(
+            f"the env record of a result card lacks {missing}: give EnvSpec.to_record()'s whole"
+        )
+    data = dataset_fingerprint(record["dataset"], str(record["split"]), int(record["world_seed"]))
+    spec = _played_retriever(record["retriever"])
+    retriever = retriever_fingerprint(spec, record["topk"], record["retriever_faults"])
     card = {
         "env": env,
         "split": data["split"],
@@ -83,10 +86,10 @@ def result_card(
         "retriever": retriever["spec"],
         "index_sha256": retriever["index_sha256"],
         "retriever_faults": retriever["faults"],
-        "topk": env_kwargs.get("topk"),
-        "max_turns": env_kwargs.get("max_turns"),
-        "prompt_style": env_kwargs.get("prompt_style"),
-        "reward": env_kwargs.get("reward"),
+        "topk": record["topk"],
+        "max_turns": record["max_turns"],
+        "prompt_style": record["prompt_style"],
+        "reward": record["reward"],
         "normaliser_sha256": file_digest(rewards.__file__),
         "temperature": float(temperature),
         "samples": int(samples),

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from searchgym.app.cli import main
-from searchgym.app.cli._manifest import warn_on_data_mismatch, write_config_manifest
+from searchgym.app.cli._manifest import env_record, warn_on_data_mismatch, write_config_manifest
+from searchgym.envs import EnvSpec
+from searchgym.errors import ConfigError
 from searchgym.manifest import (
     corpus_mismatch,
     dataset_fingerprint,
@@ -39,8 +41,8 @@ def flashrag_folder(root: Path, text: str = "Zorvath founded Kestrel Bay.") -> P
 
 
 def test_a_manifest_holds_versions_git_state_env_options_seeds_and_config() -> None:
-    env = {"dataset": None, "world_seed": 0, "split": "test", "tokenizer": None, "retriever": "bm25",
-           "topk": 3, "reward": "f1", "prompt_style": "chat", "retriever_faults": "empty=0.1"}  # fmt: skip
+    spec = EnvSpec(split="test", reward="f1", prompt_style="chat", retriever_faults="empty=0.1")
+    env = {**spec.to_record(), "tokenizer": None}
     manifest = run_manifest(
         "eval", env, seeds={"seed": 4}, config={"x": Path("a")}, argv=["searchgym", "eval"]
     )
@@ -131,7 +133,7 @@ def test_a_training_config_writes_its_manifest(tmp_path: Path) -> None:
 
 def test_the_mismatch_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
-    trained = run_manifest("train grpo", {"dataset": None, "world_seed": 0, "split": "train"}, argv=[])
+    trained = run_manifest("train grpo", EnvSpec().to_record(), argv=[])
     run.mkdir()
     (run / "manifest.json").write_text(json.dumps(trained))
     agent = f"checkpoint:{run / 'checkpoint.pt'}"
@@ -165,3 +167,19 @@ def test_train_then_eval_on_another_corpus_warns(tmp_path: Path, capsys: pytest.
     assert main([*agent, "--world-seed", "1"]) == 0
     err = capsys.readouterr().err
     assert err.count("searchgym: warning:") == 1 and "trained on another corpus" in err
+
+
+def test_a_manifest_reads_every_field_of_the_env_record_and_refuses_a_partial_one() -> None:
+    with pytest.raises(ConfigError, match=r"lacks \['retriever', 'retriever_faults', 'reward', 'topk'\]"):
+        run_manifest("eval", {"dataset": None, "world_seed": 0, "split": "test"}, argv=[])
+
+
+def test_settings_given_as_a_mapping_take_the_specs_defaults_for_the_rest() -> None:
+    """An older run's settings (some fields missing) are completed by the spec's own defaults, the split
+    included: the one converter, no default written a second time."""
+    record = env_record({"world_seed": 2, "tokenizer": "gpt2"})
+    assert record == {**EnvSpec(world_seed=2).to_record(), "tokenizer": "gpt2"}
+    assert record["split"] == EnvSpec().split
+    assert env_record(EnvSpec(split="dev")) == EnvSpec(split="dev").to_record()
+    manifest = run_manifest("eval", env_record({"split": "test"}), argv=[])
+    assert manifest["data"]["split"] == "test" and manifest["retriever"]["topk"] == EnvSpec().topk

@@ -10,13 +10,13 @@ import pytest
 
 from searchgym.app.benchmark import build_report, markdown_report
 from searchgym.app.cli import main
+from searchgym.envs import EnvSpec
 from searchgym.errors import ConfigError
 from searchgym.result_card import CARD_FIELDS, card_differences, check_cards, result_card
 
 from .conftest import QUICKSTART, require
 
-WORLD = {"dataset": None, "split": "test", "retriever": "bm25", "topk": 3, "max_turns": 4,
-         "prompt_style": "base", "reward": "em"}  # fmt: skip
+WORLD = EnvSpec(split="test").to_record()
 
 
 def card(**changes: object) -> dict[str, object]:

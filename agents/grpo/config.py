@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeAlias, get_args
 
 from searchgym.errors import ConfigError
-from searchgym.options import check_bounds, check_choices, option, section
+from searchgym.options import NO_LIMIT, check_bounds, check_choices, option, section
 
 from ..training.config import RUN_DIR_HELP, EvalConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig
 from .loss_term import check_loss_term_spec
@@ -89,12 +89,15 @@ class LLDSConfig:
         "below the rollout batch, or --epochs > 1)",
         name="llds",
     )
-    coef: float = option(LLDS_COEF, "LLDS weight lambda", "--lambda", name="llds_coef")
+    coef: float = option(
+        LLDS_COEF, "LLDS weight lambda", "--lambda", name="llds_coef", bounds=(0.0, math.inf)
+    )
     ma: bool = option(False, "LLDS-MA: down-weight the final answer span in LLDS", name="llds_ma")
     ma_beta: float | None = option(
         None,
         "LLDS-MA answer weight (default: adaptive, from the batch's mean valid searches)",
         name="llds_ma_beta",
+        bounds=(0.0, 1.0),
     )
     ma_schedule: MASchedule = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "code",
@@ -112,18 +115,14 @@ class LLDSConfig:
         None,
         "ledger responses sampled per update for ledger-LLDS (default: one group, G)",
         name="ledger_batch",
+        bounds=(1, NO_LIMIT),
     )
 
     def __post_init__(self) -> None:
         check_choices(self)
-        if not (self.coef >= 0 and math.isfinite(self.coef)):
-            raise ConfigError(f"llds_coef must be a finite number >= 0, got {self.coef}")
+        check_bounds(self)
         if self.ma and self.gate is None:
             raise ConfigError("llds_ma needs an LLDS gate: pass --llds action (or token, response)")
-        if self.ma_beta is not None and not 0 <= self.ma_beta <= 1:
-            raise ConfigError(f"llds_ma_beta must be in [0, 1], got {self.ma_beta}")
-        if self.ledger_batch is not None and self.ledger_batch < 1:
-            raise ConfigError(f"ledger_batch must be >= 1, got {self.ledger_batch}")
 
     @property
     def enabled(self) -> bool:
@@ -146,7 +145,9 @@ class BatchConfig:
     """Groups and mini-batches, what every GRPO-style entry point shares: ``questions_per_step`` questions ×
     ``group_size`` responses per rollout batch, cut into mini-batches of ``minibatch_size`` responses."""
 
-    questions_per_step: int = option(10, "questions per rollout batch (groups per step)")
+    questions_per_step: int = option(
+        10, "questions per rollout batch (groups per step)", bounds=(1, NO_LIMIT)
+    )
     group_size: int = option(5, "responses per question (G)")
     minibatch_size: int | None = option(
         None,
@@ -158,8 +159,7 @@ class BatchConfig:
             raise ConfigError(
                 f"group_size must be >= 2 (GRPO's advantages compare responses to one question), got {self.group_size}"
             )
-        if self.questions_per_step < 1:
-            raise ConfigError(f"questions_per_step must be >= 1, got {self.questions_per_step}")
+        check_bounds(self)
         mb = self.minibatch_responses
         if mb < 1 or self.batch_size % mb:
             raise ConfigError(
@@ -184,9 +184,15 @@ class LossConfig:
 
     temperature: float = option(1.0, "sampling temperature of the rollouts")
     clip_eps: float = option(0.2, "PPO clip range")
-    kl_coef: float = option(0.001, "weight of the k3 KL to the frozen initial policy (0: no reference model)")
+    kl_coef: float = option(
+        0.001,
+        "weight of the k3 KL to the frozen initial policy (0: no reference model)",
+        bounds=(0.0, math.inf),
+    )
     entropy_coef: float = option(
-        0.001, "entropy bonus weight (reference: 0.001; 0 while no group is solved, see docs/grpo.md)"
+        0.001,
+        "entropy bonus weight (reference: 0.001; 0 while no group is solved, see docs/grpo.md)",
+        bounds=(0.0, math.inf),
     )
 
     def __post_init__(self) -> None:
@@ -195,12 +201,10 @@ class LossConfig:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if not self.clip_eps > 0:
             raise ConfigError(f"clip_eps must be > 0, got {self.clip_eps}")
-        for name in ("kl_coef", "entropy_coef"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        check_bounds(self)
 
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class GroupedConfig(TrainConfig):
     """What every GRPO-style entry point (``train grpo``, ``train trl``) is made of on top of
     :class:`TrainConfig`: the sections ``batch`` (groups, mini-batches), ``loss`` (temperature, clip, KL,
@@ -222,12 +226,12 @@ class GRPORunConfig(RunConfig):
         "continue from RUN_DIR/checkpoint.pt (model, optimizer, RNG, step); the reference model comes back "
         "from the init checkpoint the run recorded",
     )
-    save_every: int = option(10, "write RUN_DIR/checkpoint.pt every N steps (0: only at the end)")
+    save_every: int = option(
+        10, "write RUN_DIR/checkpoint.pt every N steps (0: only at the end)", bounds=(0, NO_LIMIT)
+    )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.save_every < 0:
-            raise ConfigError(f"save_every must be >= 0 (0: only at the end), got {self.save_every}")
+        super().__post_init__()  # its bounds too: save_every
 
 
 @dataclass(frozen=True)
@@ -248,8 +252,10 @@ class GRPOBatchConfig(BatchConfig):
     """The batches of ``train grpo``: ``steps`` rollout batches, each used for ``epochs`` passes of
     mini-batch updates (``updates_per_step`` optimizer updates in all)."""
 
-    steps: int = option(100, "rollout batches to train on")
-    epochs: int = option(1, "passes over each rollout batch (reference: 1, each trajectory used once)")
+    steps: int = option(100, "rollout batches to train on", bounds=(1, NO_LIMIT))
+    epochs: int = option(
+        1, "passes over each rollout batch (reference: 1, each trajectory used once)", bounds=(1, NO_LIMIT)
+    )
     minibatch_plan: MinibatchPlan = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "groups",
         "groups: mini-batches of whole groups in a shuffled group order (every trajectory once per epoch); "
@@ -276,14 +282,13 @@ class GRPOBatchConfig(BatchConfig):
         "whose rewards are not all equal (at most --max-gen-batches batches; short steps are topped up with "
         "uninformative groups, rollout/informative_frac says how many were informative)",
     )
-    max_gen_batches: int = option(4, "the most question batches --filter-groups samples per step")
+    max_gen_batches: int = option(
+        4, "the most question batches --filter-groups samples per step", bounds=(1, NO_LIMIT)
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choices(self)
-        for name in ("steps", "epochs", "max_gen_batches"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         mb = self.minibatch_responses
         if self.minibatch_plan == "groups" and mb % self.group_size:
             raise ConfigError(
@@ -324,6 +329,7 @@ class GRPOLossConfig(LossConfig):
         "weight of SAPO's conditional KL to the rollout policy (Li et al. 2026): on tokens of A>=0 responses "
         "whose ratio pi/pi_old fell to --sapo-threshold or below; like LLDS it acts from a step's second "
         "update (0: off)",
+        bounds=(0.0, math.inf),
     )
     sapo_threshold: float = option(
         SAPO_THRESHOLD, "SAPO's ratio threshold t in (0, 1]: a token is penalised once pi/pi_old <= t"
@@ -356,8 +362,6 @@ class GRPOLossConfig(LossConfig):
             raise ConfigError(f"ratio_cap must be > 1 + clip_eps = {1 + self.clip_eps}, got {self.ratio_cap}")
         if not self.kl_value_cap > 0:
             raise ConfigError(f"kl_value_cap must be > 0, got {self.kl_value_cap}")
-        if self.sapo_coef < 0:
-            raise ConfigError(f"sapo_coef must be >= 0, got {self.sapo_coef}")
         if not 0 < self.sapo_threshold <= 1:
             raise ConfigError(f"sapo_threshold must be in (0, 1], got {self.sapo_threshold}")
         if self.loss_term is not None:
@@ -372,7 +376,9 @@ class ProbesConfig:
     early warning, the gradient noise scale)."""
 
     probe_size: int = option(
-        64, "correct transcripts in the fixed probe set scored every step (lld/probe_logp*; 0: none)"
+        64,
+        "correct transcripts in the fixed probe set scored every step (lld/probe_logp*; 0: none)",
+        bounds=(0, NO_LIMIT),
     )
     probe_demos: str | None = option(
         None, "demonstrations JSONL for the probe set (default: oracle episodes of the training split)"
@@ -381,9 +387,12 @@ class ProbesConfig:
         64,
         "correct responses the initial policy samples itself (temperature --temperature) on training questions "
         "and on held-out questions: the on-policy probes lld/probe_onpolicy_train|heldout (0: none)",
+        bounds=(0, NO_LIMIT),
     )
     onpolicy_probe_episodes: int | None = option(
-        None, "the most episodes sampled to find them, per probe (default: 4 x onpolicy_probe_size)"
+        None,
+        "the most episodes sampled to find them, per probe (default: 4 x onpolicy_probe_size)",
+        bounds=(1, NO_LIMIT),
     )
     onpolicy_heldout_split: str = option(
         "validation", "split of the held-out on-policy probe (questions the run never trains on)"
@@ -392,12 +401,17 @@ class ProbesConfig:
         200,
         "cross-step ledger: the last N positively rewarded responses, with their log-likelihood right after "
         "the step that produced them (the anchor), re-scored every step (lld/ledger_*; 0: none)",
+        bounds=(0, NO_LIMIT),
     )
     warning_window: int = option(
-        3, "early-warning rule: lld/warning is 1 after this many consecutive steps with delta_adv_pos <= 0"
+        3,
+        "early-warning rule: lld/warning is 1 after this many consecutive steps with delta_adv_pos <= 0",
+        bounds=(1, NO_LIMIT),
     )
     probe_every: int = option(
-        1, "score the probe sets every N steps (and at the first and last); lld/probe_* are absent in between"
+        1,
+        "score the probe sets every N steps (and at the first and last); lld/probe_* are absent in between",
+        bounds=(1, NO_LIMIT),
     )
     log_gns: bool = option(
         False,
@@ -406,14 +420,7 @@ class ProbesConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("warning_window", "probe_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("probe_size", "onpolicy_probe_size", "ledger_size"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.onpolicy_probe_episodes is not None and self.onpolicy_probe_episodes < 1:
-            raise ConfigError(f"onpolicy_probe_episodes must be >= 1, got {self.onpolicy_probe_episodes}")
+        check_bounds(self)
 
 
 @dataclass(frozen=True)
@@ -474,16 +481,17 @@ class GRPOEvalConfig(EvalConfig):
         name="eval_at_start",
     )
     every: int = option(
-        0, "evaluate greedily on eval_questions every N steps (0: only at the end)", name="eval_every"
+        0,
+        "evaluate greedily on eval_questions every N steps (0: only at the end)",
+        name="eval_every",
+        bounds=(0, NO_LIMIT),
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.every < 0:
-            raise ConfigError(f"eval_every must be >= 0 (0: only at the end), got {self.every}")
+        super().__post_init__()  # its bounds too: eval_every
 
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class GRPOConfig(GroupedConfig):
     """GRPO (optionally with LLDS) on SearchQA.
 

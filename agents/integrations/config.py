@@ -8,6 +8,7 @@ Torch-free, so that ``searchgym --help`` stays fast. How the fields map onto TRL
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeAlias, get_args
@@ -15,7 +16,7 @@ from typing import Any, ClassVar, Literal, TypeAlias, get_args
 from searchgym.agents.grpo.config import BatchConfig, GroupedConfig, LossConfig
 from searchgym.agents.training.config import OptimConfig, RunConfig
 from searchgym.errors import ConfigError
-from searchgym.options import check_choices, option, section
+from searchgym.options import NO_LIMIT, check_bounds, check_choices, option, section
 
 __all__ = [
     "TRL_LOSS_TYPES",
@@ -43,16 +44,15 @@ class TRLRunConfig(RunConfig):
         "save a TRL checkpoint (model, optimizer, scheduler, RNG) to RUN_DIR/checkpoint-N every N updates "
         "(0: none)",
         deprecated=("--save-steps",),
+        bounds=(0, NO_LIMIT),
     )
-    save_total_limit: int | None = option(None, "keep only the newest N checkpoints (default: all)")
+    save_total_limit: int | None = option(
+        None, "keep only the newest N checkpoints (default: all)", bounds=(1, NO_LIMIT)
+    )
     resume: bool = option(False, "continue the run in RUN_DIR from its newest checkpoint-N")
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.save_every < 0:
-            raise ConfigError(f"save_every must be >= 0 (0: no checkpoints), got {self.save_every}")
-        if self.save_total_limit is not None and self.save_total_limit < 1:
-            raise ConfigError(f"save_total_limit must be >= 1, got {self.save_total_limit}")
+        super().__post_init__()  # its bounds too: save_every, save_total_limit
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues the run in run_dir and --overwrite replaces it: choose one")
 
@@ -66,8 +66,11 @@ class TRLBatchConfig(BatchConfig):
         20,
         "optimizer updates to train for (TRL's max_steps; train grpo's --steps counts rollout batches)",
         deprecated=("--steps",),
+        bounds=(1, NO_LIMIT),
     )
-    questions_per_step: int = option(2, "questions per rollout batch, across all processes")
+    questions_per_step: int = option(
+        2, "questions per rollout batch, across all processes", bounds=(1, NO_LIMIT)
+    )
     group_size: int = option(4, "responses per question (G, TRL's num_generations)")
     minibatch_size: int | None = option(
         None,
@@ -81,14 +84,14 @@ class TRLBatchConfig(BatchConfig):
         deprecated=("--micro-batch",),
     )
     epochs: int = option(
-        1, "passes over each rollout batch (TRL's num_iterations, mu)", deprecated=("--num-iterations",)
+        1,
+        "passes over each rollout batch (TRL's num_iterations, mu)",
+        deprecated=("--num-iterations",),
+        bounds=(1, NO_LIMIT),
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("updates", "epochs"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        super().__post_init__()  # its bounds too: updates, epochs
         if self.micro_batch_size is not None and (
             self.micro_batch_size < 1 or self.minibatch_responses % self.micro_batch_size
         ):
@@ -136,7 +139,7 @@ class TRLLossConfig(LossConfig):
     loss_type: TRLLossType = option(  # noqa: RUF009 - a Literal alias: the default is an immutable str
         "dapo", "TRL's loss aggregation (dapo: token mean over the update, as train grpo)"
     )
-    entropy_coef: float = option(0.0, "entropy bonus weight (TRL's entropy_coef)")
+    entropy_coef: float = option(0.0, "entropy bonus weight (TRL's entropy_coef)", bounds=(0.0, math.inf))
 
 
 @dataclass(frozen=True)
@@ -146,16 +149,17 @@ class TRLEngineConfig:
     use_vllm: bool = option(False, "generate each turn with TRL's vLLM backend (GPU; needs vllm installed)")
     vllm_mode: Literal["colocate", "server"] = option("colocate", "TRL's vllm_mode")
     warning_window: int = option(
-        3, "early-warning rule: lld/warning is 1 after this many consecutive logs with delta_adv_pos <= 0"
+        3,
+        "early-warning rule: lld/warning is 1 after this many consecutive logs with delta_adv_pos <= 0",
+        bounds=(1, NO_LIMIT),
     )
 
     def __post_init__(self) -> None:
         check_choices(self)
-        if self.warning_window < 1:
-            raise ConfigError(f"warning_window must be >= 1, got {self.warning_window}")
+        check_bounds(self)
 
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class TRLConfig(GroupedConfig):
     """GRPO (optionally with LLDS) on SearchQA, trained by TRL's ``GRPOTrainer``.
 

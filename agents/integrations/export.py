@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from searchgym.errors import ConfigError
+
+if TYPE_CHECKING:
+    from searchgym.envs.spec import EnvSpec
 
 from .trajectories import FORMATS, episodes_from_batch, to_record, write_jsonl
 
@@ -23,7 +26,8 @@ def export_trajectories(
     temperature: float = 1.0,
     greedy: bool = False,
     seed: int = 0,
-    env_kwargs: dict[str, Any] | None = None,
+    spec: EnvSpec | None = None,
+    tokenizer: str | None = None,
 ) -> int:
     """Plays ``episodes`` episodes through the vector env and writes them with :func:`to_record`.
 
@@ -38,7 +42,8 @@ def export_trajectories(
         temperature: Sampling temperature.
         greedy: Greedy decoding.
         seed: Seed of the question draws and of sampling.
-        env_kwargs: :class:`~searchgym.envs.vector.SearchQAVectorEnv` keyword arguments.
+        spec: The environment (default: :class:`~searchgym.envs.EnvSpec`'s defaults).
+        tokenizer: The env's tokenizer by name, when ``policy`` brings none (default: the built-in one).
 
     Returns:
         The number of episodes written.
@@ -53,13 +58,12 @@ def export_trajectories(
     from searchgym.envs.spec import EnvSpec
     from searchgym.envs.vector import SearchQAVectorEnv
 
-    kwargs = dict(env_kwargs or {})
-    # The policy's turn cap is the env's: the spec's value when env_kwargs gives none.
-    turn_tokens = EnvSpec(**{k: v for k, v in kwargs.items() if k in EnvSpec.field_names()}).max_turn_tokens
+    spec = spec if spec is not None else EnvSpec()
+    turn_tokens = spec.max_turn_tokens  # the policy's turn cap is the env's
     if policy is not None:
         agent = load_policy(
             policy,
-            tokenizer=kwargs.get("tokenizer"),
+            tokenizer=tokenizer,
             greedy=greedy,
             temperature=temperature,
             max_turn_tokens=turn_tokens,
@@ -67,11 +71,10 @@ def export_trajectories(
     else:
         from searchgym.tokenization import load_tokenizer
 
-        tok = load_tokenizer(kwargs.get("tokenizer"))
+        tok = load_tokenizer(tokenizer)
         agent = LLMPolicy.tiny(tok, greedy=greedy, temperature=temperature, max_turn_tokens=turn_tokens)
-    kwargs["tokenizer"] = agent.tokenizer
     size = max(group_size, (min(batch, episodes) // group_size) * group_size)
-    env = SearchQAVectorEnv(size, autoreset_mode="Disabled", **kwargs)
+    env = SearchQAVectorEnv(size, spec, autoreset_mode="Disabled", tokenizer=agent.tokenizer)
     records: list[dict[str, Any]] = []
     try:
         call = 0

@@ -76,6 +76,7 @@ from searchgym.agents.grpo.diagnostics import lld_warning
 from searchgym.agents.grpo.displacement import displacement_by_advantage
 from searchgym.agents.grpo.losses import llds_loss
 from searchgym.envs.search_qa import SearchQAEnv
+from searchgym.envs.spec import EnvSpec
 from searchgym.envs.wrappers import TurnLevelWrapper
 from searchgym.errors import ConfigError
 from searchgym.protocol import Source
@@ -376,7 +377,10 @@ _ENV_POOL: dict[tuple[str, int], list[TurnLevelWrapper]] = {}
 _TOKENIZERS: dict[int, Tokenizer] = {}
 
 
-def _env_kwargs(row_env: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+def _env_spec(row_env: Any, overrides: dict[str, Any]) -> EnvSpec:
+    """The spec of a row's episode: the settings the row records (``extra_info.searchgym_env``) with the
+    loop's ``overrides``, read by :meth:`EnvSpec.from_record` (a setting neither gives is the spec's default).
+    """
     settings = json.loads(row_env) if isinstance(row_env, str) else dict(row_env or {})
     settings.update({k: v for k, v in overrides.items() if v is not None})
     unknown = sorted(set(settings) - set(ENV_KEYS))
@@ -384,12 +388,12 @@ def _env_kwargs(row_env: Any, overrides: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"unknown SearchQA settings {unknown} for the verl agent loop; valid: {list(ENV_KEYS)}"
         )
-    return settings
+    return EnvSpec.from_record(settings)
 
 
-def _take_env(settings: dict[str, Any], tokenizer: Any) -> tuple[tuple[str, int], TurnLevelWrapper]:
-    """An idle env for these settings and this tokenizer (built on first use, then reused)."""
-    key = (json.dumps(settings, sort_keys=True), id(tokenizer))
+def _take_env(spec: EnvSpec, tokenizer: Any) -> tuple[tuple[str, int], TurnLevelWrapper]:
+    """An idle env for this spec and this tokenizer (built on first use, then reused)."""
+    key = (json.dumps(spec.to_record(), sort_keys=True), id(tokenizer))
     with _POOL_LOCK:
         idle = _ENV_POOL.setdefault(key, [])
         if idle:
@@ -399,7 +403,7 @@ def _take_env(settings: dict[str, Any], tokenizer: Any) -> tuple[tuple[str, int]
             tok = _TOKENIZERS[id(tokenizer)] = load_tokenizer(tokenizer)
     # Envs on one dataset spec share its corpus and retriever (SearchQAEnv's lease), so this is cheap after
     # the first one.
-    return key, TurnLevelWrapper(SearchQAEnv(tokenizer=tok, **settings))
+    return key, TurnLevelWrapper(SearchQAEnv(spec, tokenizer=tok))
 
 
 def _give_back(key: tuple[str, int], env: TurnLevelWrapper) -> None:
@@ -445,9 +449,9 @@ class SearchQAAgentLoop(AgentLoopBase):
             raise ConfigError(
                 "the row has no extra_info.question_id: write the data with `searchgym prepare verl`"
             )
-        settings = _env_kwargs(extra.get("searchgym_env"), self.env_overrides)
+        spec = _env_spec(extra.get("searchgym_env"), self.env_overrides)
         # The first env of a process loads the dataset and builds its retriever: off the event loop.
-        key, env = await asyncio.get_running_loop().run_in_executor(None, _take_env, settings, self.tokenizer)
+        key, env = await asyncio.get_running_loop().run_in_executor(None, _take_env, spec, self.tokenizer)
         try:
             return await self._play(env, str(extra["question_id"]), sampling_params)
         finally:

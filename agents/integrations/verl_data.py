@@ -43,11 +43,13 @@ ENV_KEYS: tuple[str, ...] = EnvSpec.field_names()
 """The :class:`~searchgym.envs.search_qa.SearchQAEnv` settings a row may carry (``extra_info.searchgym_env``)."""
 
 
-def question_rows(env_kwargs: dict[str, Any], *, limit: int | None = None) -> list[dict[str, Any]]:
-    """One verl row per question of ``env_kwargs["split"]``.
+def question_rows(spec: EnvSpec, *, limit: int | None = None) -> list[dict[str, Any]]:
+    """One verl row per question of ``spec.split``.
 
     Args:
-        env_kwargs: SearchQA settings (keys of :data:`ENV_KEYS`; ``dataset`` a path, ``"world"`` or ``None``).
+        spec: The episodes' environment (``dataset`` a path, ``"world"`` or ``None``); every row carries its
+            record (:meth:`EnvSpec.to_record`), which the agent loop reads back with
+            :meth:`EnvSpec.from_record`.
         limit: Keep only the first ``limit`` questions.
 
     Returns:
@@ -56,26 +58,24 @@ def question_rows(env_kwargs: dict[str, Any], *, limit: int | None = None) -> li
         ``split``, ``question_id``, ``searchgym_env``) and ``agent_name``.
 
     Raises:
-        ConfigError: an unknown or invalid setting, a dataset object (rows need a path the workers can
-            open), or a split the dataset does not have.
+        ConfigError: ``spec`` is not an :class:`EnvSpec`, holds a dataset object (rows need a path the
+            workers can open), or names a split the dataset does not have.
     """
-    unknown = sorted(set(env_kwargs) - set(ENV_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown env settings {unknown}; valid: {list(ENV_KEYS)}")
-    spec = env_kwargs.get("dataset")
-    if spec is not None and not isinstance(spec, str | os.PathLike):
+    if not isinstance(spec, EnvSpec):
+        raise ConfigError(f"question_rows takes an EnvSpec, got {type(spec).__name__}")
+    dataset_name = spec.dataset
+    if dataset_name is not None and not isinstance(dataset_name, str):
         raise ConfigError("prepare verl needs the dataset as a path (or 'world'): verl's workers reopen it")
-    settings = {k: v for k, v in env_kwargs.items() if v is not None}
-    if isinstance(spec, os.PathLike) or (spec not in (None, "world") and Path(str(spec)).exists()):
+    if dataset_name not in (None, "world") and Path(dataset_name).exists():
         # Workers may start in another folder: store the absolute path.
-        settings["dataset"] = str(Path(str(spec)).resolve())
-    env = EnvSpec(**settings)  # checked; the spec's defaults for the settings not given
-    settings["split"] = split = env.split
-    dataset = load_dataset(None if spec is None else str(spec), world_seed=env.world_seed)
+        spec = spec.replace(dataset=str(Path(dataset_name).resolve()))
+    env, split = spec, spec.split
+    spec_name = None if dataset_name is None else str(dataset_name)
+    dataset = load_dataset(spec_name, world_seed=env.world_seed)
     questions = dataset.questions(split)
     if limit is not None:
         questions = questions[:limit]
-    env_json = json.dumps(settings, sort_keys=True)
+    env_json = json.dumps(env.to_record(), sort_keys=True)
     mark = env.append_question_mark
     return [
         {
@@ -97,7 +97,7 @@ def question_rows(env_kwargs: dict[str, Any], *, limit: int | None = None) -> li
 
 def write_verl_parquet(
     out_dir: str | Path,
-    env_kwargs: dict[str, Any],
+    spec: EnvSpec,
     splits: Sequence[str] = ("train",),
     *,
     limit: int | None = None,
@@ -107,7 +107,7 @@ def write_verl_parquet(
 
     Args:
         out_dir: The folder to write (created).
-        env_kwargs: SearchQA settings (see :func:`question_rows`; ``split`` is set per file).
+        spec: The episodes' environment (see :func:`question_rows`; its ``split`` is set per file).
         splits: The dataset splits to write, e.g. ``("train", "test")`` or ``("test[:2000]", "test[2000:]")``.
         limit: Keep only the first ``limit`` questions of each split.
 
@@ -128,7 +128,7 @@ def write_verl_parquet(
     if len(set(stems)) != len(stems):
         raise ConfigError(f"splits {list(splits)} would write the same file twice")
     for split, stem in zip(splits, stems, strict=True):
-        rows = question_rows({**env_kwargs, "split": split}, limit=limit)
+        rows = question_rows(spec.replace(split=split), limit=limit)
         path = out / f"{stem}.parquet"
         tmp = out / f".{stem}.parquet.tmp"
         pq.write_table(pa.Table.from_pylist(rows), tmp)

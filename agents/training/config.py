@@ -17,7 +17,15 @@ from typing import Any, ClassVar, Literal
 
 from searchgym.envs.spec import TRAINING, EnvSpec
 from searchgym.errors import ConfigError
-from searchgym.options import check_choices, gather_options, is_section, option, section
+from searchgym.options import (
+    NO_LIMIT,
+    check_bounds,
+    check_choices,
+    gather_options,
+    is_section,
+    option,
+    section,
+)
 
 from .reporting import REPORT_TO_HELP, ReportTo, check_report_to
 
@@ -52,7 +60,7 @@ class RunConfig:
     )
     seed: int = option(0, "seed of sampling, shuffling and question order")
     device: str = option("cpu", "torch device: cpu, cuda, cuda:1, mps")
-    threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
+    threads: int | None = option(None, "torch CPU threads (default: torch's choice)", bounds=(1, NO_LIMIT))
     progress: bool = option(True, "show a tqdm progress bar")
     tensorboard: bool = option(
         True,
@@ -62,8 +70,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_report_to(self.report_to)
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        check_bounds(self)
 
 
 @dataclass(frozen=True)
@@ -82,14 +89,16 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = option(
         "float32", "model parameter dtype (float64: a reference run whose samples no CPU's rounding can flip)"
     )
-    tiny_layers: int = option(2, "layers of the tiny model (ignored with --model or --init)")
-    tiny_hidden: int = option(128, "hidden size of the tiny model (ignored with --model or --init)")
+    tiny_layers: int = option(
+        2, "layers of the tiny model (ignored with --model or --init)", bounds=(1, NO_LIMIT)
+    )
+    tiny_hidden: int = option(
+        128, "hidden size of the tiny model (ignored with --model or --init)", bounds=(1, NO_LIMIT)
+    )
 
     def __post_init__(self) -> None:
         check_choices(self)
-        for name in ("tiny_layers", "tiny_hidden"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_bounds(self)
 
     @property
     def tokenizer_name(self) -> str | None:
@@ -108,6 +117,7 @@ class OptimConfig:
         "linear learning-rate warm-up, in schedule steps: optimizer updates for train sft and train trl, "
         "rollout steps for train grpo (its rate changes once per step, as in verl; the reference warms up "
         "over 28.5%% of training)",
+        bounds=(0, NO_LIMIT),
     )
     warmup_start_lr: float | None = option(
         None,
@@ -117,8 +127,10 @@ class OptimConfig:
     lr_schedule: Literal["constant", "linear"] = option(
         "constant", "after the warm-up: constant, or linear decay to zero at the last step"
     )
-    weight_decay: float = option(0.0, "AdamW weight decay (reference: 0.01)")
-    max_grad_norm: float = option(1.0, "gradient-norm clipping threshold (0 disables clipping)")
+    weight_decay: float = option(0.0, "AdamW weight decay (reference: 0.01)", bounds=(0.0, math.inf))
+    max_grad_norm: float = option(
+        1.0, "gradient-norm clipping threshold (0 disables clipping)", bounds=(0.0, math.inf)
+    )
     adam_betas: str = option("0.9,0.999", "AdamW's beta1,beta2")
     adam_eps: float = option(1e-8, "AdamW's epsilon")
 
@@ -126,12 +138,7 @@ class OptimConfig:
         check_choices(self)
         if not (self.lr >= 0 and math.isfinite(self.lr)):
             raise ConfigError(f"lr must be > 0 (0: GRPO's frozen control), got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.weight_decay < 0 or self.max_grad_norm < 0:
-            raise ConfigError(
-                "weight_decay and max_grad_norm must be >= 0 (max_grad_norm 0 disables clipping)"
-            )
+        check_bounds(self)
         if self.warmup_start_lr is not None:
             if not 0 < self.warmup_start_lr <= self.lr:
                 raise ConfigError(f"warmup_start_lr must be in (0, lr={self.lr}], got {self.warmup_start_lr}")
@@ -162,26 +169,30 @@ class EvalConfig:
 
     split: str = option("test", "evaluation split", name="eval_split")
     questions: int = option(
-        200, "questions of the eval split scored greedily at the end (0: none)", name="eval_questions"
+        200,
+        "questions of the eval split scored greedily at the end (0: none)",
+        name="eval_questions",
+        bounds=(0, NO_LIMIT),
     )
-    batch: int = option(64, "episodes generated together during evaluation", name="eval_batch")
+    batch: int = option(
+        64, "episodes generated together during evaluation", name="eval_batch", bounds=(1, NO_LIMIT)
+    )
 
     def __post_init__(self) -> None:
-        if self.questions < 0:
-            raise ConfigError(f"eval_questions must be >= 0, got {self.questions}")
-        if self.batch < 1:
-            raise ConfigError(f"eval_batch must be >= 1, got {self.batch}")
+        check_bounds(self)
         if not isinstance(self.split, str) or not self.split:
             raise ConfigError(f"eval_split must be a non-empty string, got {self.split!r}")
 
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class TrainConfig:
     """What every training entry point is made of: the sections ``run``, ``model``, ``env``, ``optim`` and
     ``eval``; each trainer's config adds its own.
 
     A config is built from its options by name (``GRPOConfig(lr=1e-3, llds="token")``, the names of the
     CLI's flags), or with whole sections (``llds=LLDSConfig(...)``): :func:`searchgym.options.gather_options`.
+    It is frozen, as its sections are: ``dataclasses.replace(config, batch=...)`` gives a varied copy,
+    checked as any other.
     """
 
     run: RunConfig = section(RunConfig(), "run")  # noqa: RUF009 - a frozen dataclass
@@ -195,7 +206,7 @@ class TrainConfig:
 
     def __init__(self, **options: Any) -> None:
         for name, value in gather_options(type(self), options).items():
-            setattr(self, name, value)
+            object.__setattr__(self, name, value)  # the one assignment: a frozen config's construction
         self.__post_init__()
 
     def to_dict(self) -> dict[str, Any]:
@@ -226,7 +237,7 @@ class SFTOptions:
 
     demos: str | None = option(None, "demonstrations JSONL (default: generate them from the training split)")
     demo_episodes: int | None = option(
-        None, "demonstrations to generate (default: one per training question)"
+        None, "demonstrations to generate (default: one per training question)", bounds=(1, NO_LIMIT)
     )
     demonstrator: str = option(
         "oracle",
@@ -238,21 +249,17 @@ class SFTOptions:
         "learn from every demonstration, rewarded or not (a shortcut teacher's are wrong by design); "
         "default: only rewarded ones",
     )
-    epochs: int = option(4, "passes over the demonstrations")
-    batch_size: int = option(16, "demonstrations per optimizer update")
+    epochs: int = option(4, "passes over the demonstrations", bounds=(1, NO_LIMIT))
+    batch_size: int = option(16, "demonstrations per optimizer update", bounds=(1, NO_LIMIT))
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.demo_episodes is not None and self.demo_episodes < 1:
-            raise ConfigError(f"demo_episodes must be >= 1, got {self.demo_episodes}")
+        check_bounds(self)
         from searchgym.agents.demonstrations import parse_demonstrator
 
         parse_demonstrator(self.demonstrator)
 
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class SFTConfig(TrainConfig):
     """Supervised warm-start on oracle demonstrations: cross-entropy on the policy's tokens only."""
 

@@ -4,6 +4,7 @@ environments (``SearchQAEnv``, the vector env, the macro env)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import gymnasium as gym
 import pytest
@@ -85,3 +86,25 @@ def test_the_front_ends_table_changes_every_field() -> None:
     assert tuple(NON_DEFAULT_ENV) == EnvSpec.field_names()
     default = EnvSpec()
     assert all(getattr(default, k) != getattr(EnvSpec(**NON_DEFAULT_ENV), k) for k in NON_DEFAULT_ENV)
+
+
+def test_a_record_round_trips_and_a_missing_field_takes_the_specs_default() -> None:
+    spec = EnvSpec(
+        dataset="world", world_seed=3, split="dev", topk=2, retriever_faults="empty=0.5,seed=1", reward="f1"
+    )
+    record = spec.to_record()
+    assert json.loads(json.dumps(record)) == record  # plain data
+    assert EnvSpec.from_record(json.loads(json.dumps(record))) == spec
+    # A record an earlier version wrote: fewer fields, and keys that are not fields (the tokenizer).
+    old = {"dataset": None, "world_seed": 0, "topk": 5, "tokenizer": "gpt2", "render_mode": None}
+    loaded = EnvSpec.from_record(old)
+    assert loaded == EnvSpec(topk=5)
+    assert loaded.split == EnvSpec().split == "train" and loaded.max_turns == EnvSpec().max_turns
+    assert EnvSpec.from_record(None) == EnvSpec() == EnvSpec.from_record({})
+
+
+def test_a_bad_record_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="topk must be"):
+        EnvSpec.from_record({"topk": 0})
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        EnvSpec.from_record(["topk", 3])  # type: ignore[arg-type]

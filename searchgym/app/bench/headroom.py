@@ -28,11 +28,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from searchgym.errors import ConfigError
+
+if TYPE_CHECKING:
+    from searchgym.envs.spec import EnvSpec
 
 __all__ = [
     "FIGURE_KEYS",
@@ -329,9 +332,10 @@ class LLMHeadroomPolicy:
 
 def run_headroom(
     policy: HeadroomPolicy,
-    env_kwargs: Mapping[str, Any],
+    spec: EnvSpec,
     settings: HeadroomSettings,
     *,
+    tokenizer: Any = None,
     progress: bool = False,
 ) -> list[QuestionRecord]:
     """Plays the first ``settings.questions`` questions once greedily and ``settings.samples`` times at each
@@ -344,8 +348,9 @@ def run_headroom(
 
     Args:
         policy: Gives the decoder of each play.
-        env_kwargs: ``SearchQAVectorEnv`` keyword arguments (split, sizes, tokenizer — the policy's own).
+        spec: The environment (split, sizes).
         settings: Questions, samples, temperatures, seed and batch size.
+        tokenizer: The env's tokenizer, the policy's own (default: the built-in one).
         progress: Show a tqdm bar (episodes) on stderr.
     """
     from tqdm import tqdm
@@ -353,15 +358,15 @@ def run_headroom(
     from searchgym.agents.training.rollout import evaluate_policy
     from searchgym.envs.vector import SearchQAVectorEnv
 
-    probe = SearchQAVectorEnv(1, autoreset_mode="Disabled", **env_kwargs)
+    probe = SearchQAVectorEnv(1, spec, autoreset_mode="Disabled", tokenizer=tokenizer)
     try:
         questions = probe.questions[: settings.questions]
         if not questions:
-            raise ConfigError(f"split {env_kwargs.get('split')!r} has no questions")
+            raise ConfigError(f"split {spec.split!r} has no questions")
         n = len(questions)
         batches = -(-n // settings.batch_size)
         # Opened while the probe holds the shared retriever, so the index is built once.
-        env = SearchQAVectorEnv(-(-n // batches), autoreset_mode="Disabled", **env_kwargs)
+        env = SearchQAVectorEnv(-(-n // batches), spec, autoreset_mode="Disabled", tokenizer=tokenizer)
     finally:
         probe.close()
     draws = [Draw(None, 0, 0)] + [

@@ -25,6 +25,7 @@ episode has several tool turns: the case the cross-turn cache is for.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import resource
 import statistics
@@ -247,11 +248,10 @@ def _prompts(env: Any, seed: int, group_size: int) -> Any:
 
 def path_config(cfg: Any, setting: Mapping[str, Any]) -> Any:
     """``cfg`` (a ``GRPOConfig``) with one update path's ``length_buckets`` and ``rescore_pi_old``: a new
-    config, checked as any other (the trainer's config is never changed in place)."""
-    from searchgym.options import flat_values
-
-    keys = ("length_buckets", "rescore_pi_old")
-    return type(cfg)(**(flat_values(cfg) | {k: setting[k] for k in keys}))
+    config, checked as any other (configs are frozen: the trainer's is replaced, never changed)."""
+    batch = dataclasses.replace(cfg.batch, length_buckets=setting["length_buckets"])
+    loss = dataclasses.replace(cfg.loss, rescore_pi_old=setting["rescore_pi_old"])
+    return dataclasses.replace(cfg, batch=batch, loss=loss)
 
 
 def run_update_benchmark(

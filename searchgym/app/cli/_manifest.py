@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "agent_manifest",
-    "episode_settings",
+    "env_record",
     "warn_on_data_mismatch",
     "write_config_manifest",
     "write_index_manifest",
@@ -20,30 +20,35 @@ __all__ = [
 ]
 
 
-def episode_settings(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``env_kwargs`` with every episode setting made explicit (the env's defaults for those not given)."""
+def env_record(env: Any) -> dict[str, Any]:
+    """The record a manifest stores of a run's environment: an :class:`~searchgym.envs.EnvSpec` whole
+    (:meth:`~searchgym.envs.EnvSpec.to_record`), or a mapping of its settings (``gym.make`` keyword
+    arguments, the ``tokenizer`` among them) read through :meth:`~searchgym.envs.EnvSpec.from_record`, so
+    every field is given and a field not given is the spec's own default."""
     from searchgym.envs import EnvSpec
-    from searchgym.envs.spec import ENV_SECTIONS
 
-    given = {k: v for k, v in env_kwargs.items() if k in ENV_SECTIONS["episode"]}
-    return {**env_kwargs, **EnvSpec(**given).episode_settings()}
+    if isinstance(env, EnvSpec):
+        return env.to_record()
+    return {**env, **EnvSpec.from_record(env).to_record()}
 
 
 def write_run_manifest(
     out: str | Path,
     command: str,
-    env_kwargs: Mapping[str, Any] | None,
+    env: Any,
     *,
     folder: bool,
     seeds: Mapping[str, Any] | None = None,
     config: Any = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Writes the manifest of a run that wrote ``out`` (a run folder, or one file) and returns its path."""
+    """Writes the manifest of a run that wrote ``out`` (a run folder, or one file) and returns its path.
+    ``env``: the run's :class:`~searchgym.envs.EnvSpec`, or its settings as a mapping (:func:`env_record`);
+    ``None`` for a command without an environment."""
     from searchgym.manifest import manifest_path, run_manifest, write_manifest
 
-    env = episode_settings(env_kwargs) if env_kwargs is not None else None
-    manifest = run_manifest(command, env, seeds=seeds, config=config, extra=extra)
+    record = env_record(env) if env is not None else None
+    manifest = run_manifest(command, record, seeds=seeds, config=config, extra=extra)
     return write_manifest(manifest_path(out, folder=folder), manifest)
 
 
@@ -89,9 +94,10 @@ def agent_manifest(agent: str) -> tuple[Path, dict[str, Any]] | None:
     return (candidate, manifest) if manifest is not None else None
 
 
-def warn_on_data_mismatch(agent: str, env_kwargs: Mapping[str, Any]) -> str | None:
+def warn_on_data_mismatch(agent: str, env: Any) -> str | None:
     """Prints one warning line (stderr) when ``agent``'s training manifest names another corpus or index
-    than the environment of ``env_kwargs``; returns the line, or ``None`` when there is nothing to say."""
+    than the environment ``env`` (an :class:`~searchgym.envs.EnvSpec`, or its settings as a mapping);
+    returns the line, or ``None`` when there is nothing to say."""
     from searchgym.manifest import corpus_mismatch, dataset_fingerprint, retriever_fingerprint
 
     found = agent_manifest(agent)
@@ -100,7 +106,7 @@ def warn_on_data_mismatch(agent: str, env_kwargs: Mapping[str, Any]) -> str | No
     path, trained = found
     from searchgym.envs import EnvSpec
 
-    spec = EnvSpec(**{k: v for k, v in env_kwargs.items() if k in EnvSpec.field_names()})
+    spec = env if isinstance(env, EnvSpec) else EnvSpec.from_record(env)
     current = {
         "data": dataset_fingerprint(spec.dataset, spec.split, spec.world_seed),
         "retriever": retriever_fingerprint(spec.retriever),

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from searchgym.agents.training.config import TrainConfig
-from searchgym.options import flat_options, is_section, option_name, section_type
+from searchgym.options import bounds_text, flat_options, is_section, option_name, section_type
 
 __all__ = ["add_config_arguments", "add_field_arguments", "config_from_args"]
 
@@ -68,7 +68,7 @@ def add_field_arguments(
     names: Iterable[str] | None = None,
 ) -> None:
     """Adds one option per field of the dataclass ``cls`` (or of ``names`` only), with the field's help,
-    type and choices (:func:`_option_kind`).
+    its declared bounds (:func:`searchgym.options.bounds_text`), type and choices (:func:`_option_kind`).
 
     The default is the field's, or ``defaults``' value of it (an instance of ``cls``); the fields named in
     ``unset`` default to ``None`` (not given) and their help names the default instead, so the caller can
@@ -85,6 +85,8 @@ def add_field_arguments(
             "dest": name,
             **_option_kind(hints[f.name]),
         }
+        if "bounds" in f.metadata:  # the range check_bounds holds the field to, as its error says it
+            kwargs["help"] += f" ({bounds_text(f.metadata['bounds'])})"
         if "choices" in kwargs and type(None) in get_args(hints[f.name]):
             # an optional choice: "none" stands for None (gather_options reads it so)
             kwargs["choices"] = ["none", *kwargs["choices"]]

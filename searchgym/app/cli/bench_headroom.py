@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from searchgym.app.cli._common import add_env_arguments, env_kwargs, format_table, run_env_defaults
+from searchgym.app.cli._common import add_env_arguments, env_spec_from_args, format_table, run_env_defaults
 
 if TYPE_CHECKING:
     from searchgym.app.bench.headroom import HeadroomSettings, QuestionRecord
@@ -177,10 +177,10 @@ def measure(args: argparse.Namespace, settings: HeadroomSettings) -> dict[str, A
     start = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)
-    kwargs = env_kwargs(args, _env_defaults(args))
+    spec = env_spec_from_args(args, _env_defaults(args))
     if args.init is not None or args.model is not None:
-        warn_on_data_mismatch(f"checkpoint:{args.init or args.model}", kwargs)
-    turn, context = kwargs["max_turn_tokens"], kwargs["max_context_tokens"]
+        warn_on_data_mismatch(f"checkpoint:{args.init or args.model}", spec)
+    turn, context = spec.max_turn_tokens, spec.max_context_tokens
     config = TrainConfig(
         init=args.init,
         model=args.model,
@@ -204,8 +204,7 @@ def measure(args: argparse.Namespace, settings: HeadroomSettings) -> dict[str, A
     )
     built.model.eval()
     policy = LLMHeadroomPolicy(built.model, built.tokenizer, turn)
-    kwargs["tokenizer"] = built.tokenizer
-    records = run_headroom(policy, kwargs, settings, progress=not args.no_progress)
+    records = run_headroom(policy, spec, settings, tokenizer=built.tokenizer, progress=not args.no_progress)
     if args.out is not None:
         write_question_records(records, args.out)
     return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from searchgym.app.cli._common import add_env_arguments, env_kwargs, positive_int
+from searchgym.app.cli._common import add_env_arguments, env_spec_from_args, positive_int
 from searchgym.app.cli._manifest import write_run_manifest
 
 COMMAND = ("export-trajectories",)
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from searchgym.agents.integrations.export import export_trajectories
 
-    env = env_kwargs(args)
+    spec = env_spec_from_args(args)
     n = export_trajectories(
         args.out,
         fmt=args.format,
@@ -55,11 +55,17 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         greedy=args.greedy,
         seed=args.seed,
-        env_kwargs=env,
+        spec=spec,
+        tokenizer=getattr(args, "tokenizer", None),
     )
     config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
     write_run_manifest(
-        args.out, "export-trajectories", env, folder=False, seeds={"seed": args.seed}, config=config
+        args.out,
+        "export-trajectories",
+        {**spec.to_record(), "tokenizer": getattr(args, "tokenizer", None)},
+        folder=False,
+        seeds={"seed": args.seed},
+        config=config,
     )
     print(f"wrote {n} episodes to {args.out} ({args.format} fields)")
     return 0

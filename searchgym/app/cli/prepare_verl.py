@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from searchgym.agents.integrations.verl_data import write_verl_parquet
     from searchgym.envs import EnvSpec
 
-    env_kwargs = {name: getattr(args, name) for name in EnvSpec.field_names() if name != "split"}
-    EnvSpec(**env_kwargs)  # every setting checked here, not first in verl's workers
-    written = write_verl_parquet(args.out, env_kwargs, args.split or ["train"], limit=args.limit)
+    # Every setting checked here, not first in verl's workers (--split names the files: set per file).
+    spec = EnvSpec(**{name: getattr(args, name) for name in EnvSpec.field_names() if name != "split"})
+    written = write_verl_parquet(args.out, spec, args.split or ["train"], limit=args.limit)
     print(json.dumps({split: str(path) for split, path in written.items()}))
     if args.plugin_check:
         from searchgym.agents.integrations.verl_data import check_verl_plugin

@@ -14,11 +14,14 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from searchgym.app.cli._common import add_env_arguments, env_kwargs, format_table
+from searchgym.app.cli._common import add_env_arguments, env_spec_from_args, format_table
 from searchgym.app.cli._manifest import write_run_manifest
 from searchgym.errors import ConfigError
+
+if TYPE_CHECKING:
+    from searchgym.envs.spec import EnvSpec
 
 COMMAND = ("train", "sb3")
 HELP = "train a stable-baselines3 agent (PPO, A2C, DQN) on the macro-action or the token-level view"
@@ -41,6 +44,13 @@ HYPERPARAMS: dict[tuple[str, str], dict[str, Any]] = {
 """Default SB3 keyword arguments per ``(algo, view)``; ``--lr`` overrides the rate."""
 
 
+def _env_spec(**record: Any) -> EnvSpec:
+    """The spec of a record (:meth:`~searchgym.envs.EnvSpec.from_record`), imported when first needed."""
+    from searchgym.envs.spec import EnvSpec
+
+    return EnvSpec.from_record(record)
+
+
 @dataclass(frozen=True)
 class SB3TrainConfig:
     """One SB3 training run (the CLI's options, validated once).
@@ -58,7 +68,8 @@ class SB3TrainConfig:
         eval_questions: Questions of the closing evaluation (0: none).
         eval_split: Split of the closing evaluation.
         threads: torch CPU threads.
-        env: ``gym.make`` keyword arguments of the training env (the split included).
+        env: The training env's spec (the split included).
+        tokenizer: The env's tokenizer by name (default: the built-in one).
         report_to: Where SB3's logged figures go besides ``progress.csv``
             (:mod:`~searchgym.agents.training.reporting`).
     """
@@ -74,8 +85,9 @@ class SB3TrainConfig:
     eval_questions: int = 200
     eval_split: str = "test"
     threads: int = 1
-    env: dict[str, Any] = field(default_factory=dict)
+    env: EnvSpec = field(default_factory=lambda: _env_spec())
     report_to: str = "tensorboard"
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.algo not in ("ppo", "a2c", "dqn"):
@@ -90,6 +102,14 @@ class SB3TrainConfig:
         from searchgym.agents.training.reporting import check_report_to
 
         check_report_to(self.report_to)
+
+    @property
+    def env_record(self) -> dict[str, Any]:
+        """The training env as ``config.json`` records it: the spec's record
+        (:meth:`~searchgym.envs.EnvSpec.to_record`), and the tokenizer where one is named; what
+        :func:`searchgym.agents.sb3.recorded_env` reads back as ``gym.make`` keyword arguments."""
+        tokenizer = {"tokenizer": self.tokenizer} if self.tokenizer is not None else {}
+        return {**self.env.to_record(), **tokenizer}
 
     @property
     def env_id(self) -> str:
@@ -181,15 +201,16 @@ def config_from_args(args: argparse.Namespace) -> SB3TrainConfig:
         raise ConfigError(
             f"--env {args.env!r} does not match --view {args.view} ({VIEWS[args.view]}); omit --env"
         )
-    env = {k: v for k, v in env_kwargs(args).items() if v is not None}
-    # The token view trains on short transcripts unless told otherwise (env_kwargs holds explicit sizes).
+    env = {k: v for k, v in env_spec_from_args(args).to_record().items() if v is not None}
+    # The token view trains on short transcripts unless told otherwise (the record holds explicit sizes).
     token_sizes = {"max_context_tokens": 384, "max_turn_tokens": 24} if args.view == "token" else {}
     return SB3TrainConfig(
         algo=args.algo, view=args.view, steps=args.steps, seed=args.seed,
         run_dir=args.run_dir or f"runs/sb3-{args.algo}-{args.view}-s{args.seed}", n_envs=args.n_envs,
         lr=args.lr, save_every=args.save_every,
         eval_questions=args.eval_questions, eval_split=args.eval_split, threads=args.threads,
-        env={**token_sizes, **env}, report_to=args.report_to,
+        env=_env_spec(**token_sizes, **env), report_to=args.report_to,
+        tokenizer=getattr(args, "tokenizer", None),
     )  # fmt: skip
 
 
@@ -240,12 +261,12 @@ def train(config: SB3TrainConfig) -> dict[str, Any]:
     out = Path(config.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(
-        json.dumps({**asdict(config), "env_id": config.env_id, "policy": config.policy,
+        json.dumps({**asdict(config), "env": config.env_record, "env_id": config.env_id, "policy": config.policy,
                     "model_kwargs": config.model_kwargs}, indent=2) + "\n", encoding="utf-8"
     )  # fmt: skip
     # render_mode=None: make_vec_env otherwise asks for "rgb_array", which SearchQA envs reject.
     venv = make_vec_env(config.env_id, n_envs=config.n_envs, seed=config.seed,
-                        env_kwargs={**config.env, "render_mode": None})  # fmt: skip
+                        env_kwargs={**config.env_record, "render_mode": None})  # fmt: skip
     kwargs = config.model_kwargs
     kwargs["policy_kwargs"] = token_policy_kwargs() if config.view == "token" else {"net_arch": [128, 128]}
     model = ALGORITHMS[config.algo](config.policy, venv, seed=config.seed, device="cpu", **kwargs)
@@ -267,7 +288,7 @@ def train(config: SB3TrainConfig) -> dict[str, Any]:
     venv.close()
     if not config.eval_questions:
         return {}
-    env = gym.make(config.env_id, **{**config.env, "split": config.eval_split})
+    env = gym.make(config.env_id, **{**config.env_record, "split": config.eval_split})
     summary = evaluate(env, SB3Agent(env, model), config.eval_questions, seed=config.seed,
                        out=out / "eval.jsonl")  # fmt: skip
     metrics = {"algo": config.algo, "view": config.view, "seed": config.seed, "split": config.eval_split,
@@ -317,7 +338,12 @@ def run(args: argparse.Namespace) -> int:
     prepare_out(config.run_dir, args.overwrite)
     metrics = train(config)
     write_run_manifest(
-        config.run_dir, "train sb3", config.env, folder=True, seeds={"seed": config.seed}, config=config
+        config.run_dir,
+        "train sb3",
+        config.env_record,
+        folder=True,
+        seeds={"seed": config.seed},
+        config=config,
     )
     if metrics:
         print(format_table([metrics], ["algo", "view", "seed", "split", "em", "f1", "searches", "valid_format",

@@ -18,6 +18,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     raise MissingDependencyError("torch", "train", "searchgym conform") from e
 
 from searchgym.agents.grpo.advantages import group_advantages, mean_advantages, sign_advantages
+from searchgym.envs.spec import EnvSpec
 from searchgym.tokenization import Tokenizer
 
 from .episodes import (
@@ -64,7 +65,7 @@ class Setup:
 
     Attributes:
         tokenizer: The env's tokenizer (the policy's).
-        env_kwargs: SearchQA settings of the episodes (:data:`ENV`).
+        env: The episodes' environment (:data:`~.episodes.ENV`).
         group_size: Responses per question (consecutive episodes).
         model: The policy (a ``transformers`` causal LM) whose log-probs the sampler reported.
         reference: The KL reference (``None`` when ``kl_coef`` is 0); it differs from the policy, as it does
@@ -76,7 +77,7 @@ class Setup:
     """
 
     tokenizer: Tokenizer
-    env_kwargs: dict[str, Any]
+    env: EnvSpec
     group_size: int
     model: Any
     reference: Any | None

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from searchgym.agents.llm import Segment, token_logprobs
+from searchgym.envs.spec import EnvSpec
 from searchgym.envs.vector import SearchQAVectorEnv
 from searchgym.errors import InvalidActionError, SearchGymError
 from searchgym.protocol import Source
@@ -25,7 +26,7 @@ from searchgym.tokenization import Tokenizer
 
 __all__ = ["ENV", "GROUP_SIZE", "ConformError", "Episode", "ScriptedTurns", "Turn", "scripted_episodes"]
 
-ENV: dict[str, Any] = {"max_turn_tokens": 64, "max_context_tokens": 1024, "topk": 1, "max_turns": 4}
+ENV = EnvSpec(max_turn_tokens=64, max_context_tokens=1024, topk=1, max_turns=4)
 """The SearchQA settings of the scripted episodes (one passage per search keeps transcripts short)."""
 
 GROUP_SIZE = 4
@@ -186,7 +187,7 @@ def _play(
     """Plays the scripted groups through the vector env, one turn at a time; returns the recorded episodes
     with the sampler's log-probabilities (``model`` scoring each transcript)."""
     g = GROUP_SIZE
-    env = SearchQAVectorEnv(len(scripts) * g, autoreset_mode="Disabled", tokenizer=tok, **ENV)
+    env = SearchQAVectorEnv(len(scripts) * g, autoreset_mode="Disabled", tokenizer=tok, spec=ENV)
     try:
         questions = env.questions[question_offset : question_offset + len(scripts)]
         env.reset(seed=0, options={"group_size": g, "question_ids": [q.id for q in questions]})

@@ -35,7 +35,7 @@ def native_batch(episodes: Sequence[Episode], setup: Setup) -> RolloutBatch:
     """The episodes as ``train grpo``'s rollout collects them: groups of consecutive sub-envs on one question."""
     g = setup.group_size
     env = SearchQAVectorEnv(
-        len(episodes), autoreset_mode="Disabled", tokenizer=setup.tokenizer, **setup.env_kwargs
+        len(episodes), autoreset_mode="Disabled", tokenizer=setup.tokenizer, spec=setup.env
     )
     try:
         questions = [episodes[k].question_id for k in range(0, len(episodes), g)]

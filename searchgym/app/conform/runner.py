@@ -273,7 +273,7 @@ def run_conformance(
             folder.mkdir()
             return Setup(
                 tokenizer=sc.tokenizer,
-                env_kwargs=dict(ENV),
+                env=ENV,
                 group_size=GROUP_SIZE,
                 model=model,
                 reference=_reference(model) if terms else None,

@@ -71,7 +71,7 @@ def trl_adapter(episodes: Sequence[Episode], setup: Setup, loss_type: str = "dap
         updates=1,
         progress=False,
         device="cpu",
-        **setup.env_kwargs,
+        env=setup.env,
     )
     rollout = _ScriptedRollout(config.env, setup.tokenizer, episodes)
     with warnings.catch_warnings():

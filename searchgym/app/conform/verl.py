@@ -82,7 +82,7 @@ def _generate(episodes: Sequence[Episode], setup: Setup) -> Any:
     config.save_pretrained(str(model_dir))
     hf_tokenizer.save_pretrained(str(model_dir))
     questions = {ep.question_id for ep in episodes}
-    paths = write_verl_parquet(setup.workdir / "data", setup.env_kwargs, ["train"], limit=len(questions) + 8)
+    paths = write_verl_parquet(setup.workdir / "data", setup.env, ["train"], limit=len(questions) + 8)
     trainer_config = _worker_config(model_dir, paths["train"])
     dataset = RLHFDataset(str(paths["train"]), hf_tokenizer, trainer_config.data)
     row_of = {str(dataset[i]["extra_info"]["question_id"]): i for i in range(len(dataset))}

@@ -438,7 +438,9 @@ def _evaluation(table: Mapping[str, Any], where: str) -> Evaluation | None:
     questions = table.get("questions")
     if isinstance(questions, bool) or not isinstance(questions, int) or questions < 1:
         raise ConfigError(f"{where}: questions must be an integer >= 1, got {questions!r}")
-    split = table.get("split", "test")
+    from searchgym.agents.training.config import EvalConfig
+
+    split = table.get("split", EvalConfig().split)  # the trainers' evaluation split unless named
     batch = table.get("batch")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise ConfigError(f"{where}: batch must be an integer >= 1, got {batch!r}")

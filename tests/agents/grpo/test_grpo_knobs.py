@@ -132,7 +132,9 @@ def test_filter_groups_samples_more_batches_for_informative_groups(
     }
 
     # Out of draws: topped up with the first draw's uninformative groups, and the metric says so.
-    trainer.config.batch = dataclasses.replace(trainer.config.batch, max_gen_batches=1)
+    trainer.config = dataclasses.replace(
+        trainer.config, batch=dataclasses.replace(trainer.config.batch, max_gen_batches=1)
+    )
     draws.clear()
     batch, metrics = trainer.sample_step()
     assert draws == [0] and len(batch) == 4

@@ -44,7 +44,9 @@ def config(grpo_config: Callable[..., GRPOConfig]) -> Callable[..., GRPOConfig]:
 def run_update(
     trainer: GRPOTrainer, start: Any, batch: Any, adv: Any, rescore: bool | None
 ) -> dict[str, Any]:
-    trainer.config.loss = dataclasses.replace(trainer.config.loss, rescore_pi_old=rescore)
+    trainer.config = dataclasses.replace(
+        trainer.config, loss=dataclasses.replace(trainer.config.loss, rescore_pi_old=rescore)
+    )
     trainer.model.load_state_dict(start[0])
     trainer.optimizer.load_state_dict(start[1])
     metrics = trainer.update(batch, adv)

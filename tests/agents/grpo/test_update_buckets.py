@@ -87,7 +87,9 @@ def test_bucketed_and_plain_micro_batches_make_the_same_update(
     start = (copy.deepcopy(trainer.model.state_dict()), copy.deepcopy(trainer.optimizer.state_dict()))
     params, first = {}, {}
     for bucketed in (False, True):
-        trainer.config.batch = dataclasses.replace(trainer.config.batch, length_buckets=bucketed)
+        trainer.config = dataclasses.replace(
+            trainer.config, batch=dataclasses.replace(trainer.config.batch, length_buckets=bucketed)
+        )
         trainer.model.load_state_dict(start[0])
         trainer.optimizer.load_state_dict(start[1])
         metrics = trainer.update(batch, adv)

@@ -429,7 +429,7 @@ def test_exported_trl_rows_are_what_trls_rollout_func_returns(tok: Any, tmp_path
     from searchgym.agents.integrations.trajectories import iter_jsonl
 
     path = tmp_path / "traj.jsonl"
-    assert export_trajectories(path, fmt="trl", episodes=4, group_size=2, batch=4, env_kwargs=ENV) == 4
+    assert export_trajectories(path, fmt="trl", episodes=4, group_size=2, batch=4, spec=EnvSpec(**ENV)) == 4
     rows = list(iter_jsonl(path))
 
     def replay(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:

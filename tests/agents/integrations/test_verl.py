@@ -47,6 +47,7 @@ from searchgym.agents.integrations.verl import (  # noqa: E402
     response_advantages,
 )
 from searchgym.agents.integrations.verl_data import write_verl_parquet  # noqa: E402
+from searchgym.envs import EnvSpec  # noqa: E402
 from searchgym.errors import ConfigError  # noqa: E402
 from searchgym.protocol import Source  # noqa: E402
 from searchgym.tokenization import load_tokenizer  # noqa: E402
@@ -278,7 +279,7 @@ def test_lambda_is_llds_configs_coef_its_default_and_its_check(monkeypatch: pyte
     assert default.llds_coef == LLDSConfig().coef
     assert default.llds == LLDSConfig(gate="response", coef=LLDSConfig().coef)
     assert LLDSPolicyLossConfig(llds_coef=0.5).llds == LLDSConfig(gate=None, coef=0.5)  # a mode of verl's own
-    with pytest.raises(ConfigError, match=r"llds_coef must be a finite number >= 0, got -1.0"):
+    with pytest.raises(ConfigError, match=r"llds_coef must be >= 0.0, got -1.0"):
         LLDSPolicyLossConfig(llds_coef=-1.0)
 
     def refused(self: LLDSConfig) -> None:
@@ -689,7 +690,7 @@ def test_verls_agent_loop_worker_plays_prepared_rows(tmp_path: Path, hf_tok: Any
     server.model.save_pretrained(str(model_dir))
     hf_tok.save_pretrained(str(model_dir))
     settings = {**ENV, "max_turn_tokens": 16, "max_turns": 3, "max_context_tokens": 640}
-    paths = write_verl_parquet(tmp_path / "data", settings, ["train"], limit=3)
+    paths = write_verl_parquet(tmp_path / "data", EnvSpec(**settings), ["train"], limit=3)
     with initialize_config_dir(
         config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
     ):
@@ -771,7 +772,7 @@ def test_agent_loop_overrides_and_bad_rows(hf_tok: Any) -> None:
 def test_prepared_parquet_is_read_by_verls_rlhf_dataset(tmp_path: Path, hf_tok: Any) -> None:
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    paths = write_verl_parquet(tmp_path, {**ENV, "retriever": "bm25"}, ["train", "test"], limit=4)
+    paths = write_verl_parquet(tmp_path, EnvSpec(**ENV, retriever="bm25"), ["train", "test"], limit=4)
     config = OmegaConf.create(
         {
             "prompt_key": "prompt",
@@ -796,7 +797,7 @@ def test_exported_verl_trajectories_are_verl_agent_loop_outputs(tmp_path: Path) 
 
     path = tmp_path / "traj.jsonl"
     env = {"max_turn_tokens": 8, "max_turns": 2, "max_context_tokens": 768, "topk": 2}
-    assert export_trajectories(path, fmt="verl", episodes=4, group_size=2, batch=4, env_kwargs=env) == 4
+    assert export_trajectories(path, fmt="verl", episodes=4, group_size=2, batch=4, spec=EnvSpec(**env)) == 4
     for record in iter_jsonl(path):
         out = AgentLoopOutput(**record)  # the line as it is: every field is one of AgentLoopOutput's
         assert out.model_dump(exclude_unset=True).keys() == record.keys()

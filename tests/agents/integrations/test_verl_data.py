@@ -23,6 +23,7 @@ from searchgym.agents.integrations.verl_data import (  # noqa: E402
     write_verl_parquet,
 )
 from searchgym.data import load_dataset  # noqa: E402
+from searchgym.envs import EnvSpec  # noqa: E402
 
 # The columns verl's RLHFDataset reads (prompt_key "prompt", data_source, extra_info.index) plus the agent loop's.
 COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info", "agent_name"]
@@ -50,17 +51,19 @@ def test_prepare_verl_writes_one_parquet_per_split_that_round_trips(tmp_path: Pa
         env = json.loads(rows[0]["extra_info"]["searchgym_env"])
         assert env["split"] == split and env["max_turns"] == 3
         assert env["retriever"] == "http://127.0.0.1:8000/retrieve"
-        assert "dataset" not in env  # the generated world: nothing to reopen
+        assert env["dataset"] is None  # the generated world: nothing to reopen
+        assert set(env) == set(EnvSpec.field_names())  # the whole spec: what the agent loop reads back
+        assert EnvSpec.from_record(env).max_turns == 3 and EnvSpec.from_record(env).split == split
 
 
 def test_a_dataset_folder_is_stored_as_an_absolute_path(tmp_path: Path, quickstart_dir: Path) -> None:
-    paths = write_verl_parquet(tmp_path, {"dataset": str(quickstart_dir)}, ["test"], limit=2)
+    paths = write_verl_parquet(tmp_path, EnvSpec(dataset=str(quickstart_dir)), ["test"], limit=2)
     env = json.loads(pq.read_table(paths["test"]).to_pylist()[0]["extra_info"]["searchgym_env"])
     assert Path(env["dataset"]).is_absolute() and Path(env["dataset"]) == quickstart_dir.resolve()
 
 
 def test_slices_of_one_split_are_written_under_names_hydra_takes(tmp_path: Path) -> None:
-    paths = write_verl_parquet(tmp_path, {}, ["test[:3]", "test[997:]"])
+    paths = write_verl_parquet(tmp_path, EnvSpec(), ["test[:3]", "test[997:]"])
     assert [p.name for p in paths.values()] == ["test_0-3.parquet", "test_997-end.parquet"]
     tests = load_dataset(None).questions("test")
     for split, ids in (("test[:3]", tests[:3]), ("test[997:]", tests[997:])):
@@ -68,18 +71,18 @@ def test_slices_of_one_split_are_written_under_names_hydra_takes(tmp_path: Path)
         assert [r["extra_info"]["question_id"] for r in rows] == [q.id for q in ids]
         assert json.loads(rows[0]["extra_info"]["searchgym_env"])["split"] == split
     with pytest.raises(ConfigError, match="would write the same file twice"):
-        write_verl_parquet(tmp_path, {}, ["test[:3]", " test[:3]"])
+        write_verl_parquet(tmp_path, EnvSpec(), ["test[:3]", " test[:3]"])
 
 
 def test_bad_settings_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no split 'nope'"):
-        write_verl_parquet(tmp_path, {}, ["nope"])
-    with pytest.raises(ConfigError, match="unknown env settings"):
-        question_rows({"max_turn": 3})
+        write_verl_parquet(tmp_path, EnvSpec(), ["nope"])
+    with pytest.raises(ConfigError, match="takes an EnvSpec, got dict"):
+        question_rows({"max_turns": 3})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="as a path"):
-        question_rows({"dataset": load_dataset(None)})
+        question_rows(EnvSpec(dataset=load_dataset(None)))
     with pytest.raises(ConfigError, match="at least one split"):
-        write_verl_parquet(tmp_path, {}, [])
+        write_verl_parquet(tmp_path, EnvSpec(), [])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("verl") is not None, reason="verl is installed here")
@@ -132,7 +135,11 @@ def test_prepare_verl_writes_every_env_option_into_the_rows(tmp_path: Path, caps
     assert main([*argv, *options, "--max-passage-words", "40", "--no-append-question-mark"]) == 0
     rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
     env = json.loads(rows[0]["extra_info"]["searchgym_env"])
-    assert env["retriever_faults"] == "empty=0.5,seed=1" and env["on_retrieval_error"] == "observe"
+    assert env["on_retrieval_error"] == "observe"
+    assert (
+        EnvSpec.from_record(env).retriever_faults
+        == EnvSpec(retriever_faults="empty=0.5,seed=1").retriever_faults
+    )
     assert env["max_passage_words"] == 40 and env["append_question_mark"] is False
     assert env["max_context_tokens"] == 4096  # prepare verl's own default: room for a real model's turns
     capsys.readouterr()

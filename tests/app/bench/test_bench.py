@@ -78,10 +78,13 @@ def test_the_update_benchmarks_paths_run_the_options_they_name(monkeypatch: pyte
     from searchgym.agents.grpo.trainer import GRPOTrainer
 
     seen: list[tuple[bool, bool | None]] = []
+    scorings: dict[tuple[bool, bool | None], set[Any]] = {}
     update = GRPOTrainer.update
 
     def recording(self: GRPOTrainer, *args: Any) -> Any:
-        seen.append((self.config.batch.length_buckets, self.config.loss.rescore_pi_old))
+        options = (self.config.batch.length_buckets, self.config.loss.rescore_pi_old)
+        seen.append(options)
+        scorings.setdefault(options, set()).add(self.policy.scoring)
         return update(self, *args)
 
     monkeypatch.setattr(GRPOTrainer, "update", recording)
@@ -90,6 +93,10 @@ def test_the_update_benchmarks_paths_run_the_options_they_name(monkeypatch: pyte
     assert (False, True) in options, "the 'before' path: no length buckets, every response re-scored"
     assert any(buckets for buckets, _ in options), "today's paths bucket by length"
     assert len(options) == 3, f"three paths, three sets of options: {options}"
+    # Before and after also score differently (plain autograd against today's fused, shared-prefix path).
+    before = scorings[(False, True)]
+    after = set().union(*(s for o, s in scorings.items() if o != (False, True)))
+    assert len(before) == 1 and before.isdisjoint(after), (before, after)
 
 
 def test_eval_and_env_benchmarks(tmp_path: Path) -> None:
@@ -127,3 +134,16 @@ def test_bench_eval_prints_json(capsys: pytest.CaptureFixture[str], tmp_path: Pa
         main(["bench", "eval", "--episodes", "3", "--repeats", "1", "--data", str(tmp_path), "--json"]) == 0
     )
     assert json.loads(capsys.readouterr().out)["eval_episodes_per_s_world"] > 0
+
+
+def test_a_paths_config_is_a_new_one_and_the_base_is_unchanged() -> None:
+    from searchgym.agents.grpo.config import GRPOConfig
+    from searchgym.app.bench.training import path_config
+
+    base = GRPOConfig(**SMALL)
+    before = path_config(base, {"length_buckets": False, "rescore_pi_old": True})
+    after = path_config(base, {"length_buckets": True, "rescore_pi_old": None})
+    assert (before.batch.length_buckets, before.loss.rescore_pi_old) == (False, True)
+    assert (after.batch.length_buckets, after.loss.rescore_pi_old) == (True, None)
+    assert before != after and before.env == after.env == base.env
+    assert base == GRPOConfig(**SMALL)  # the base config is never changed

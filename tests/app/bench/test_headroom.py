@@ -30,6 +30,7 @@ torch = pytest.importorskip("torch")
 from searchgym.agents.llm import Segment  # noqa: E402
 from searchgym.agents.scripted import oracle_turns  # noqa: E402
 from searchgym.app.cli import main  # noqa: E402
+from searchgym.envs import EnvSpec  # noqa: E402
 from searchgym.envs.vector import SearchQAVectorEnv  # noqa: E402
 from searchgym.protocol import Source  # noqa: E402
 
@@ -187,7 +188,7 @@ def test_settings_are_checked() -> None:
 
 # -- the runner on a scripted policy -----------------------------------------------------------------------
 
-ENV = {"split": "test", "max_turn_tokens": 48, "max_context_tokens": 1024}
+ENV = EnvSpec(split="test", max_turn_tokens=48, max_context_tokens=1024)
 """The generated world (seed 0), BM25, top 3, 4 turns. Its first test questions: 0 attribute, 1 comparison,
 2 comparison, 3 attribute, 4 attribute, 5 bridge."""
 
@@ -258,7 +259,7 @@ class ScriptedDecoder:
 
 
 def test_runner_gives_the_scripted_policys_exact_figures() -> None:
-    held = SearchQAVectorEnv(1, autoreset_mode="Disabled", **ENV)
+    held = SearchQAVectorEnv(1, ENV, autoreset_mode="Disabled")
     try:
         assert [q.kind for q in held.questions[:6]] == [
             "attribute",

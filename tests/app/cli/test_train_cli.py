@@ -125,6 +125,24 @@ def test_bad_option_is_a_config_error(capsys: pytest.CaptureFixture[str], tmp_pa
     assert "group_size must be >= 2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["grpo", "--steps", "0"], "steps must be >= 1, got 0"),
+        (["grpo", "--llds-ma-beta", "1.5"], "llds_ma_beta must be >= 0.0 and <= 1.0 or None, got 1.5"),
+        (["sft", "--eval-questions", "-1"], "eval_questions must be >= 0, got -1"),
+        (["trl", "--warning-window", "0"], "warning_window must be >= 1, got 0"),
+    ],
+)
+def test_an_option_outside_its_declared_bounds_is_one_error_line(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["train", *argv, "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert line in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_sft_into_a_folder_holding_a_run_offers_what_sft_accepts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
