@@ -489,3 +489,17 @@ def test_the_protocols_options_are_those_the_committed_runs_recorded(study: str,
     check_summaries(protocol, protocol.summaries_dir)
     recorded = load_summaries(protocol.summaries_dir)[arm][0]["config"]
     assert {"lr", "questions_per_step", "minibatch_size", "probe_every", "llds", "kl_coef"} <= set(recorded)
+
+
+def test_lld5_md_quotes_the_report_of_its_committed_summaries(capsys: pytest.CaptureFixture[str]) -> None:
+    """lld5.md's part 2 quotes ``searchgym study report docs/experiments/lld5.toml`` whole, on the summaries
+    committed beside it (the folder's absolute path aside): a summary committed without its report, or a
+    report edited by hand, fails here."""
+    page = (EXPERIMENTS / "lld5.md").read_text()
+    quoted = page.split("```text\nstudy lld5: ", 1)[1].split("```", 1)[0]
+    out = study_report(EXPERIMENTS / "lld5.toml", capsys).split("study lld5: ", 1)[1]
+    where = re.compile(r"summarised in \S+/docs/experiments/lld5")
+    assert (
+        where.sub("summarised in docs/experiments/lld5", quoted).strip()
+        == where.sub("summarised in docs/experiments/lld5", out).strip()
+    )
