@@ -271,7 +271,8 @@ def train(config: SB3TrainConfig) -> dict[str, Any]:
     kwargs["policy_kwargs"] = token_policy_kwargs() if config.view == "token" else {"net_arch": [128, 128]}
     model = ALGORITHMS[config.algo](config.policy, venv, seed=config.seed, device="cpu", **kwargs)
     logger = configure(str(out), ["stdout", "csv"])
-    logger.output_formats.append(Reported(open_reporters(config.report_to, out, config=config)))
+    record = {**asdict(config), "env": config.env_record}  # as config.json holds it
+    logger.output_formats.append(Reported(open_reporters(config.report_to, out, config=record)))
     model.set_logger(logger)
     callbacks: list[BaseCallback] = [EpisodeMetrics()]
     if config.save_every:

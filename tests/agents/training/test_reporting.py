@@ -192,12 +192,15 @@ def test_train_sb3_reports_its_logger_rows_to_wandb(
     tmp_path: Path, fake_wandb: list[FakeWandbRun], capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("stable_baselines3")
+    from searchgym.envs import EnvSpec
+
     run = tmp_path / "sb3"
     argv = ["train", "sb3", "--algo", "a2c", "--steps", "16", "--eval-questions", "0", "--save-every", "0",
             "--run-dir", str(run), "--report-to", "wandb"]  # fmt: skip
     assert main(argv) == 0
     [wandb_run] = fake_wandb
     assert wandb_run.finished and wandb_run.settings["config"]["algo"] == "a2c"
+    assert wandb_run.settings["config"]["env"]["topk"] == EnvSpec().topk  # the env's whole record
     import csv
 
     with open(run / "progress.csv", encoding="utf-8") as f:
