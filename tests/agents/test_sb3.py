@@ -477,3 +477,20 @@ def test_train_sb3_shares_the_trainers_option_names_and_takes_the_old_ones_with_
         main(["train", "sb3", "--help"])
     shown = capsys.readouterr().out
     assert f"  {new} " in shown and f"  {old} " not in shown
+
+
+@pytest.mark.parametrize("view", ["macro", "token"])
+def test_train_sb3s_config_builds_for_either_view_and_keeps_an_explicit_size(view: str) -> None:
+    """Both views give a config (the token view's own sizes merge with the env's record, never twice), and a
+    size given on the command line is the one the run plays."""
+    import argparse
+
+    from searchgym.app.cli import train_sb3
+
+    parser = argparse.ArgumentParser()
+    train_sb3.add_arguments(parser)
+    config = train_sb3.config_from_args(
+        parser.parse_args(["--algo", "a2c", "--view", view, "--max-turn-tokens", "30"])
+    )
+    assert config.view == view and config.env.max_turn_tokens == 30
+    assert config.env_record["max_turn_tokens"] == 30

@@ -209,7 +209,7 @@ def config_from_args(args: argparse.Namespace) -> SB3TrainConfig:
         run_dir=args.run_dir or f"runs/sb3-{args.algo}-{args.view}-s{args.seed}", n_envs=args.n_envs,
         lr=args.lr, save_every=args.save_every,
         eval_questions=args.eval_questions, eval_split=args.eval_split, threads=args.threads,
-        env=_env_spec(**token_sizes, **env), report_to=args.report_to,
+        env=_env_spec(**{**token_sizes, **env}), report_to=args.report_to,
         tokenizer=getattr(args, "tokenizer", None),
     )  # fmt: skip
 
