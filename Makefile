@@ -41,13 +41,18 @@ browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) || \
 		echo "note: Chromium is not installed and could not be; the headless-browser test will skip"
 
+# The suite runs on TEST_JOBS processes (pytest-xdist; `auto`: one per CPU core), each test where a core comes
+# free (worksteal); TEST_JOBS=0 runs it in this process, as a debugger wants.
+TEST_JOBS ?= auto
+XDIST = -n $(TEST_JOBS) --dist worksteal
+
 unit: venv browser
-	$(BIN)/pytest
+	$(BIN)/pytest $(XDIST)
 
 # The working tier: lint and every test but the slow ones (subprocess runs, documented walk-throughs, servers
 # under load, benchmarks). `make test` is the whole suite, as CI runs.
 test-fast: lint
-	$(BIN)/pytest -m "not slow and not fuzz and not install"
+	$(BIN)/pytest $(XDIST) -m "not slow and not fuzz and not install"
 
 # The numeric tests under each set of CPU kernels torch may pick on the project's machines: the native one,
 # AVX2 only and torch's scalar `default` (MKL and oneDNN limited to match). Float32 kernels round differently
@@ -76,7 +81,7 @@ $(VERL_STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)
-	SEARCHGYM_REQUIRE_VERL=1 $(VERL_BIN)/pytest tests/agents/integrations/test_verl.py tests/agents/integrations/test_verl_tool.py \
+	SEARCHGYM_REQUIRE_VERL=1 $(VERL_BIN)/pytest $(XDIST) tests/agents/integrations/test_verl.py tests/agents/integrations/test_verl_tool.py \
 		tests/app/conform/test_conform_verl.py
 
 # verifiers 0.4 pins mcp==2.0.0 and OpenEnv 0.10 (dev extra) needs mcp<2.0, so the verifiers environment is

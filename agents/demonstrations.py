@@ -87,6 +87,8 @@ class Demonstration:
         sources: Who wrote each token (1 prompt, 2 policy, 3 tool); train on policy tokens only.
         reward: The episode's reward.
         demonstrator: The teacher that played it (``oracle``, ``shortcut``).
+        kind: The question's kind (``attribute``, ``bridge``, ``comparison`` in the generated world); empty
+            where the dataset or the file names none.
     """
 
     question_id: str
@@ -94,6 +96,7 @@ class Demonstration:
     sources: list[int]
     reward: float
     demonstrator: str = field(default="oracle")
+    kind: str = field(default="")
 
 
 def generate_demonstrations(
@@ -126,7 +129,8 @@ def generate_demonstrations(
             else names[0]
         )
         teacher = teachers[name]
-        record = run_episode(env, teacher, seed=seed + i, options={"question_index": i % len(base.questions)})
+        index = i % len(base.questions)
+        record = run_episode(env, teacher, seed=seed + i, options={"question_index": index})
         if isinstance(teacher, ShortcutAgent) and not teacher.took_shortcut:
             name = "oracle"
         ep = base.episode
@@ -136,6 +140,7 @@ def generate_demonstrations(
             sources=ep.sources[: ep.length].tolist(),
             reward=record.reward,
             demonstrator=name,
+            kind=base.questions[index].kind,
         )
 
 
@@ -180,7 +185,10 @@ def read_demonstrations(path: str | Path) -> list[Demonstration]:
                 sources=_ints(record["sources"], "sources"),
                 reward=float(record["reward"]),
                 demonstrator=record.get("demonstrator", "oracle"),
+                kind=record.get("kind", ""),
             )
+            if not isinstance(demo.kind, str):
+                raise ValueError(f"kind must be a string, got {demo.kind!r}")
             if demo.demonstrator not in TEACHERS:
                 raise ValueError(f"demonstrator must be one of {list(TEACHERS)}, got {demo.demonstrator!r}")
         except (KeyError, TypeError, ValueError) as e:

@@ -26,7 +26,7 @@ from .training.policy import config_policy
 from .training.rollout import evaluate_greedy, pad_transcripts
 from .training.run import append_eval_episodes, make_optimizer, prepare_run_dir
 
-__all__ = ["load_sft_demonstrations", "sft_loss", "train_sft"]
+__all__ = ["epoch_batches", "epoch_pools", "load_sft_demonstrations", "sft_loss", "train_sft"]
 
 
 def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -62,6 +62,57 @@ def load_sft_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Any]:
     return demos if config.sft.keep_unrewarded else [d for d in demos if d.reward > 0]
 
 
+LENGTH_POOL_BATCHES = 50
+"""``batch_order="length"`` sorts runs of this many batches' demonstrations by length: long enough runs that
+a batch's lengths are close, short enough that which demonstrations meet still changes every epoch."""
+
+
+def epoch_pools(demos: list[Any], epochs: int, curriculum: str | None) -> list[torch.Tensor]:
+    """The indices of the demonstrations each epoch learns from: all of them, except in a curriculum's first
+    epochs (``KIND:N``: the first ``N`` epochs see only the demonstrations of ``KIND``'s questions).
+
+    Raises:
+        ConfigError: the curriculum's kind names no demonstration (the message lists the kinds there are).
+    """
+    everything = torch.arange(len(demos))
+    if curriculum is None:
+        return [everything] * epochs
+    from .training.config import parse_curriculum
+
+    kind, first = parse_curriculum(curriculum)
+    chosen = torch.tensor([i for i, d in enumerate(demos) if d.kind == kind], dtype=torch.long)
+    if len(chosen) == 0:
+        from searchgym.errors import ConfigError
+
+        kinds = sorted({d.kind for d in demos if d.kind})
+        raise ConfigError(
+            f"curriculum {curriculum!r}: no demonstration is of a {kind!r} question; "
+            + (f"their kinds are {', '.join(kinds)}" if kinds else "these demonstrations record no kind")
+        )
+    return [chosen] * first + [everything] * (epochs - first)
+
+
+def epoch_batches(
+    pool: torch.Tensor, lengths: torch.Tensor, size: int, order: str, generator: torch.Generator
+) -> list[torch.Tensor]:
+    """One epoch's batches of ``size`` demonstrations drawn from ``pool`` (indices).
+
+    ``random`` shuffles the pool and cuts it. ``length`` shuffles it, sorts each run of
+    :data:`LENGTH_POOL_BATCHES` batches by length (so a batch pads to about its own length), cuts, and
+    shuffles the batches: each demonstration is still seen once per epoch, in a batch of its neighbours in
+    length rather than of any.
+    """
+    shuffled = pool[torch.randperm(len(pool), generator=generator)]
+    if order == "length":
+        span = LENGTH_POOL_BATCHES * size
+        runs = [shuffled[i : i + span] for i in range(0, len(shuffled), span)]
+        shuffled = torch.cat([run[torch.argsort(lengths[run], stable=True)] for run in runs])
+    batches = list(shuffled.split(size))
+    if order == "length":
+        batches = [batches[int(i)] for i in torch.randperm(len(batches), generator=generator)]
+    return batches
+
+
 def train_sft(config: SFTConfig) -> dict[str, float]:
     """Trains on demonstrations, saves ``RUN_DIR/checkpoint.pt`` and evaluates greedily.
 
@@ -95,20 +146,21 @@ def _train_sft(config: SFTConfig) -> dict[str, float]:
     tokens, mask, sources = pad_transcripts(
         [d.tokens for d in demos], [d.sources for d in demos], policy.tokenizer.pad_token_id
     )
-    per_epoch = math.ceil(len(demos) / config.sft.batch_size)
-    optimizer, scheduler = make_optimizer(model, config.optim, total_updates=config.sft.epochs * per_epoch)
+    pools = epoch_pools(demos, config.sft.epochs, config.sft.curriculum)
+    size = config.sft.batch_size
+    total_updates = sum(math.ceil(len(pool) / size) for pool in pools)
+    optimizer, scheduler = make_optimizer(model, config.optim, total_updates=total_updates)
     logger = MetricLogger(config.run.run_dir, config=config)
     generator = torch.Generator().manual_seed(config.run.seed)
+    lengths = mask.sum(dim=1)
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=config.sft.epochs * per_epoch, desc="sft", disable=not config.run.progress)
+    bar = tqdm(total=total_updates, desc="sft", disable=not config.run.progress)
     update, start = 0, time.perf_counter()
     model.train()
-    for epoch in range(config.sft.epochs):
-        order = torch.randperm(len(demos), generator=generator)
-        for b in range(per_epoch):
-            idx = order[b * config.sft.batch_size : (b + 1) * config.sft.batch_size]
-            width = int(mask[idx].sum(dim=1).max())
+    for epoch, pool in enumerate(pools):
+        for idx in epoch_batches(pool, lengths, size, config.sft.batch_order, generator):
+            width = int(lengths[idx].max())
             ids, attn = tokens[idx, :width].to(config.run.device), mask[idx, :width].to(config.run.device)
             loss_mask = sources[idx, :width].to(config.run.device) == int(Source.POLICY)
             logp, _ = policy.token_logprobs(ids, attn, score_mask=loss_mask)

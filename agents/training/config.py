@@ -38,6 +38,7 @@ __all__ = [
     "SFTConfig",
     "SFTOptions",
     "TrainConfig",
+    "parse_curriculum",
 ]
 
 CONFIG_FORMAT = 3
@@ -251,12 +252,42 @@ class SFTOptions:
     )
     epochs: int = option(4, "passes over the demonstrations", bounds=(1, NO_LIMIT))
     batch_size: int = option(16, "demonstrations per optimizer update", bounds=(1, NO_LIMIT))
+    batch_order: Literal["random", "length"] = option(
+        "random",
+        "how an epoch's batches are drawn: random, or length (demonstrations of about the same length "
+        "batched together, so less padding; the batches in random order)",
+    )
+    curriculum: str | None = option(
+        None,
+        "KIND:N learns only from demonstrations of questions of kind KIND for the first N epochs "
+        "(e.g. attribute:2), then from all; needs demonstrations that record their question's kind",
+    )
 
     def __post_init__(self) -> None:
         check_bounds(self)
+        check_choices(self)
         from searchgym.agents.demonstrations import parse_demonstrator
 
         parse_demonstrator(self.demonstrator)
+        if self.curriculum is not None:
+            kind, epochs = parse_curriculum(self.curriculum)
+            if epochs > self.epochs:
+                raise ConfigError(
+                    f"curriculum {self.curriculum!r} asks for {epochs} epochs of {kind!r} demonstrations, "
+                    f"but the run has {self.epochs} (--epochs)"
+                )
+
+
+def parse_curriculum(text: str) -> tuple[str, int]:
+    """``KIND:N`` as ``(KIND, N)``: the first ``N`` epochs learn from ``KIND``'s demonstrations only.
+
+    Raises:
+        ConfigError: ``text`` is not ``KIND:N`` with a non-empty kind and ``N`` >= 1.
+    """
+    kind, sep, epochs = text.rpartition(":")
+    if not sep or not kind or not epochs.isdigit() or int(epochs) < 1:
+        raise ConfigError(f"curriculum must be KIND:N with N >= 1 epochs (e.g. attribute:2), got {text!r}")
+    return kind, int(epochs)
 
 
 @dataclass(init=False, frozen=True)

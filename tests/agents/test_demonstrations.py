@@ -98,6 +98,22 @@ def test_the_teacher_travels_through_the_file(tmp_path: Path) -> None:
     assert read_demonstrations(path)[0].demonstrator == "oracle"
 
 
+def test_the_question_kind_travels_through_the_file(tmp_path: Path) -> None:
+    env = gym.make("SearchQA-v0", split="train")
+    path = tmp_path / "demos.jsonl"
+    write_demonstrations(generate_demonstrations(env, 12), path)
+    questions = env.unwrapped.questions
+    assert [d.kind for d in read_demonstrations(path)] == [q.kind for q in questions[:12]]
+    assert {"attribute", "bridge"} <= {q.kind for q in questions[:12]}
+    record = json.loads(path.read_text().splitlines()[0])
+    del record["kind"]  # a file that names no kind reads as kind ""
+    path.write_text(json.dumps(record) + "\n" + json.dumps({**record, "kind": 3}) + "\n")
+    with pytest.raises(DataFormatError, match=r"demos.jsonl:2: .*kind must be a string"):
+        read_demonstrations(path)
+    path.write_text(json.dumps(record) + "\n")
+    assert read_demonstrations(path)[0].kind == ""
+
+
 def test_sft_keeps_unrewarded_demonstrations_only_when_asked(tmp_path: Path) -> None:
     from searchgym.agents.sft import load_sft_demonstrations
     from searchgym.agents.training.config import SFTConfig

@@ -44,6 +44,10 @@ class Recipe:
     """Also demonstrate every split of this many other generated worlds (seeds 1, 2, …)."""
     epochs: int = 10
     batch_size: int = 16
+    batch_order: str = "random"
+    """``random``, or ``length``: demonstrations of about the same length batched together (less padding)."""
+    curriculum: str | None = None
+    """``KIND:N``: the first ``N`` epochs learn from ``KIND``'s questions only (e.g. ``attribute:2``)."""
     lr: float = 4e-3
     lr_schedule: str = "linear"
     warmup_steps: int = 20
@@ -75,11 +79,19 @@ _OVERRIDES: dict[str, tuple[type, str]] = {
     "extra_worlds": (int, "also demonstrate every split of this many other generated worlds"),
     "epochs": (int, "passes over the demonstrations"),
     "batch_size": (int, "demonstrations per update"),
+    "batch_order": (str, "random, or length (demonstrations of about the same length batched together)"),
+    "curriculum": (str, "KIND:N: the first N epochs learn from KIND's questions only (e.g. attribute:2)"),
     "lr": (float, "peak learning rate"),
     "lr_schedule": (str, "constant or linear (decay to 0)"),
     "warmup_steps": (int, "linear warm-up updates"),
     "layers": (int, "layers of the tiny model"),
     "hidden": (int, "hidden size of the tiny model"),
+}
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "lr_schedule": ("constant", "linear"),
+    "batch_order": ("random", "length"),
 }
 
 
@@ -116,16 +128,24 @@ def recipe_changes(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]
     """The recipe settings ``args`` changes (those of :func:`add_recipe_options` given on the command line).
 
     Raises:
-        ConfigError: an unknown learning-rate schedule.
+        ConfigError: an unknown learning-rate schedule or batch order, or a curriculum that is not ``KIND:N``
+            (the message names the flag).
     """
+    from searchgym.agents.training.config import parse_curriculum
     from searchgym.errors import ConfigError
 
     dest = prefix.replace("-", "_")
     given = {name: getattr(args, dest + name) for name in _OVERRIDES}
     changes = {name: value for name, value in given.items() if value is not None}
-    if changes.get("lr_schedule", "linear") not in ("constant", "linear"):
-        flag = "--" + prefix + "lr-schedule"
-        raise ConfigError(f"{flag} must be constant or linear, got {changes['lr_schedule']!r}")
+    for name, allowed in _CHOICES.items():
+        if name in changes and changes[name] not in allowed:
+            flag = "--" + prefix + name.replace("_", "-")
+            raise ConfigError(f"{flag} must be {' or '.join(allowed)}, got {changes[name]!r}")
+    if "curriculum" in changes:
+        try:
+            parse_curriculum(changes["curriculum"])
+        except ConfigError as e:
+            raise ConfigError(f"--{prefix}curriculum: {e}") from None
     return changes
 
 
@@ -193,7 +213,6 @@ def build(
         raise ConfigError(
             f"{run_dir} already holds a warm-start; pass --overwrite to rebuild it, or another --run-dir"
         )
-    counts = write_demonstrations(demos, recipe, seed, demos_per_world, progress=progress)
     config = SFTConfig(
         run_dir=str(run_dir),
         overwrite=True,
@@ -201,6 +220,8 @@ def build(
         keep_unrewarded=True,
         epochs=recipe.epochs,
         batch_size=recipe.batch_size,
+        batch_order=recipe.batch_order,
+        curriculum=recipe.curriculum,
         lr=recipe.lr,
         lr_schedule=recipe.lr_schedule,
         warmup_steps=recipe.warmup_steps,
@@ -213,6 +234,7 @@ def build(
         tensorboard=False,
         **recipe.env(),
     )
+    counts = write_demonstrations(demos, recipe, seed, demos_per_world, progress=progress)
     train_sft(config)
     wall = time.perf_counter() - start
     checkpoint = run_dir / "checkpoint.pt"

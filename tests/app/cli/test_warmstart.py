@@ -93,3 +93,21 @@ def test_a_bad_schedule_gets_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert err == "searchgym: error: --lr-schedule must be constant or linear, got 'cosine'\n"
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--batch-order", "sorted", "--batch-order must be random or length, got 'sorted'"),
+        ("--curriculum", "attribute", "--curriculum: curriculum must be KIND:N with N >= 1 epochs"),
+    ],
+)
+def test_a_bad_batch_order_or_curriculum_gets_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, message: str
+) -> None:
+    from searchgym.app.cli import main
+
+    assert main(["warmstart", "--run-dir", str(tmp_path), option, value]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"searchgym: error: {message}") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -74,41 +74,55 @@ def four_step_protocol(write_protocol: Callable[..., Path], extra: str = "") -> 
     return path
 
 
-def test_the_verdict_on_hand_built_summaries(tmp_path: Path, write_protocol: Callable[..., Path]) -> None:
-    """Two seeds of a grpo arm that learns (d = +0.2, +0.3 over steps 1-2) then collapses (d = -0.6 at step
-    3): C1 met in both; a probe turning at step 2 leads the collapse by 1, a lead criterion asking 1 is met,
-    asking 2 is not; the report's tables show the collapse step and the probe's onset and lead."""
-    lead = """
+SIGNAL_P = """
 [signals.P]
 kind = "drawdown"
 metric = "lld/probe_onpolicy_heldout"
 drop = 0.05
-
-[[criteria]]
-id = "C2"
-name = "a precursor"
-kind = "lead"
-arms = ["grpo"]
-event = "collapse"
-signals = ["P"]
-lead = 1
-
-[[criteria]]
-id = "C2b"
-kind = "lead"
-arms = ["grpo"]
-event = "collapse"
-signals = ["P"]
-lead = 2
 """
+"""The held-out probe's drawdown: the signal of the lead tests."""
+
+PROBE_TURNS_AT_2 = {"lld/probe_onpolicy_heldout": [-1.0, -1.1, -1.2, -1.3]}
+"""A probe 0.05 or more below its best from step 2 on."""
+
+LEARNS_THEN_COLLAPSES = {0: "1100", 2: "1110", 4: "1000"}
+"""Per-question greedy EM at steps 0, 2, 4 of a grpo run that learns, then collapses at step 3."""
+
+CONTROL_EVALS = {0: "1100", 2: "1100", 4: "1100"}
+
+
+def lead_criterion(cid: str, lead: int, *, name: str = "", min_events: int | None = None) -> str:
+    """A ``lead`` criterion on grpo's collapse by signal P."""
+    return "\n".join(
+        [
+            "[[criteria]]",
+            f'id = "{cid}"',
+            *([f'name = "{name}"'] if name else []),
+            'kind = "lead"',
+            'arms = ["grpo"]',
+            'event = "collapse"',
+            'signals = ["P"]',
+            f"lead = {lead}",
+            *([f"min_events = {min_events}"] if min_events is not None else []),
+            "",
+        ]
+    )
+
+
+def test_the_verdict_on_hand_built_summaries(tmp_path: Path, write_protocol: Callable[..., Path]) -> None:
+    """Two seeds of a grpo arm that learns (d = +0.2, +0.3 over steps 1-2) then collapses (d = -0.6 at step
+    3): C1 met in both; a probe turning at step 2 leads the collapse by 1, a lead criterion asking 1 is met,
+    asking 2 is not; the report's tables show the collapse step and the probe's onset and lead."""
+    lead = SIGNAL_P + lead_criterion("C2", 1, name="a precursor") + lead_criterion("C2b", 2)
     path = four_step_protocol(write_protocol, lead)
-    evals = {0: "1100", 2: "1110", 4: "1000"}
-    probe = {"lld/probe_onpolicy_heldout": [-1.0, -1.1, -1.2, -1.3]}
     write(
         tmp_path / "summaries",
         [
-            *(summary("control", s, [0.5] * 4, evals={0: "1100", 2: "1100", 4: "1100"}) for s in (0, 1)),
-            *(summary("grpo", s, [0.7, 0.8, -0.1, 0.0], evals=evals, **probe) for s in (0, 1)),
+            *(summary("control", s, [0.5] * 4, evals=CONTROL_EVALS) for s in (0, 1)),
+            *(
+                summary("grpo", s, [0.7, 0.8, -0.1, 0.0], evals=LEARNS_THEN_COLLAPSES, **PROBE_TURNS_AT_2)
+                for s in (0, 1)
+            ),
         ],
     )
     protocol = load_protocol(path)
@@ -130,47 +144,18 @@ def test_a_lead_criterion_waits_for_missing_seeds(
     """With seed 1 missing, a lead met in seed 0 is undecided (seed 1 could collapse without it), a lead
     missed in seed 0 is NOT MET already (no seed adds a lead), and a criterion needing two collapses while one
     is in waits too."""
-    lead = """
-[signals.P]
-kind = "drawdown"
-metric = "lld/probe_onpolicy_heldout"
-drop = 0.05
-
-[[criteria]]
-id = "C2"
-kind = "lead"
-arms = ["grpo"]
-event = "collapse"
-signals = ["P"]
-lead = 1
-min_events = 1
-
-[[criteria]]
-id = "C2b"
-kind = "lead"
-arms = ["grpo"]
-event = "collapse"
-signals = ["P"]
-lead = 2
-min_events = 1
-
-[[criteria]]
-id = "C2c"
-kind = "lead"
-arms = ["grpo"]
-event = "collapse"
-signals = ["P"]
-lead = 1
-min_events = 2
-"""
+    lead = (
+        SIGNAL_P
+        + lead_criterion("C2", 1, min_events=1)
+        + lead_criterion("C2b", 2, min_events=1)
+        + lead_criterion("C2c", 1, min_events=2)
+    )
     path = four_step_protocol(write_protocol, lead)
-    probe = {"lld/probe_onpolicy_heldout": [-1.0, -1.1, -1.2, -1.3]}
-    evals = {0: "1100", 2: "1110", 4: "1000"}
     write(
         tmp_path / "summaries",
         [
-            summary("control", 0, [0.5] * 4, evals={0: "1100", 2: "1100", 4: "1100"}),
-            summary("grpo", 0, [0.7, 0.8, -0.1, 0.0], evals=evals, **probe),
+            summary("control", 0, [0.5] * 4, evals=CONTROL_EVALS),
+            summary("grpo", 0, [0.7, 0.8, -0.1, 0.0], evals=LEARNS_THEN_COLLAPSES, **PROBE_TURNS_AT_2),
         ],
     )
     verdict = report(load_protocol(path)).split("verdict:\n")[1]
